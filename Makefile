@@ -1,0 +1,27 @@
+# One set-up path for both README commands: `make install` builds .venv once (idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lex-installed
+
+.PHONY: install test demo bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): setup.py scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
+	touch $(STAMP)
+
+# README command 2: the test suite (about 5-10 minutes on 2 cores).
+test: install
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+# README command 1: prepare the books, train lex_lm_tiny, evaluate (about 20 minutes on 2 cores).
+demo: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash scripts/demo.sh
+
+# Training throughput of lex_lm_tiny vs stock transformer_lm of the same size (examples/lex_lm/BENCHMARKS.md).
+bench: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/bench_train_speed.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,9 @@
+"""lex_plugin: the LeX Transformer (xPos + blockwise causal attention) as a fairseq user-dir plugin.
+
+Use with ``fairseq-train --user-dir lex_plugin --arch lex_lm_tiny ...``. Importing this package
+registers the ``lex_lm`` model and its ``lex_lm_*`` architectures.
+"""
+
+__version__ = "0.1.0"
+
+from . import models  # noqa: F401  (registers lex_lm and its architectures)

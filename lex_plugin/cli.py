@@ -1,0 +1,65 @@
+"""The ``lex`` command line (click): corpus preparation and helpers around fairseq's own commands."""
+
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from .data.prepare import PrepareConfig, PrepareError, prepare
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """lex_plugin: LeX Transformer tools for fairseq (train and evaluate with fairseq-train /
+    fairseq-eval-lm --user-dir "$(lex user-dir)")."""
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+
+
+@main.command("prepare")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option("--splits", default="train,valid,test", show_default=True, help="comma-separated sub-directories of SRC")
+@click.option("--bpe", type=click.Choice(["sentencepiece", "none"]), default="sentencepiece", show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=16), default=8192, show_default=True,
+              help="BPE vocabulary (with --bpe none: the number of words kept)")
+@click.option("--lang", default="en", show_default=True, help="Moses language code")
+@click.option("--workers", type=click.IntRange(min=1), default=PrepareConfig.workers, show_default=True)
+@click.option("--max-docs", type=click.IntRange(min=1), default=None, help="first N documents of each split")
+@click.option("--max-chars-per-doc", type=click.IntRange(min=1), default=None,
+              help="truncate each document to N characters (quick slices)")
+@click.option("--force", is_flag=True, help="replace DEST if it exists")
+def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, max_docs, max_chars_per_doc, force):
+    """Turn SRC/{train,valid,test}/*.txt (one document per file) into a fairseq data-bin at DEST.
+
+    Moses normalisation and tokenisation (sacremoses, no XML escaping), SentencePiece BPE learned on the
+    train split, then fairseq-preprocess --only-source. Documents are separated by an empty line, so
+    --sample-break-mode complete_doc works.
+    """
+    cfg = PrepareConfig(
+        splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
+        lang=lang,
+        bpe=bpe,
+        vocab_size=vocab_size,
+        workers=workers,
+        max_docs=max_docs,
+        max_chars_per_doc=max_chars_per_doc,
+    )
+    try:
+        meta = prepare(src, dest, cfg, force=force)
+    except PrepareError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"data-bin written to {dest}")
+    click.echo(f"{'split':<6} {'documents':>9} {'lines':>8} {'tokens':>11}")
+    for split, s in meta["splits"].items():
+        click.echo(f"{split:<6} {s['documents']:>9} {s['lines']:>8} {s['tokens']:>11,}")
+
+
+@main.command("user-dir")
+def user_dir_cmd():
+    """Print the path to give fairseq's --user-dir (the installed lex_plugin package)."""
+    click.echo(os.path.dirname(os.path.abspath(__file__)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Raw documents -> fairseq data-bin: Moses normalisation/tokenisation, SentencePiece BPE, fairseq-preprocess.
+
+Input: a directory with one sub-directory per split (``train``, ``valid``, ``test``), each holding UTF-8
+``.txt`` files, one document per file (the layout of ``shared/data/pg``, PG-19, or WikiText raw split
+into files). Output: a fairseq data-bin (``{split}.bin/.idx``, ``dict.txt``), the BPE model
+(``spm.model``) and ``lex_prepare.json`` describing how the text was processed (read back by the hub
+interface to tokenize prompts the same way).
+
+Text layout handed to fairseq: one line per paragraph (blank-line separated block, internal line
+breaks joined), so each paragraph ends with ``</s>``; one empty line between documents, so
+``--sample-break-mode complete_doc`` sees document boundaries.
+"""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+META_FILE = "lex_prepare.json"
+BPE_MODEL = "spm.model"
+
+
+class PrepareError(Exception):
+    """Bad input to ``lex prepare``; the message says what to change. Nothing has been written."""
+
+
+@dataclass
+class PrepareConfig:
+    """Options of :func:`prepare` (the ``lex prepare`` flags)."""
+
+    splits: Sequence[str] = ("train", "valid", "test")
+    lang: str = "en"
+    bpe: str = "sentencepiece"  # or "none": keep Moses words
+    vocab_size: int = 8192
+    workers: int = max(1, min(os.cpu_count() or 1, 8))
+    max_docs: Optional[int] = None  # per split, for slices
+    max_chars_per_doc: Optional[int] = None  # truncate documents, for slices
+    spm_input_sentences: int = 2_000_000
+
+
+def read_split(split_dir: Path, max_docs: Optional[int] = None) -> List[Tuple[str, str]]:
+    """(file name, text) of each ``*.txt`` in ``split_dir``, sorted by name.
+
+    Raises:
+        PrepareError: missing directory, no ``.txt`` file, a file that is not UTF-8, an empty file.
+    """
+    if not split_dir.is_dir():
+        raise PrepareError(
+            f"missing split: {split_dir} does not exist. Put the split's .txt documents there, "
+            f"or choose the splits with --splits."
+        )
+    files = sorted(p for p in split_dir.iterdir() if p.suffix == ".txt" and p.is_file())
+    if not files:
+        raise PrepareError(f"{split_dir} holds no .txt documents (one document per .txt file).")
+    docs = []
+    for path in files[:max_docs]:
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise PrepareError(
+                f"{path} is not UTF-8 (invalid byte 0x{raw[err.start]:02x} at offset {err.start}). "
+                "Convert it, e.g. iconv -f latin1 -t utf-8."
+            ) from None
+        if not text.strip():
+            raise PrepareError(f"{path} is empty; remove it or give it text.")
+        docs.append((path.name, text.lstrip("\ufeff")))
+    return docs
+
+
+def paragraphs(text: str) -> List[str]:
+    """Blank-line separated blocks of ``text``, each with its whitespace collapsed to single spaces."""
+    blocks, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            blocks.append(" ".join(" ".join(current).split()))
+            current = []
+    if current:
+        blocks.append(" ".join(" ".join(current).split()))
+    return blocks
+
+
+_MOSES = {}
+
+
+def _moses(lang: str):
+    if lang not in _MOSES:
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+        _MOSES[lang] = (MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang))
+    return _MOSES[lang]
+
+
+def moses_tokenize(text: str, lang: str = "en") -> str:
+    """Moses punctuation normalisation + tokenisation through sacremoses' Python API, without XML
+    escaping (the sacremoses CLI always escapes: ``&`` would become ``&amp;``)."""
+    normalizer, tokenizer = _moses(lang)
+    return tokenizer.tokenize(normalizer.normalize(text), escape=False, return_str=True)
+
+
+def _tokenize_document(job: Tuple[str, str, Optional[int]]) -> List[str]:
+    text, lang, max_chars = job
+    if max_chars is not None:
+        text = text[:max_chars]
+    return [tok for tok in (moses_tokenize(p, lang) for p in paragraphs(text)) if tok]
+
+
+def tokenize_documents(docs: Sequence[Tuple[str, str]], cfg: PrepareConfig, desc: str) -> List[List[str]]:
+    """Moses-tokenize each document's paragraphs, ``cfg.workers`` processes, with a progress bar."""
+    jobs = [(text, cfg.lang, cfg.max_chars_per_doc) for _, text in docs]
+    bar = dict(total=len(jobs), desc=desc, unit="doc", disable=None)
+    if cfg.workers <= 1 or len(jobs) <= 1:
+        return [_tokenize_document(j) for j in tqdm(jobs, **bar)]
+    with Pool(min(cfg.workers, len(jobs))) as pool:
+        return list(tqdm(pool.imap(_tokenize_document, jobs), **bar))
+
+
+def write_text(path: Path, documents: Iterable[List[str]]) -> int:
+    """One line per paragraph, an empty line between documents. Returns the number of lines written."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for i, lines in enumerate(documents):
+            if i:
+                f.write("\n")
+            for line in lines:
+                f.write(line + "\n")
+                n += 1
+    return n
+
+
+def train_sentencepiece(text_file: Path, model_prefix: Path, cfg: PrepareConfig) -> None:
+    """BPE model on the tokenized train split. fairseq adds its own specials, so SentencePiece keeps
+    only <unk>.
+
+    Raises:
+        PrepareError: the vocabulary is too large for the corpus.
+    """
+    import sentencepiece as spm
+
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(text_file),
+            model_prefix=str(model_prefix),
+            vocab_size=cfg.vocab_size,
+            model_type="bpe",
+            character_coverage=1.0,
+            input_sentence_size=cfg.spm_input_sentences,
+            shuffle_input_sentence=True,
+            num_threads=max(1, cfg.workers),
+            unk_id=0,
+            bos_id=-1,
+            eos_id=-1,
+            pad_id=-1,
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        if "Vocabulary size" in str(err):
+            raise PrepareError(f"--vocab-size {cfg.vocab_size} is too large for this corpus: {err}") from None
+        raise
+
+
+def encode_bpe(model_file: Path, documents: List[List[str]]) -> List[List[str]]:
+    """Each paragraph as space-separated SentencePiece pieces."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    return [[" ".join(pieces) for pieces in sp.encode(lines, out_type=str)] if lines else [] for lines in documents]
+
+
+def run_preprocess(text_files: Dict[str, Path], destdir: Path, cfg: PrepareConfig, log_file: Path) -> None:
+    """``fairseq-preprocess --only-source`` on the text files (same interpreter, output to ``log_file``).
+
+    Raises:
+        PrepareError: fairseq-preprocess failed (its log is quoted).
+    """
+    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--destdir", str(destdir)]
+    cmd += ["--workers", str(max(1, cfg.workers))]
+    for split, flag in (("train", "--trainpref"), ("valid", "--validpref"), ("test", "--testpref")):
+        if split in text_files:
+            cmd += [flag, str(text_files[split])]
+    if cfg.bpe == "none":
+        cmd += ["--nwordssrc", str(cfg.vocab_size)]
+    with open(log_file, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "".join(open(log_file).readlines()[-20:])
+        raise PrepareError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
+
+
+def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> dict:
+    """Build a fairseq data-bin at ``dest`` from the documents under ``src`` (see the module docstring).
+
+    Everything is written to a temporary sibling of ``dest`` and renamed into place at the end, so a
+    failure leaves nothing half-written.
+
+    Returns:
+        The metadata written to ``dest/lex_prepare.json``.
+
+    Raises:
+        PrepareError: bad input (missing split, no documents, non-UTF-8 file, ``dest`` exists without
+            ``force``, vocabulary too large, train split absent while BPE needs it).
+    """
+    src, dest = Path(src), Path(dest)
+    if cfg.bpe not in ("sentencepiece", "none"):
+        raise PrepareError(f"--bpe must be 'sentencepiece' or 'none', got {cfg.bpe!r}.")
+    if "train" not in cfg.splits:
+        raise PrepareError("the splits must include 'train' (the dictionary and the BPE are learned on it).")
+    unknown = [s for s in cfg.splits if s not in ("train", "valid", "test")]
+    if unknown:
+        raise PrepareError(f"unknown split(s) {unknown}; use train, valid, test.")
+    if not src.is_dir():
+        raise PrepareError(f"{src} is not a directory of splits ({', '.join(cfg.splits)}).")
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise PrepareError(f"{dest} already exists and is not empty; choose another --dest or pass --force.")
+
+    docs = {split: read_split(src / split, cfg.max_docs) for split in cfg.splits}  # validate all first
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        work = stage / "text"
+        work.mkdir()
+        tokenized = {s: tokenize_documents(d, cfg, f"moses {s}") for s, d in docs.items()}
+        meta = {
+            "source": str(src.resolve()),
+            "tokenizer": "moses",
+            "lang": cfg.lang,
+            "bpe": cfg.bpe,
+            "bpe_model": BPE_MODEL if cfg.bpe == "sentencepiece" else None,
+            "vocab_size": cfg.vocab_size,
+            "max_chars_per_doc": cfg.max_chars_per_doc,
+            "max_docs": cfg.max_docs,
+            "splits": {},
+        }
+        if cfg.bpe == "sentencepiece":
+            write_text(work / "train.tok", tokenized["train"])
+            logger.info("training SentencePiece BPE (vocabulary %d) on the train split", cfg.vocab_size)
+            train_sentencepiece(work / "train.tok", stage / Path(BPE_MODEL).stem, cfg)
+            tokenized = {
+                s: encode_bpe(stage / BPE_MODEL, d) for s, d in tqdm(tokenized.items(), desc="bpe", disable=None)
+            }
+        text_files = {}
+        for split, documents in tokenized.items():
+            text_files[split] = work / f"{split}.txt"
+            lines = write_text(text_files[split], documents)
+            meta["splits"][split] = {
+                "documents": len(documents),
+                "lines": lines,
+                "tokens": sum(len(line.split()) for d in documents for line in d),
+            }
+        run_preprocess(text_files, stage / "bin", cfg, stage / "preprocess.log")
+        for item in (stage / "bin").iterdir():
+            item.replace(stage / item.name)
+        (stage / "bin").rmdir()
+        shutil.rmtree(work)
+        with open(stage / META_FILE, "w") as f:
+            json.dump(meta, f, indent=2)
+        if dest.exists():
+            shutil.rmtree(dest)
+        stage.replace(dest)
+        return meta
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

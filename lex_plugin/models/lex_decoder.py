@@ -1,0 +1,163 @@
+"""``LexDecoder``: TorchScale's ``Decoder`` (decoder-only) as a fairseq ``FairseqIncrementalDecoder``."""
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from fairseq.models import FairseqIncrementalDecoder
+from fairseq.models.transformer import Embedding
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+from torchscale.architecture.config import DecoderConfig
+
+from ..modules.attention import IncrementalState, _is_right_padding
+from ..modules.decoder_layer import LexDecoderLayer
+from ..modules.xpos import XPos
+
+__all__ = ["LexDecoder", "UNBOUNDED_POSITIONS"]
+
+# xPos has no position table, so the model itself takes any length. fairseq compares sample lengths
+# with max_positions() and *silently skips* longer samples in eval-lm; the model must never be what
+# caps them, so it reports a bound no corpus reaches.
+UNBOUNDED_POSITIONS = 2**30
+
+
+class LexDecoder(FairseqIncrementalDecoder):
+    """Decoder-only LeX Transformer configured by TorchScale's ``DecoderConfig``.
+
+    Tokens are embedded (scaled by sqrt(C) unless ``no_scale_embedding``), optionally layer-normed,
+    passed through ``decoder_layers`` blocks whose self-attention carries xPos (one shared
+    :class:`XPos`, so its tables are built once per forward), final LayerNorm (pre-LN models) and the
+    output projection. There is no absolute position embedding.
+
+    Args:
+        config: ``DecoderConfig``; also read: ``xpos_gamma`` (set by the model builder).
+        dictionary: fairseq ``Dictionary`` of the targets.
+        embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
+
+    State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``layernorm_embedding``,
+    ``layers.N.*`` (see :class:`LexDecoderLayer`), ``layer_norm``, ``output_projection``.
+    """
+
+    def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        self.config = config
+        dim = config.decoder_embed_dim
+        self.embed_dim = dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.embed_tokens = embed_tokens
+        self.embed_scale = 1.0 if config.no_scale_embedding else math.sqrt(dim)
+        self.layernorm_embedding = LayerNorm(dim, eps=config.layernorm_eps) if config.layernorm_embedding else None
+        self.dropout_module = nn.Dropout(config.dropout)
+
+        head_dim = dim // config.decoder_attention_heads
+        self.xpos = (
+            XPos(head_dim, scale_base=config.xpos_scale_base, gamma=getattr(config, "xpos_gamma", 0.4))
+            if config.xpos_rel_pos
+            else None
+        )
+        self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
+        self.num_layers = len(self.layers)
+        self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
+
+        if config.share_decoder_input_output_embed:
+            self.output_projection = nn.Linear(dim, embed_tokens.num_embeddings, bias=False)
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
+        self._scale_init(config)
+
+    def _scale_init(self, config: DecoderConfig):
+        """TorchScale's depth-dependent initialisation of fc1, fc2, out_proj, v_proj (decoder-only):
+        DeepNet divides by (8 N) ** 0.25, Magneto (subln) multiplies by sqrt(log 2N)."""
+        if config.deepnorm:
+            factor = 1.0 / math.pow(8.0 * config.decoder_layers, 0.25)
+        elif config.subln:
+            factor = math.sqrt(math.log(config.decoder_layers * 2))
+        else:
+            return
+        with torch.no_grad():
+            for name, p in self.layers.named_parameters():
+                if any(part in name for part in ("fc1", "fc2", "out_proj", "v_proj")):
+                    p.mul_(factor)
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        incremental_state: Optional[IncrementalState] = None,
+        features_only: bool = False,
+        src_lengths: Optional[Any] = None,
+        **unused,
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        """Next-token logits.
+
+        Args:
+            prev_output_tokens: (B, T) int64 token ids. With ``incremental_state``, only the positions not
+                yet cached are run (fairseq's generator passes the whole prefix each step; a prompt may
+                be passed at once).
+            incremental_state: fairseq's key/value cache, or None for a parallel forward.
+            features_only: return the final hidden states (B, T', C) instead of logits (B, T', V).
+
+        Returns:
+            (logits or features, {"attn": [None], "inner_states": [(B, T', C), ...]}), T' the new positions.
+        """
+        x, extra = self.extract_features(prev_output_tokens, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(
+        self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None, **unused
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        past = self.layers[0].self_attn.cached_length(incremental_state) if incremental_state is not None else 0
+        tokens = prev_output_tokens[:, past:]
+        if tokens.size(1) == 0:
+            raise ValueError(
+                f"LexDecoder got {prev_output_tokens.size(1)} tokens but {past} are already cached: "
+                "pass the prefix plus at least one new token."
+            )
+        padding_mask: Optional[Tensor] = tokens.eq(self.padding_idx)
+        if not padding_mask.any() or (incremental_state is None and _is_right_padding(padding_mask)):
+            padding_mask = None  # causal attention never lets a real token see trailing pads
+
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        inner_states = [x]
+        for layer in self.layers:
+            x = layer(x, self.xpos, padding_mask, incremental_state)
+            inner_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x, {"attn": [None], "inner_states": inner_states}
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, V) logits."""
+        return self.output_projection(features)
+
+    def max_positions(self) -> int:
+        """Not the training length: xPos extrapolates (see ``UNBOUNDED_POSITIONS``)."""
+        return UNBOUNDED_POSITIONS
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
+        """Accept TorchScale-trained weights: drop the per-layer ``self_attn.xpos.scale`` buffers
+        (recomputed here in fp32, never stored) and reject absolute position tables, which LeX has not."""
+        prefix = f"{name}." if name else ""
+        for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("self_attn.xpos.scale")]:
+            del state_dict[key]
+        learned = [k for k in state_dict if k.startswith(prefix + "embed_positions.") and k.endswith("weight")]
+        if learned:
+            raise ValueError(
+                f"checkpoint has an absolute position table ({learned[0]}); the LeX decoder uses xPos only. "
+                "Train the TorchScale model with --no-token-positional-embeddings."
+            )
+        for key in [k for k in state_dict if k.startswith(prefix + "embed_positions.")]:
+            del state_dict[key]
+        return state_dict
+
+
+def build_embedding(dictionary, embed_dim: int) -> nn.Embedding:
+    """fairseq's token embedding: N(0, C ** -0.5), padding row zero. Shape (len(dictionary), C)."""
+    return Embedding(len(dictionary), embed_dim, dictionary.pad())

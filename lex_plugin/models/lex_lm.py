@@ -1,0 +1,157 @@
+"""The ``lex_lm`` fairseq model and its architectures (LeX Transformer language model).
+
+Configuration uses TorchScale's ``DecoderConfig`` vocabulary (``decoder_embed_dim``, ``subln``,
+``deepnorm``, ``xpos_scale_base`` ...); the dataclass below is its fairseq face, as in fairseq's
+``models/transformer_lm.py``. Boolean options are off unless passed (fairseq turns dataclass booleans
+into ``store_true`` flags); the ``lex_lm_*`` presets are pre-LN, as TorchScale's LM example forces.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.utils import safe_getattr
+from omegaconf import II
+from torchscale.architecture.config import DecoderConfig
+
+from .lex_decoder import LexDecoder, build_embedding
+
+POS_EMB_CHOICES = ChoiceEnum(["xpos", "none"])
+ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
+
+
+@dataclass
+class LexLanguageModelConfig(FairseqDataclass):
+    pos_emb: POS_EMB_CHOICES = field(
+        default="xpos",
+        metadata={"help": "relative position scheme inside attention: xpos (LeX, Eq. 12) or none (NoPE)"},
+    )
+    xpos_scale_base: float = field(default=512.0, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
+    xpos_gamma: float = field(
+        default=0.4, metadata={"help": "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"}
+    )
+    decoder_embed_dim: int = field(default=512, metadata={"help": "model dimension C"})
+    decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
+    decoder_layers: int = field(default=6, metadata={"help": "number of decoder layers"})
+    decoder_attention_heads: int = field(default=8, metadata={"help": "number of attention heads"})
+    decoder_normalize_before: bool = field(
+        default=False, metadata={"help": "pre-LN (the lex_lm_* presets set it; --deepnorm turns it off)"}
+    )
+    subln: bool = field(default=False, metadata={"help": "Magneto sub-LayerNorm (TorchScale subln)"})
+    deepnorm: bool = field(default=False, metadata={"help": "DeepNet post-LN residual scaling"})
+    activation_fn: ACTIVATION_CHOICES = field(default="gelu", metadata={"help": "FFN activation"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention probabilities"})
+    activation_dropout: float = field(default=0.0, metadata={"help": "dropout after the FFN activation"})
+    drop_path_rate: float = field(default=0.0, metadata={"help": "stochastic depth rate of the last layer"})
+    layernorm_embedding: bool = field(default=False, metadata={"help": "LayerNorm after the token embedding"})
+    no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale embeddings by sqrt(C)"})
+    share_decoder_input_output_embed: bool = field(
+        default=False, metadata={"help": "tie the input embedding and the output projection"}
+    )
+    layernorm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
+    # The training length, recorded in the checkpoint for blockwise causal attention at evaluation.
+    tokens_per_sample: int = II("task.tokens_per_sample")
+
+
+def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
+    """TorchScale ``DecoderConfig`` from the fairseq model config (Namespace or DictConfig)."""
+    config = DecoderConfig(
+        decoder_embed_dim=cfg.decoder_embed_dim,
+        decoder_attention_heads=cfg.decoder_attention_heads,
+        decoder_ffn_embed_dim=cfg.decoder_ffn_embed_dim,
+        decoder_layers=cfg.decoder_layers,
+        decoder_normalize_before=cfg.decoder_normalize_before,
+        activation_fn=str(cfg.activation_fn),
+        dropout=cfg.dropout,
+        drop_path_rate=cfg.drop_path_rate,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        no_scale_embedding=cfg.no_scale_embedding,
+        layernorm_embedding=cfg.layernorm_embedding,
+        deepnorm=cfg.deepnorm,
+        subln=cfg.subln,
+        share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
+        layernorm_eps=cfg.layernorm_eps,
+        vocab_size=vocab_size,
+        xpos_rel_pos=str(cfg.pos_emb) == "xpos",
+        xpos_scale_base=cfg.xpos_scale_base,
+    )
+    config.xpos_gamma = cfg.xpos_gamma  # not a DecoderConfig field (TorchScale fixes gamma = 0.4)
+    return config
+
+
+def check_config(cfg) -> None:
+    """Reject configurations that cannot build, with the option to change.
+
+    Raises:
+        ValueError: C not divisible by heads, odd head dimension under xPos, non-positive sizes.
+    """
+    for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}.")
+    if cfg.decoder_embed_dim % cfg.decoder_attention_heads != 0:
+        raise ValueError(
+            f"--decoder-embed-dim ({cfg.decoder_embed_dim}) must be divisible by --decoder-attention-heads "
+            f"({cfg.decoder_attention_heads})."
+        )
+    head_dim = cfg.decoder_embed_dim // cfg.decoder_attention_heads
+    if str(cfg.pos_emb) == "xpos" and head_dim % 2 != 0:
+        raise ValueError(
+            f"xPos rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
+            f"--decoder-attention-heads = {head_dim}) must be even."
+        )
+
+
+@register_model("lex_lm", dataclass=LexLanguageModelConfig)
+class LexLanguageModel(FairseqLanguageModel):
+    """LeX Transformer language model (Sun et al., ACL 2023): a pre-LN decoder with xPos attention."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        lex_lm_architecture(args)
+        check_config(args)
+        config = build_decoder_config(args, len(task.target_dictionary))
+        embed_tokens = build_embedding(task.source_dictionary, args.decoder_embed_dim)
+        if args.share_decoder_input_output_embed and task.source_dictionary != task.target_dictionary:
+            raise ValueError("--share-decoder-input-output-embed needs the same input and output dictionary.")
+        model = cls(LexDecoder(config, task.target_dictionary, embed_tokens))
+        length = safe_getattr(args, "tokens_per_sample", None)
+        # The training length l (tokens per sample at training time), or None if the config lacks it.
+        model.training_length: Optional[int] = int(length) if length is not None else None
+        return model
+
+
+def _set(args, name, value):
+    setattr(args, name, safe_getattr(args, name, value))
+
+
+def lex_lm_architecture(args):
+    """Defaults shared by every preset; explicit command-line values win."""
+    for name, dc_field in LexLanguageModelConfig.__dataclass_fields__.items():
+        if name != "tokens_per_sample":
+            _set(args, name, dc_field.default)
+    args.decoder_normalize_before = not args.deepnorm  # pre-LN unless DeepNet (TorchScale's rule)
+
+
+def _preset(name, layers, dim, heads, ffn, dropout):
+    @register_model_architecture("lex_lm", name)
+    def arch(args):
+        _set(args, "decoder_layers", layers)
+        _set(args, "decoder_embed_dim", dim)
+        _set(args, "decoder_attention_heads", heads)
+        _set(args, "decoder_ffn_embed_dim", ffn)
+        _set(args, "dropout", dropout)
+        lex_lm_architecture(args)
+
+    arch.__name__ = name
+    arch.__doc__ = f"{name}: {layers} layers, C={dim}, {heads} heads, FFN {ffn}, dropout {dropout}."
+    return arch
+
+
+lex_lm_tiny = _preset("lex_lm_tiny", 4, 256, 4, 1024, 0.1)  # CPU-sized: tests and the demo
+lex_lm_small = _preset("lex_lm_small", 6, 512, 8, 2048, 0.1)
+lex_lm_base = _preset("lex_lm_base", 12, 768, 12, 3072, 0.1)
+lex_lm_medium = _preset("lex_lm_medium", 24, 1024, 16, 4096, 0.1)  # the LeX paper's Table 7 model
+lex_lm_large = _preset("lex_lm_large", 24, 1536, 16, 6144, 0.1)

@@ -1,0 +1,188 @@
+"""Causal multi-head self-attention with xPos, on ``torch.nn.functional.scaled_dot_product_attention``.
+
+Parameter names follow TorchScale's ``torchscale.component.multihead_attention.MultiheadAttention``
+(``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``inner_attn_ln``) so TorchScale checkpoints load.
+The math is TorchScale's (softmax(q k^T / sqrt(d)) v with xPos on q and k) computed by SDPA instead of
+bmm + softmax, which keeps the fused CPU/GPU kernels and never materialises the L x L weights when no
+mask is needed.
+"""
+
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+
+from .xpos import XPos
+
+__all__ = ["LexSelfAttention"]
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def _is_right_padding(key_padding_mask: Tensor) -> bool:
+    """True when every row is [real ..., real, pad, ..., pad] (pads only after the last real token)."""
+    m = key_padding_mask.to(torch.int8)
+    return bool((m[:, 1:] >= m[:, :-1]).all())
+
+
+@with_incremental_state
+class LexSelfAttention(nn.Module):
+    """Causal self-attention for a decoder-only LM, with xPos on queries and keys.
+
+    Args:
+        embed_dim: model dimension C.
+        num_heads: H; C must be divisible by H.
+        dropout: dropout on the attention probabilities (training only).
+        subln: add TorchScale's ``inner_attn_ln`` (Magneto sub-LayerNorm) before ``out_proj``.
+        layernorm_eps: epsilon of that LayerNorm.
+
+    Raises:
+        ValueError: C not divisible by H.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        subln: bool = False,
+        layernorm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        if num_heads <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(
+                f"--decoder-embed-dim ({embed_dim}) must be divisible by --decoder-attention-heads "
+                f"({num_heads})."
+            )
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.inner_attn_ln = LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """TorchScale's initialisation (xavier, gain 1/sqrt(2) for q/k/v)."""
+        for proj in (self.k_proj, self.v_proj, self.q_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=2**-0.5)
+            nn.init.zeros_(proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """(B, T, C) -> (B, H, T, d)."""
+        bsz, tgt_len, _ = x.shape
+        return x.view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
+        """Number of positions already in this layer's key/value cache (0 without one)."""
+        if incremental_state is None:
+            return 0
+        saved = self.get_incremental_state(incremental_state, "attn_state")
+        if saved is None or saved.get("prev_key") is None:
+            return 0
+        return saved["prev_key"].size(2)
+
+    def forward(
+        self,
+        x: Tensor,
+        xpos: Optional[XPos] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+    ) -> Tensor:
+        """Causal self-attention.
+
+        Args:
+            x: (B, T, C) hidden states of T new positions.
+            xpos: the decoder's ``XPos`` (None: no relative position, i.e. NoPE).
+            key_padding_mask: (B, T) bool, True at padding; None when there is none.
+            incremental_state: fairseq's incremental state. Keys and values are cached *before* xPos,
+                so every call re-applies xPos with positions 0 .. P + T - 1 (P cached) and a centre inside
+                that span; queries sit at P .. P + T - 1.
+
+        Returns:
+            (B, T, C) in x's dtype.
+        """
+        bsz, tgt_len, _ = x.shape
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+
+        past = 0
+        if incremental_state is not None:
+            saved = self.get_incremental_state(incremental_state, "attn_state") or {}
+            if saved.get("prev_key") is not None:
+                past = saved["prev_key"].size(2)
+                k = torch.cat([saved["prev_key"], k], dim=2)
+                v = torch.cat([saved["prev_value"], v], dim=2)
+                prev_mask = saved.get("prev_key_padding_mask")
+                if prev_mask is not None or key_padding_mask is not None:
+                    if prev_mask is None:
+                        prev_mask = key_padding_mask.new_zeros(bsz, past)
+                    if key_padding_mask is None:
+                        key_padding_mask = prev_mask.new_zeros(bsz, tgt_len)
+                    key_padding_mask = torch.cat([prev_mask, key_padding_mask], dim=1)
+            self.set_incremental_state(
+                incremental_state,
+                "attn_state",
+                {"prev_key": k, "prev_value": v, "prev_key_padding_mask": key_padding_mask},
+            )
+        src_len = k.size(2)
+
+        if xpos is not None:
+            q, k = xpos(q, k, q_start=past, k_start=0)
+
+        attn_mask, is_causal = self._mask(tgt_len, src_len, key_padding_mask, q.device)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+        )
+        out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
+        if self.inner_attn_ln is not None:
+            out = self.inner_attn_ln(out)
+        return self.out_proj(out)
+
+    @staticmethod
+    def _mask(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], device):
+        """(attn_mask, is_causal) for queries at src_len - tgt_len .. src_len - 1 over keys 0 .. src_len - 1.
+
+        The common cases take SDPA's mask-free causal path: no padding, or padding only at the end of a
+        row (a real query never sees a later pad under causality). Otherwise a boolean (B, 1, T, S) mask
+        is built; each query may always see itself, so no row is empty (pad rows give finite values that
+        the loss ignores).
+        """
+        past = src_len - tgt_len
+        has_pad = key_padding_mask is not None and bool(key_padding_mask.any())
+        if has_pad and past == 0 and _is_right_padding(key_padding_mask):
+            has_pad = False
+        if not has_pad:
+            if tgt_len == 1:
+                return None, False
+            if past == 0:
+                return None, True
+        allowed = torch.ones(tgt_len, src_len, dtype=torch.bool, device=device).tril(diagonal=past)
+        if not has_pad:
+            return allowed, False
+        allowed = allowed[None, None] & ~key_padding_mask[:, None, None, :]
+        diag = torch.arange(tgt_len, device=device)
+        allowed[:, :, diag, diag + past] = True
+        return allowed, False
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """Reorder the cached keys/values along the batch for beam search (fairseq's contract)."""
+        saved = self.get_incremental_state(incremental_state, "attn_state")
+        if saved is not None:
+            for key, value in saved.items():
+                if value is not None:
+                    saved[key] = value.index_select(0, new_order)
+            incremental_state = self.set_incremental_state(incremental_state, "attn_state", saved)
+        return incremental_state

@@ -1,0 +1,87 @@
+"""One decoder block in TorchScale's layout: self-attention and FFN, each with a residual."""
+
+import math
+from typing import Optional
+
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+from torchscale.architecture.config import DecoderConfig
+from torchscale.component.feedforward_network import FeedForwardNetwork
+
+from .attention import IncrementalState, LexSelfAttention
+from .drop_path import DropPath
+from .xpos import XPos
+
+__all__ = ["LexDecoderLayer"]
+
+
+class LexDecoderLayer(nn.Module):
+    """TorchScale's ``DecoderLayer`` (decoder-only, dense FFN) with :class:`LexSelfAttention`.
+
+    Pre-LN when ``config.decoder_normalize_before`` (also forced by ``subln``), post-LN with the DeepNet
+    residual scale alpha = (2 N) ** 0.25 when ``config.deepnorm`` (Wang et al. 2022).
+
+    Args:
+        config: TorchScale ``DecoderConfig``.
+        depth: index of this layer (drop-path rate grows linearly with depth, as in TorchScale).
+
+    State-dict names: ``self_attn.*``, ``self_attn_layer_norm``, ``ffn.fc1``, ``ffn.fc2``,
+    ``ffn.ffn_layernorm`` (subln), ``final_layer_norm``, exactly TorchScale's.
+    """
+
+    def __init__(self, config: DecoderConfig, depth: int):
+        super().__init__()
+        dim = config.decoder_embed_dim
+        self.embed_dim = dim
+        self.dropout_module = nn.Dropout(config.dropout)
+        rate = config.drop_path_rate * depth / max(config.decoder_layers - 1, 1)
+        self.drop_path = DropPath(rate) if config.drop_path_rate > 0 else None
+        self.self_attn = LexSelfAttention(
+            dim,
+            config.decoder_attention_heads,
+            dropout=config.attention_dropout,
+            subln=config.subln,
+            layernorm_eps=config.layernorm_eps,
+        )
+        self.self_attn_layer_norm = LayerNorm(dim, eps=config.layernorm_eps)
+        self.ffn = FeedForwardNetwork(
+            dim,
+            config.decoder_ffn_embed_dim,
+            config.activation_fn,
+            config.dropout,
+            config.activation_dropout,
+            config.layernorm_eps,
+            config.subln,
+        )
+        self.final_layer_norm = LayerNorm(dim, eps=config.layernorm_eps)
+        self.normalize_before = config.decoder_normalize_before
+        self.alpha = math.pow(2.0 * config.decoder_layers, 0.25) if config.deepnorm else 1.0
+
+    def _residual(self, x: Tensor, residual: Tensor) -> Tensor:
+        if self.drop_path is not None:
+            x = self.drop_path(x)
+        return residual * self.alpha + x
+
+    def forward(
+        self,
+        x: Tensor,
+        xpos: Optional[XPos] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+    ) -> Tensor:
+        """x: (B, T, C) -> (B, T, C); arguments as in :meth:`LexSelfAttention.forward`."""
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self.self_attn(x, xpos, key_padding_mask, incremental_state)
+        x = self._residual(self.dropout_module(x), residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self._residual(self.ffn(x), residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x

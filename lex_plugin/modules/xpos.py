@@ -1,0 +1,172 @@
+"""xPos: the extrapolatable position embedding of the LeX Transformer.
+
+Sun et al., "A Length-Extrapolatable Transformer" (ACL 2023), section 3.2, Eq. 11-12 and Algorithm 1.
+
+For head dimension d and pair index i = 0 .. d/2 - 1:
+
+    theta_i = theta_base ** (-2i / d)                       (RoPE angles, Eq. 8)
+    zeta_i  = (2i / d + gamma) / (1 + gamma)                 (Eq. 12, gamma = 0.4)
+
+A query at position n is rotated by n * theta_i and scaled by zeta_i ** (n / B); a key at position m is
+rotated by m * theta_i and scaled by zeta_i ** (-m / B) (B = scale base, 512). The pre-softmax logit then
+carries zeta_i ** ((n - m) / B): it depends only on n - m (Eq. 6) and decays with distance (Eq. 11).
+
+Numerics (the module's contract):
+
+* Angles are formed in float64 (n * theta_i is exact to ~1e-16 relative at any n) and stored as fp32
+  tables; the rotation and scaling are applied in fp32 and the result is cast back to the input dtype,
+  whatever the model dtype (fp16, bf16).
+* The scale exponent is taken relative to a centre c shared by the queries and keys of one call:
+  queries get zeta ** ((n - c) / B), keys zeta ** (-(m - c) / B). The logit is unchanged in exact
+  arithmetic (only n - m matters), and the exponents stay within +-(key span) / (2B) instead of growing
+  with the absolute position. TorchScale's ``XPOS`` centres the same way.
+* Tables live in a small per-module LRU cache keyed by (positions, device): one table serves every layer
+  of a forward pass (the decoder owns one ``XPos`` and hands it to each layer). They are plain tensors,
+  not buffers: they are never saved in checkpoints and never cast by ``model.half()``.
+"""
+
+from collections import OrderedDict
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["XPos", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
+
+
+def rope_theta(head_dim: int, theta_base: float = 10000.0, dtype=torch.float64) -> Tensor:
+    """RoPE angle per pair: theta_i = theta_base ** (-2i / d), shape (d/2,). (Eq. 8; Su et al. 2021)."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    return (theta_base ** (-2.0 * i / head_dim)).to(dtype)
+
+
+def xpos_zeta(head_dim: int, gamma: float = 0.4, dtype=torch.float64) -> Tensor:
+    """xPos decay per pair: zeta_i = (2i/d + gamma) / (1 + gamma), shape (d/2,), values in (0, 1). (Eq. 12)."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    return ((2.0 * i / head_dim + gamma) / (1.0 + gamma)).to(dtype)
+
+
+def apply_rotary_scaled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate interleaved pairs of ``x`` (Algorithm 1: rot(x) = [-x1, x0, -x3, x2, ...]).
+
+    Args:
+        x: (..., L, d) any float dtype.
+        cos, sin: (L, d/2) fp32, already multiplied by the per-pair scale (zeta ** (+-n/B) for xPos).
+
+    Returns:
+        x * cos + rot(x) * sin, computed in fp32 and cast back to ``x.dtype``; shape (..., L, d).
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+class XPos(nn.Module):
+    """xPos applied to queries and keys of one attention call (LeX paper Eq. 12, Algorithm 1).
+
+    Args:
+        head_dim: d, the per-head dimension; must be even (pairs are rotated).
+        scale_base: B in zeta ** (n / B); TorchScale's ``xpos_scale_base``. Default 512.
+        gamma: gamma in zeta_i = (2i/d + gamma) / (1 + gamma). Default 0.4.
+        theta_base: RoPE base. Default 10000.
+        use_scale: False gives plain RoPE (zeta = 1), the paper's baseline.
+        cache_size: number of (positions, device) tables kept.
+
+    Raises:
+        ValueError: odd ``head_dim``, non-positive ``scale_base`` or ``gamma`` < 0.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        theta_base: float = 10000.0,
+        use_scale: bool = True,
+        cache_size: int = 16,
+    ):
+        super().__init__()
+        if head_dim <= 0 or head_dim % 2 != 0:
+            raise ValueError(
+                f"xPos rotates pairs of dimensions, so the head dimension must be even; got {head_dim}. "
+                "Choose --decoder-embed-dim / --decoder-attention-heads so that it is even."
+            )
+        if scale_base <= 0:
+            raise ValueError(f"xPos scale base B must be > 0, got {scale_base} (--xpos-scale-base).")
+        if gamma < 0:
+            raise ValueError(f"xPos gamma must be >= 0, got {gamma} (--xpos-gamma).")
+        self.head_dim = head_dim
+        self.scale_base = float(scale_base)
+        self.gamma = float(gamma)
+        self.theta_base = float(theta_base)
+        self.use_scale = use_scale
+        self._theta = rope_theta(head_dim, theta_base)  # (d/2,) float64, CPU
+        self._log_zeta = torch.log(xpos_zeta(head_dim, gamma))  # (d/2,) float64, CPU
+        self._cache: "OrderedDict[tuple, Tuple[Tensor, Tensor]]" = OrderedDict()
+        self._cache_size = cache_size
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, scale_base={self.scale_base}, gamma={self.gamma}, "
+            f"theta_base={self.theta_base}, use_scale={self.use_scale}"
+        )
+
+    def tables(self, start: int, length: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor]:
+        """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32.
+
+        Both are multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` (``downscale``)
+        for keys. Cached per (start, length, center, downscale, device).
+        """
+        key = (start, length, center, downscale, str(device))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        work = torch.device("cpu") if torch.device(device).type == "mps" else device
+        n = torch.arange(start, start + length, dtype=torch.float64, device=work)
+        angle = n[:, None] * self._theta.to(work)[None, :]
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        if self.use_scale:
+            exponent = (n - center)[:, None] / self.scale_base
+            if downscale:
+                exponent = -exponent
+            scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
+            cos, sin = cos * scale, sin * scale
+        out = (cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32))
+        self._cache[key] = out
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, downscale: bool = False) -> Tensor:
+        """Apply xPos to one tensor.
+
+        Args:
+            x: (..., L, d) queries (``downscale=False``) or keys (``downscale=True``).
+            start: position of x[..., 0, :].
+            center: the centre c of the scale exponent; defaults to start + L // 2. Queries and keys
+                that are multiplied together must use the same centre.
+
+        Returns:
+            Tensor of x's shape and dtype.
+        """
+        length = x.size(-2)
+        if center is None:
+            center = start + length // 2
+        cos, sin = self.tables(start, length, center, downscale, x.device)
+        return apply_rotary_scaled(x, cos, sin)
+
+    def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
+        """xPos on the queries and keys of one attention call.
+
+        Args:
+            q: (..., Lq, d) queries at positions q_start .. q_start + Lq - 1.
+            k: (..., Lk, d) keys at positions k_start .. k_start + Lk - 1.
+
+        Returns:
+            (q', k') with q' . k'_m = sum_i Re[(q e^{i n theta}) conj(k e^{i m theta})] zeta_i^((n - m)/B),
+            in the input dtypes. The shared centre is the middle of the key span.
+        """
+        center = k_start + k.size(-2) // 2
+        return self.rotate(q, q_start, center, False), self.rotate(k, k_start, center, True)

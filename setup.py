@@ -1,0 +1,38 @@
+"""lex_plugin: a fairseq user-dir plugin for the LeX Transformer (xPos + blockwise causal attention).
+
+Install with `make install` (see README.md), not with a bare `pip install .`:
+
+* torch is *not* pinned here beyond a floor. Any CUDA build >= 2.1 on a GPU machine, or the local
+  2.13.0 CPU wheel, is used as installed; scripts/install.sh pins the installed version as a pip
+  constraint so nothing below can replace it.
+* torchscale==0.3.0 is installed by scripts/install.sh with --no-deps: its own requirements
+  (timm -> torchvision) would pull a torch of their choosing (a multi-GB CUDA build). Only
+  torchscale.architecture.config and torchscale.component.* are used, which need nothing beyond torch.
+* fairseq comes as fairseq-fixed==0.12.3.1 (fairseq 0.12.2 with Python 3.11 fixes); plain
+  fairseq==0.12.2 does not import on Python 3.11.
+* numpy<2: fairseq 0.12's --sample-break-mode eos crashes on numpy 2.
+* apex is optional and never from PyPI (the PyPI "apex" is an unrelated package): build it from
+  NVIDIA's source on GPU machines; fairseq then uses its fused Adam and LayerNorm.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="lex_plugin",
+    version="0.1.0",
+    description="LeX Transformer (xPos, blockwise causal attention) for fairseq",
+    packages=find_packages(include=["lex_plugin", "lex_plugin.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.1",
+        "fairseq-fixed==0.12.3.1",
+        "numpy<2",
+        "sacremoses",
+        "sentencepiece",
+        "click",
+        "matplotlib",
+        "tqdm",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": ["lex=lex_plugin.cli:main"]},
+)

@@ -1,0 +1,71 @@
+"""Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models."""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+import lex_plugin  # noqa: F401  (registers lex_lm)
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from lex_plugin.models.lex_lm import LexLanguageModel
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("LEX_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def shared_data() -> Path:
+    if not (SHARED_DATA / "pg" / "train").is_dir():
+        pytest.fail(f"real corpus not found at {SHARED_DATA} (set LEX_SHARED_DATA to shared/data)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def pg_slice(tmp_path_factory) -> Path:
+    """A small real slice of the book corpus: 3 train books, 1 valid, 1 test, each cut to its first
+    60k characters (a prepare + train + eval round trip fits in CI's time)."""
+    src = shared_data() / "pg"
+    dst = tmp_path_factory.mktemp("pg_slice")
+    picks = {"train": 3, "valid": 1, "test": 1}
+    for split, n in picks.items():
+        (dst / split).mkdir()
+        for path in sorted((src / split).glob("*.txt"))[:n]:
+            (dst / split / path.name).write_text(path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return dst
+
+
+def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command with this interpreter's scripts first on PATH; fail with its output on error."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def make_dictionary(size: int = 100) -> Dictionary:
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build_lex_model(arch: str = "lex_lm_tiny", dictionary: Dictionary = None, seed: int = 0, **overrides):
+    """A randomly initialised lex_lm in eval mode, fp32, built the way fairseq-train builds it."""
+    dictionary = dictionary or make_dictionary()
+    args = argparse.Namespace(arch=arch, tokens_per_sample=overrides.pop("tokens_per_sample", 32), **overrides)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    torch.manual_seed(seed)
+    return LexLanguageModel.build_model(args, task).eval()
+
+
+def random_tokens(dictionary: Dictionary, bsz: int, length: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)

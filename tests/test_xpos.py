@@ -1,0 +1,173 @@
+"""xPos against independent references: the paper's complex form (Eq. 8/12) and TorchScale's XPOS.
+
+Tolerance: the scaled vectors grow as zeta^(-n/B), so no fp32 implementation (TorchScale's included) is
+within 1e-5 in absolute terms at long lengths (shared/notes/xpos-precision.md). Bounds are relative to
+the magnitude: max|ours - reference| / max|reference|. Ours forms angles and powers in float64 and is
+within 1e-6 of the float64 reference; TorchScale's fp32 keys are off by up to 1.7e-4 (d=128, L=4096),
+so agreement with TorchScale is asserted up to TorchScale's own distance from the exact values.
+"""
+
+import math
+
+import pytest
+import torch
+from torchscale.component.xpos_relative_position import XPOS as TorchScaleXPOS
+
+from lex_plugin.modules.xpos import XPos
+
+GAMMA, B = 0.4, 512
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def complex_reference(x: torch.Tensor, start: int, center: int, key: bool, d: int, gamma=GAMMA, base=B):
+    """Eq. 8/12 with complex numbers, float64: pair i of x at position n becomes
+    (x_2i + i x_2i+1) * exp((+-xi_i + i theta_i) n), xi_i = ln(zeta_i) / B, with n measured from `center`
+    for the scale (only n - m matters in the logit) and from 0 for the angle."""
+    i = torch.arange(d // 2, dtype=torch.float64)
+    theta = 10000.0 ** (-2 * i / d)
+    zeta = (2 * i / d + gamma) / (1 + gamma)
+    xi = torch.log(zeta) / base
+    n = torch.arange(start, start + x.size(-2), dtype=torch.float64)[:, None]
+    z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
+    sign = -1.0 if key else 1.0
+    rotated = z * torch.exp(torch.complex(sign * xi * (n - center), theta * n))
+    return torch.stack((rotated.real, rotated.imag), dim=-1).flatten(-2)
+
+
+def complex_logits(q, k, d):
+    """Re(q~ conj(k~)) summed over pairs, q at 0..L-1 rotated by e^{(xi + i theta) n}, k by e^{(-xi + i theta) m}."""
+    L = q.size(-2)
+    qr = complex_reference(q, 0, 0, False, d)
+    kr = complex_reference(k, 0, 0, True, d)
+    return qr @ kr.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("d,L", [(32, 256), (64, 1024), (128, 4096)])
+def test_matches_complex_reference(d, L):
+    torch.manual_seed(d)
+    q, k = torch.randn(2, L, d), torch.randn(2, L, d)
+    xpos = XPos(d, scale_base=B, gamma=GAMMA)
+    # per tensor, with the same centre as the reference
+    center = L // 2
+    assert rel_err(xpos.rotate(q, 0, center), complex_reference(q, 0, center, False, d)) <= 1e-6
+    assert rel_err(xpos.rotate(k, 0, center, downscale=True), complex_reference(k, 0, center, True, d)) <= 1e-6
+    # the logits (the quantity attention sees); the reference uses uncentred positions
+    qx, kx = xpos(q, k, q_start=0)
+    ours = qx @ kx.transpose(-1, -2)
+    assert rel_err(ours, complex_logits(q, k, d)) <= 2e-6
+
+
+@pytest.mark.parametrize("d,L", [(32, 256), (64, 1024), (128, 4096)])
+def test_matches_torchscale_xpos(d, L):
+    torch.manual_seed(100 + d)
+    q, k = torch.randn(4, L, d), torch.randn(4, L, d)
+    ts = TorchScaleXPOS(d, scale_base=B)
+    ours = XPos(d, scale_base=B, gamma=GAMMA)
+    center = -((-L) // 2)  # TorchScale scales with positions -ceil(L/2) .. ; rotates with 0 .. L-1
+    q_ts, k_ts = ts(q, offset=0, downscale=False), ts(k, offset=0, downscale=True)
+    q_us, k_us = ours.rotate(q, 0, center), ours.rotate(k, 0, center, downscale=True)
+    assert rel_err(q_us, q_ts) <= 1e-5
+    q_ex, k_ex = complex_reference(q, 0, center, False, d), complex_reference(k, 0, center, True, d)
+    for us, ts_out, exact in ((k_us, k_ts, k_ex), (q_us @ k_us.transpose(-1, -2), q_ts @ k_ts.transpose(-1, -2), q_ex @ k_ex.transpose(-1, -2))):
+        # within 1e-5, or within TorchScale's own fp32 error where that is larger
+        assert rel_err(us, ts_out) <= max(1e-5, rel_err(ts_out, exact) + 1e-6)
+    if L <= 256:  # at short lengths both are also close in absolute terms
+        assert (q_us - q_ts).abs().max() <= 1e-4
+
+
+def test_torchscale_incremental_offset_matches():
+    """TorchScale's incremental query (offset = cached length) against ours at the same position."""
+    d, L = 64, 300
+    torch.manual_seed(0)
+    q_last, k = torch.randn(2, 1, d), torch.randn(2, L, d)
+    ts = TorchScaleXPOS(d, scale_base=B)
+    ours = XPos(d, scale_base=B, gamma=GAMMA)
+    ts_logit = ts(q_last, offset=L - 1) @ ts(k, downscale=True).transpose(-1, -2)
+    qx, kx = ours(q_last, k, q_start=L - 1)
+    assert rel_err(qx @ kx.transpose(-1, -2), ts_logit) <= 1e-5
+
+
+@pytest.mark.parametrize("shift", [1, 77, 5000])
+def test_logits_depend_only_on_relative_position(shift):
+    """Eq. 6: logits(m, n) == logits(m + k, n + k)."""
+    d, L = 64, 128
+    torch.manual_seed(shift)
+    q, k = torch.randn(3, L, d), torch.randn(3, L, d)
+    xpos = XPos(d)
+    q0, k0 = xpos(q, k, q_start=0, k_start=0)
+    q1, k1 = xpos(q, k, q_start=shift, k_start=shift)
+    assert rel_err(q1 @ k1.transpose(-1, -2), q0 @ k0.transpose(-1, -2)) <= 1e-5
+    # a query alone shifted by `shift` sees keys `shift` further back: same as the un-shifted diagonal band
+    qs, ks = xpos(q[:, :1], k[:, :1], q_start=shift, k_start=0)
+    qt, kt = xpos(q[:, :1], k[:, :1], q_start=shift + 10, k_start=10)
+    assert rel_err(qs @ ks.transpose(-1, -2), qt @ kt.transpose(-1, -2)) <= 1e-5
+
+
+def expectation_curve(d: int, n: torch.Tensor, zeta: torch.Tensor) -> torch.Tensor:
+    """Eq. 10: g_zeta[n] = sum_i cos(n theta_i) zeta_i^(n / B), written independently of the module."""
+    i = torch.arange(d // 2, dtype=torch.float64)
+    theta = 10000.0 ** (-2 * i / d)
+    return (torch.cos(n[:, None] * theta) * zeta ** (n[:, None] / B)).sum(-1)
+
+
+def test_figure2_xpos_oscillates_far_less_than_rope():
+    d = 64
+    n = torch.arange(0, 8193, dtype=torch.float64)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    zeta = (2 * i / d + GAMMA) / (1 + GAMMA)
+    g_rope = expectation_curve(d, n, torch.ones_like(zeta))
+    g_xpos = expectation_curve(d, n, zeta)
+    assert g_rope[0] == g_xpos[0] == d // 2
+    tail = slice(1024, None)  # long distances
+    tv = lambda g: (g[tail][1:] - g[tail][:-1]).abs().sum().item()  # total variation
+    assert tv(g_xpos) < 0.05 * tv(g_rope)
+    assert g_xpos[tail].abs().max() < 0.6 * g_rope[tail].abs().max()
+    # and the module's tables give the same curve: q = k = ones in each pair's real part
+    xpos = XPos(d)
+    m = 2048
+    q = torch.zeros(1, d)
+    q[:, 0::2] = 1.0
+    qx, kx = xpos(q.expand(1, d).unsqueeze(0), q.unsqueeze(0), q_start=m, k_start=0)
+    assert math.isclose((qx @ kx.transpose(-1, -2)).item(), g_xpos[m].item(), rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_rope_is_xpos_with_unit_zeta():
+    d, L = 32, 64
+    torch.manual_seed(3)
+    q = torch.randn(1, L, d)
+    rope = XPos(d, use_scale=False)
+    ref = complex_reference(q, 0, 0, False, d, gamma=1e12)  # zeta -> 1
+    assert rel_err(rope.rotate(q, 0), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs_use_fp32_math(dtype):
+    d, L = 64, 512
+    torch.manual_seed(4)
+    q, k = torch.randn(2, L, d), torch.randn(2, L, d)
+    xpos = XPos(d)
+    q32, k32 = xpos(q, k, q_start=0)
+    qh, kh = xpos(q.to(dtype), k.to(dtype), q_start=0)
+    assert qh.dtype == kh.dtype == dtype
+    tol = 1e-3 if dtype == torch.float16 else 8e-3
+    assert rel_err(qh.float(), q32) <= tol and rel_err(kh.float(), k32) <= tol
+    # tables are fp32 whatever the input dtype
+    cos, sin = xpos.tables(0, L, L // 2, False, q.device)
+    assert cos.dtype == sin.dtype == torch.float32
+
+
+def test_tables_are_cached_and_not_state():
+    xpos = XPos(64)
+    a = xpos.tables(0, 100, 50, False, "cpu")
+    b = xpos.tables(0, 100, 50, False, "cpu")
+    assert a[0] is b[0]
+    assert len(xpos.state_dict()) == 0 and len(list(xpos.buffers())) == 0
+
+
+@pytest.mark.parametrize("bad", [0, 7, 33])
+def test_odd_head_dim_is_rejected(bad):
+    with pytest.raises(ValueError, match="even"):
+        XPos(bad)
