@@ -1,0 +1,186 @@
+"""lex_lm: attention against TorchScale's reference, causality, incremental decoding, padding, layout."""
+
+import argparse
+
+import pytest
+import torch
+from torchscale.component.multihead_attention import MultiheadAttention as TorchScaleMHA
+
+from conftest import build_lex_model, make_dictionary, random_tokens
+from lex_plugin.models import UNBOUNDED_POSITIONS
+from lex_plugin.modules.attention import LexSelfAttention
+from lex_plugin.modules.xpos import XPos
+
+
+def torchscale_attention(ours: LexSelfAttention, scale_base=512):
+    """TorchScale's MultiheadAttention (bmm + softmax, its own XPOS) with our weights."""
+    args = argparse.Namespace(multiway=False, layernorm_eps=1e-5, xpos_rel_pos=True, xpos_scale_base=scale_base)
+    ref = TorchScaleMHA(args, ours.embed_dim, ours.num_heads, self_attention=True, subln=ours.inner_attn_ln is not None)
+    missing = ref.load_state_dict(ours.state_dict(), strict=False)
+    assert set(missing.missing_keys) == {"xpos.scale"} and not missing.unexpected_keys
+    return ref.eval()
+
+
+@pytest.mark.parametrize("subln", [False, True])
+def test_attention_matches_torchscale_reference(subln):
+    torch.manual_seed(0)
+    attn = LexSelfAttention(128, 4, subln=subln).eval()
+    ref = torchscale_attention(attn)
+    x = torch.randn(3, 200, 128)
+    causal = torch.triu(torch.full((200, 200), float("-inf")), 1)
+    expected, _ = ref(x, x, x, attn_mask=causal)
+    got = attn(x, XPos(32))
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_attention_left_padding_matches_torchscale():
+    torch.manual_seed(1)
+    attn = LexSelfAttention(64, 2).eval()
+    ref = torchscale_attention(attn)
+    x = torch.randn(2, 50, 64)
+    pad = torch.zeros(2, 50, dtype=torch.bool)
+    pad[1, :13] = True  # left padding in row 1
+    causal = torch.triu(torch.full((50, 50), float("-inf")), 1)
+    expected, _ = ref(x, x, x, attn_mask=causal, key_padding_mask=pad)
+    got = attn(x, XPos(32), key_padding_mask=pad)
+    real = ~pad
+    assert (got[real] - expected[real]).abs().max() <= 1e-5
+    assert torch.isfinite(got).all()  # pad queries see themselves: no empty softmax row
+
+
+def test_causality_of_full_model():
+    model = build_lex_model()
+    tokens = random_tokens(model.decoder.dictionary, 2, 64)
+    changed = tokens.clone()
+    changed[:, 40] = (changed[:, 40] + 1 - 4) % 96 + 4
+    with torch.no_grad():
+        a, _ = model(tokens)
+        b, _ = model(changed)
+    assert torch.equal(a[:, :40], b[:, :40])
+    assert not torch.allclose(a[:, 40:], b[:, 40:])
+
+
+def full_and_incremental(model, tokens, prompt_len=0):
+    """Logits of a parallel forward, and of prompt (parallel) + token-by-token with the cache."""
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state = {}
+        steps = []
+        start = max(prompt_len, 1)
+        out, _ = model.decoder(tokens[:, :start], incremental_state=state)
+        steps.append(out)
+        for t in range(start + 1, tokens.size(1) + 1):
+            out, _ = model.decoder(tokens[:, :t], incremental_state=state)  # the generator's calling convention
+            assert out.size(1) == 1
+            steps.append(out)
+    return full, torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("prompt_len", [0, 40])
+def test_incremental_equals_parallel_beyond_training_length(prompt_len):
+    model = build_lex_model(tokens_per_sample=32)
+    assert model.training_length == 32
+    tokens = random_tokens(model.decoder.dictionary, 2, 3 * 32 + 5, seed=prompt_len)
+    full, inc = full_and_incremental(model, tokens, prompt_len)
+    assert full.shape == inc.shape
+    assert (full - inc).abs().max() <= 1e-4
+
+
+def test_padding_does_not_change_real_tokens():
+    """Right padding (fairseq's batches) and left padding (xPos is relative) leave real logits unchanged."""
+    model = build_lex_model()
+    d = model.decoder.dictionary
+    seq = random_tokens(d, 1, 30, seed=5)
+    with torch.no_grad():
+        alone, _ = model(seq)
+        right = torch.full((2, 45), d.pad())
+        right[0, :30], right[1] = seq[0], random_tokens(d, 1, 45, seed=6)[0]
+        out_right, _ = model(right)
+        left = torch.full((2, 45), d.pad())
+        left[0, 15:], left[1] = seq[0], random_tokens(d, 1, 45, seed=6)[0]
+        out_left, _ = model(left)
+    assert (out_right[0, :30] - alone[0]).abs().max() <= 1e-5
+    assert (out_left[0, 15:] - alone[0]).abs().max() <= 1e-4
+
+
+def test_reorder_incremental_state_for_beam_search():
+    model = build_lex_model()
+    tokens = random_tokens(model.decoder.dictionary, 3, 20, seed=7)
+    order = torch.tensor([2, 2, 0])
+    with torch.no_grad():
+        state = {}
+        model.decoder(tokens[:, :19], incremental_state=state)
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        step, _ = model.decoder(tokens[order, :20], incremental_state=state)
+        full, _ = model(tokens[order])
+    assert (step[:, 0] - full[:, 19]).abs().max() <= 1e-4
+
+
+def test_state_dict_uses_torchscale_names_and_loads_torchscale_buffers():
+    model = build_lex_model()
+    keys = set(model.state_dict())
+    for name in [
+        "decoder.embed_tokens.weight",
+        "decoder.layers.0.self_attn.q_proj.weight",
+        "decoder.layers.0.self_attn.k_proj.bias",
+        "decoder.layers.0.self_attn.v_proj.weight",
+        "decoder.layers.0.self_attn.out_proj.weight",
+        "decoder.layers.0.self_attn_layer_norm.weight",
+        "decoder.layers.0.ffn.fc1.weight",
+        "decoder.layers.0.ffn.fc2.weight",
+        "decoder.layers.0.final_layer_norm.weight",
+        "decoder.layer_norm.weight",
+        "decoder.output_projection.weight",
+    ]:
+        assert name in keys, name
+    assert not any("xpos" in k for k in keys)
+    # a TorchScale checkpoint carries XPOS's `scale` buffer per layer: accepted and ignored
+    ts_state = dict(model.state_dict())
+    ts_state["decoder.layers.0.self_attn.xpos.scale"] = torch.ones(32)
+    model.upgrade_state_dict(ts_state)
+    model.load_state_dict(ts_state, strict=True)
+
+
+def test_half_leaves_position_math_in_fp32():
+    model = build_lex_model()
+    tokens = random_tokens(model.decoder.dictionary, 2, 48)
+    with torch.no_grad():
+        ref, _ = model(tokens)
+        model.to(torch.bfloat16)
+        low, _ = model(tokens)
+    cos, _ = model.decoder.xpos.tables(0, 48, 24, False, "cpu")
+    assert cos.dtype == torch.float32
+    assert torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() / ref.abs().max() < 0.05
+
+
+def test_max_positions_is_not_the_training_length():
+    model = build_lex_model(tokens_per_sample=32)
+    assert model.max_positions() == UNBOUNDED_POSITIONS > 10**8
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(decoder_embed_dim=100, decoder_attention_heads=3), "divisible"),
+        (dict(decoder_embed_dim=96, decoder_attention_heads=32), "even"),
+        (dict(decoder_layers=0), "positive"),
+    ],
+)
+def test_bad_configuration_is_rejected(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        build_lex_model(**overrides)
+
+
+def test_presets():
+    sizes = {"lex_lm_small": (6, 512, 8), "lex_lm_base": (12, 768, 12), "lex_lm_medium": (24, 1024, 16)}
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    for arch, (layers, dim, heads) in sizes.items():
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](args)
+        assert (args.decoder_layers, args.decoder_embed_dim, args.decoder_attention_heads) == (layers, dim, heads)
+        assert args.decoder_normalize_before and str(args.pos_emb) == "xpos"
+    args = argparse.Namespace(decoder_layers=2)
+    ARCH_CONFIG_REGISTRY["lex_lm_medium"](args)
+    assert args.decoder_layers == 2 and args.decoder_ffn_embed_dim == 4096  # explicit values win
