@@ -10,7 +10,8 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 
-from ..modules.attention import IncrementalState, _is_right_padding
+from ..modules.attention import IncrementalState
+from ..modules.windowed_attention import AttentionWindow, is_right_padded
 from ..modules.decoder_layer import LexDecoderLayer
 from ..modules.xpos import XPos
 
@@ -57,6 +58,8 @@ class LexDecoder(FairseqIncrementalDecoder):
             else None
         )
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
+        # Which keys each query attends: full causal for training; BCA or a sliding window at inference.
+        self.attention_window = AttentionWindow()
         self.num_layers = len(self.layers)
         self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
 
@@ -118,7 +121,7 @@ class LexDecoder(FairseqIncrementalDecoder):
                 "pass the prefix plus at least one new token."
             )
         padding_mask: Optional[Tensor] = tokens.eq(self.padding_idx)
-        if not padding_mask.any() or (incremental_state is None and _is_right_padding(padding_mask)):
+        if not padding_mask.any() or (incremental_state is None and is_right_padded(padding_mask)):
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
@@ -127,11 +130,16 @@ class LexDecoder(FairseqIncrementalDecoder):
         x = self.dropout_module(x)
         inner_states = [x]
         for layer in self.layers:
-            x = layer(x, self.xpos, padding_mask, incremental_state)
+            x = layer(x, self.xpos, padding_mask, incremental_state, self.attention_window)
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
+
+    def set_attention_window(self, window: AttentionWindow) -> None:
+        """Attend with ``window`` from now on (``AttentionWindow.bca(l)``, ``AttentionWindow("sliding", W)``
+        or the default ``AttentionWindow()``, full causal)."""
+        self.attention_window = window
 
     def output_layer(self, features: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V) logits."""

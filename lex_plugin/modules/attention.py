@@ -15,17 +15,13 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from .windowed_attention import AttentionWindow, causal_padding_mask, windowed_attention
 from .xpos import XPos
 
 __all__ = ["LexSelfAttention"]
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-
-
-def _is_right_padding(key_padding_mask: Tensor) -> bool:
-    """True when every row is [real ..., real, pad, ..., pad] (pads only after the last real token)."""
-    m = key_padding_mask.to(torch.int8)
-    return bool((m[:, 1:] >= m[:, :-1]).all())
+FULL = AttentionWindow()
 
 
 @with_incremental_state
@@ -96,8 +92,9 @@ class LexSelfAttention(nn.Module):
         xpos: Optional[XPos] = None,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
+        window: AttentionWindow = FULL,
     ) -> Tensor:
-        """Causal self-attention.
+        """Causal self-attention, optionally restricted to a BCA / sliding window.
 
         Args:
             x: (B, T, C) hidden states of T new positions.
@@ -106,6 +103,8 @@ class LexSelfAttention(nn.Module):
             incremental_state: fairseq's incremental state. Keys and values are cached *before* xPos,
                 so every call re-applies xPos with positions 0 .. P + T - 1 (P cached) and a centre inside
                 that span; queries sit at P .. P + T - 1.
+            window: ``full`` (default), ``bca`` or ``sliding`` (see ``windowed_attention``). With a
+                cache, a windowed model takes its prompt in one call and then one token per step.
 
         Returns:
             (B, T, C) in x's dtype.
@@ -132,50 +131,50 @@ class LexSelfAttention(nn.Module):
                 "attn_state",
                 {"prev_key": k, "prev_value": v, "prev_key_padding_mask": key_padding_mask},
             )
-        src_len = k.size(2)
-
-        if xpos is not None:
-            q, k = xpos(q, k, q_start=past, k_start=0)
-
-        attn_mask, is_causal = self._mask(tgt_len, src_len, key_padding_mask, q.device)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-        )
+        dropout_p = self.dropout if self.training else 0.0
+        if past == 0:
+            out = windowed_attention(q, k, v, window, xpos, key_padding_mask, dropout_p)
+        elif tgt_len == 1:
+            out = self._step(q, k, v, window, xpos, key_padding_mask, dropout_p)
+        elif window.mode == "full":
+            out = self._chunk(q, k, v, xpos, key_padding_mask, dropout_p)
+        else:
+            raise NotImplementedError(
+                f"{window} attention after a cached prefix takes one new token per step; run the prompt in "
+                "one call (empty cache) and continue token by token."
+            )
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
     @staticmethod
-    def _mask(tgt_len: int, src_len: int, key_padding_mask: Optional[Tensor], device):
-        """(attn_mask, is_causal) for queries at src_len - tgt_len .. src_len - 1 over keys 0 .. src_len - 1.
+    def _step(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p):
+        """One new query (the last cached position) over the keys its window lets it see; xPos
+        positions are local to that key span."""
+        position = k.size(2) - 1
+        first = window.first_key(position)
+        k, v = k[:, :, first:], v[:, :, first:]
+        mask = None
+        if key_padding_mask is not None:
+            kpm = key_padding_mask[:, first:]
+            kpm = kpm & ~kpm[:, -1:]  # the query always sees itself
+            mask = ~kpm[:, None, None, :] if bool(kpm.any()) else None
+        if xpos is not None:
+            q, k = xpos(q, k, q_start=position - first, k_start=0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
-        The common cases take SDPA's mask-free causal path: no padding, or padding only at the end of a
-        row (a real query never sees a later pad under causality). Otherwise a boolean (B, 1, T, S) mask
-        is built; each query may always see itself, so no row is empty (pad rows give finite values that
-        the loss ignores).
-        """
+    @staticmethod
+    def _chunk(q, k, v, xpos, key_padding_mask, dropout_p):
+        """Several new queries after a cached prefix, full causal attention (lower-right aligned)."""
+        tgt_len, src_len = q.size(2), k.size(2)
         past = src_len - tgt_len
-        has_pad = key_padding_mask is not None and bool(key_padding_mask.any())
-        if has_pad and past == 0 and _is_right_padding(key_padding_mask):
-            has_pad = False
-        if not has_pad:
-            if tgt_len == 1:
-                return None, False
-            if past == 0:
-                return None, True
-        allowed = torch.ones(tgt_len, src_len, dtype=torch.bool, device=device).tril(diagonal=past)
-        if not has_pad:
-            return allowed, False
-        allowed = allowed[None, None] & ~key_padding_mask[:, None, None, :]
-        diag = torch.arange(tgt_len, device=device)
-        allowed[:, :, diag, diag + past] = True
-        return allowed, False
+        if xpos is not None:
+            q, k = xpos(q, k, q_start=past, k_start=0)
+        mask = causal_padding_mask(key_padding_mask, tgt_len, src_len, past)
+        if mask is None:
+            mask = torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Reorder the cached keys/values along the batch for beam search (fairseq's contract)."""

@@ -8,7 +8,8 @@ from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 from torchscale.component.feedforward_network import FeedForwardNetwork
 
-from .attention import IncrementalState, LexSelfAttention
+from .attention import FULL, IncrementalState, LexSelfAttention
+from .windowed_attention import AttentionWindow
 from .drop_path import DropPath
 from .xpos import XPos
 
@@ -68,12 +69,13 @@ class LexDecoderLayer(nn.Module):
         xpos: Optional[XPos] = None,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
+        window: AttentionWindow = FULL,
     ) -> Tensor:
         """x: (B, T, C) -> (B, T, C); arguments as in :meth:`LexSelfAttention.forward`."""
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, xpos, key_padding_mask, incremental_state)
+        x = self.self_attn(x, xpos, key_padding_mask, incremental_state, window)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

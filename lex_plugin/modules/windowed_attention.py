@@ -1,0 +1,197 @@
+"""Blockwise causal attention (BCA) and sliding-window attention, chunked: O(L * l) time and memory.
+
+LeX paper, section 3.3 and Figure 3: with training length l, queries are cut into blocks of w = l / 2;
+block b attends causally to its own keys and to all keys of block b - 1 (block 0 only to itself). Each
+query therefore sees between w and 2w - 1 keys, never more than the training length.
+
+Sliding window (the locality baseline; LeX Table 5, last row): each query attends its W most recent
+positions, itself included.
+
+Both are computed per window of two blocks: the keys of blocks b - 1 and b (2c positions, c = w or W),
+taken with ``Tensor.unfold`` (a view: nothing grows as L^2, no L x L mask is ever built). xPos uses
+window-local positions 0 .. 2c - 1, so every window shares one (2c, d/2) table, and zeta^(+-n/B) stays
+within zeta^(+-c/B) at any L: finite in fp32, bf16 and fp16. In exact arithmetic this equals global
+xPos (the logit depends only on n - m).
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .xpos import XPos
+
+__all__ = ["AttentionWindow", "causal_padding_mask", "is_right_padded", "window_mask", "windowed_attention"]
+
+MODES = ("full", "bca", "sliding")
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """Which keys a query may attend at inference.
+
+    Attributes:
+        mode: ``full`` (causal over everything), ``bca`` (blockwise causal), ``sliding``.
+        size: bca: the block length w = l / 2 (queries per block; keys per window 2w);
+              sliding: the window W (keys per query, itself included). Unused for ``full``.
+
+    Raises:
+        ValueError: unknown mode, or a non-positive size for bca / sliding.
+    """
+
+    mode: str = "full"
+    size: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"attention window mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode != "full" and self.size <= 0:
+            raise ValueError(f"{self.mode} needs a positive size, got {self.size}")
+
+    @classmethod
+    def bca(cls, training_length: int) -> "AttentionWindow":
+        """BCA for a model trained on ``training_length`` tokens: blocks of l / 2.
+
+        Raises:
+            ValueError: l odd or < 2 (blocks are l / 2).
+        """
+        if training_length < 2 or training_length % 2:
+            raise ValueError(
+                f"BCA cuts the training length l into blocks of l/2, so l must be even and >= 2; got {training_length}."
+            )
+        return cls("bca", training_length // 2)
+
+    def covers(self, length: int) -> bool:
+        """True if, for sequences of ``length``, this window is plain causal attention."""
+        if self.mode == "full":
+            return True
+        return length <= (2 * self.size if self.mode == "bca" else self.size)
+
+    def first_key(self, position: int) -> int:
+        """Position of the earliest key visible to a query at ``position``."""
+        if self.mode == "full":
+            return 0
+        if self.mode == "bca":
+            return max(0, (position // self.size - 1) * self.size)
+        return max(0, position - self.size + 1)
+
+    def __str__(self) -> str:
+        return "full" if self.mode == "full" else f"{self.mode}({self.size})"
+
+
+def window_mask(window: AttentionWindow, length: int, device=None) -> Tensor:
+    """The explicit (length, length) boolean mask of ``window`` (True = may attend). For tests and
+    analysis only: O(L^2). Query i sees key j iff first_key(i) <= j <= i."""
+    i = torch.arange(length, device=device)
+    if window.mode == "full":
+        first = torch.zeros_like(i)
+    elif window.mode == "bca":
+        first = ((i // window.size - 1) * window.size).clamp(min=0)
+    else:
+        first = (i - window.size + 1).clamp(min=0)
+    j = i[None, :]
+    return (j <= i[:, None]) & (j >= first[:, None])
+
+
+def _pad_to(x: Tensor, length: int, dim: int = 2, value=0) -> Tensor:
+    extra = length - x.size(dim)
+    if extra == 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [0, extra]
+    return F.pad(x, pad, value=value)
+
+
+def _windows(x: Tensor, c: int) -> Tensor:
+    """(B, H, n*c, D) -> (B, H, n-1, 2c, D): window j holds blocks j and j+1 (a view)."""
+    return x.unfold(2, 2 * c, c).transpose(-1, -2)
+
+
+def windowed_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: AttentionWindow,
+    xpos: Optional[XPos] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Causal attention restricted to ``window``, chunked over blocks.
+
+    Args:
+        q, k, v: (B, H, L, D) projections of positions 0 .. L-1, *before* xPos.
+        window: ``bca`` or ``sliding`` (``full`` is accepted and runs plain causal attention).
+        xpos: applied with window-local positions; None for no relative position.
+        key_padding_mask: (B, L) bool, True at padding, or None. Padding only at the end of rows needs
+            no mask (causality hides it); other padding builds a per-window mask, O(L * c).
+        dropout_p: attention dropout.
+
+    Returns:
+        (B, H, L, D) in q's dtype.
+    """
+    bsz, heads, length, dim = q.shape
+    if window.covers(length):
+        if xpos is not None:
+            q, k = xpos(q, k, q_start=0, k_start=0)
+        mask = causal_padding_mask(key_padding_mask, length, length, 0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+
+    c = window.size
+    n = -(-length // c)  # blocks
+    padded = n * c
+    q, k, v = (_pad_to(t, padded) for t in (q, k, v))
+    if key_padding_mask is not None:
+        key_padding_mask = _pad_to(key_padding_mask, padded, dim=1, value=True)
+
+    # block 0: causal over itself, local positions = global positions
+    q0, k0, v0 = q[:, :, :c], k[:, :, :c], v[:, :, :c]
+    if xpos is not None:
+        q0, k0 = xpos(q0, k0, q_start=0, k_start=0)
+    kpm0 = key_padding_mask[:, :c] if key_padding_mask is not None else None
+    mask0 = causal_padding_mask(kpm0, c, c, 0)
+    out0 = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=mask0, dropout_p=dropout_p, is_causal=mask0 is None)
+
+    # blocks 1 .. n-1: queries of block b over the keys of blocks b-1 and b, positions local to the window
+    qw = _windows(q, c)[:, :, :, c:]  # (B, H, n-1, c, D), local positions c .. 2c-1
+    kw, vw = _windows(k, c), _windows(v, c)  # (B, H, n-1, 2c, D), local positions 0 .. 2c-1
+    if xpos is not None:
+        qw, kw = xpos(qw, kw, q_start=c, k_start=0)
+    base = _block_mask(window, c, q.device)  # (c, 2c), the same for every window
+    if key_padding_mask is not None and not is_right_padded(key_padding_mask):
+        kpm_w = key_padding_mask.unfold(1, 2 * c, c)  # (B, n-1, 2c)
+        allowed = base[None, None] & ~kpm_w[:, None, :, None, :]  # (B, 1, n-1, c, 2c)
+        diag = torch.arange(c, device=q.device)
+        allowed[..., diag, diag + c] = True  # a query always sees itself: no empty softmax row
+        base = allowed
+    outw = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=base, dropout_p=dropout_p)
+    out = torch.cat([out0, outw.flatten(2, 3)], dim=2)
+    return out[:, :, :length]
+
+
+def _block_mask(window: AttentionWindow, c: int, device) -> Tensor:
+    """(c, 2c) mask of block b's queries (local c + t) over window keys (local 0 .. 2c-1)."""
+    t = torch.arange(c, device=device)[:, None]
+    key = torch.arange(2 * c, device=device)[None, :]
+    allowed = key <= c + t  # causal: up to and including itself
+    if window.mode == "sliding":
+        allowed &= key > t  # the W most recent positions: local keys t+1 .. c+t
+    return allowed
+
+
+def is_right_padded(key_padding_mask: Tensor) -> bool:
+    m = key_padding_mask.to(torch.int8)
+    return bool((m[:, 1:] >= m[:, :-1]).all())
+
+
+def causal_padding_mask(key_padding_mask: Optional[Tensor], tgt_len: int, src_len: int, past: int) -> Optional[Tensor]:
+    """None when causality alone is exact (no padding, or padding only at the row ends); else a
+    (B, 1, T, S) boolean causal & not-pad mask in which each query still sees itself."""
+    if key_padding_mask is None or not bool(key_padding_mask.any()) or is_right_padded(key_padding_mask):
+        return None
+    device = key_padding_mask.device
+    allowed = torch.ones(tgt_len, src_len, dtype=torch.bool, device=device).tril(diagonal=past)
+    allowed = allowed[None, None] & ~key_padding_mask[:, None, None, :]
+    diag = torch.arange(tgt_len, device=device)
+    allowed[:, :, diag, diag + past] = True
+    return allowed

@@ -1,0 +1,126 @@
+"""BCA and sliding-window attention against naive attention with an explicit mask and global xPos."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import build_lex_model, random_tokens
+from lex_plugin.modules.attention import LexSelfAttention
+from lex_plugin.modules.windowed_attention import AttentionWindow, window_mask, windowed_attention
+from lex_plugin.modules.xpos import XPos
+
+L_TRAIN = 32  # training length l: BCA blocks of 16
+
+
+def naive_attention(q, k, v, allowed):
+    """float64 softmax(q k^T / sqrt(d) + mask) v; q, k already carry xPos at global positions."""
+    q, k, v = q.double(), k.double(), v.double()
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def reference(q, k, v, window, xpos, pad=None):
+    L = q.size(2)
+    allowed = window_mask(window, L)[None, None]
+    if pad is not None:
+        allowed = allowed & ~pad[:, None, None, :]
+        allowed = allowed | torch.eye(L, dtype=torch.bool)  # a pad query sees itself (as the module does)
+    qx, kx = xpos(q, k, q_start=0, k_start=0)
+    return naive_attention(qx, kx, v, allowed)
+
+
+WINDOWS = [AttentionWindow.bca(L_TRAIN), AttentionWindow("sliding", L_TRAIN)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("length", [L_TRAIN // 2, L_TRAIN, 3 * L_TRAIN + 5])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_window_matches_naive_masked_attention(window, length, padding):
+    torch.manual_seed(length)
+    B, H, D = 3, 2, 16
+    q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
+    pad = None
+    if padding != "none":
+        pad = torch.zeros(B, length, dtype=torch.bool)
+        cut = max(1, length // 3)
+        if padding == "right":
+            pad[1, length - cut :] = True
+        else:
+            pad[1, :cut] = True
+            pad[2, : cut // 2] = True
+    xpos = XPos(D)
+    got = windowed_attention(q, k, v, window, xpos, key_padding_mask=pad)
+    expected = reference(q, k, v, window, xpos, pad)
+    real = torch.ones(B, length, dtype=torch.bool) if pad is None else ~pad
+    diff = (got.double() - expected).abs().permute(0, 2, 1, 3)[real]
+    assert diff.max() <= 1e-5
+
+
+def test_window_masks_follow_the_paper():
+    """Figure 3: block b sees block b-1 and itself causally; every query sees between w and 2w-1 keys
+    (block 0: causal); the sliding window sees exactly its W most recent positions."""
+    bca = window_mask(AttentionWindow.bca(8), 20)  # w = 4
+    seen = bca.sum(-1)
+    assert seen[:4].tolist() == [1, 2, 3, 4]
+    assert seen[4:].tolist() == [5, 6, 7, 8] * 4
+    assert bca[9, 4] and not bca[9, 3] and bca[9, 9] and not bca[9, 10]
+    sw = window_mask(AttentionWindow("sliding", 5), 20)
+    assert sw.sum(-1).tolist() == [1, 2, 3, 4] + [5] * 16
+
+
+def test_bca_is_full_attention_up_to_the_training_length():
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    tokens = random_tokens(model.decoder.dictionary, 2, L_TRAIN)
+    with torch.no_grad():
+        full, _ = model(tokens)
+        model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+        bca, _ = model(tokens)
+        longer = random_tokens(model.decoder.dictionary, 2, 4 * L_TRAIN)
+        bca_long, _ = model(longer)
+        model.decoder.set_attention_window(AttentionWindow())
+        full_long, _ = model(longer)
+    assert torch.equal(full, bca)
+    assert torch.allclose(bca_long[:, :L_TRAIN], full_long[:, :L_TRAIN], atol=1e-5)
+    assert not torch.allclose(bca_long[:, -1], full_long[:, -1], atol=1e-3)  # BCA truly limits the context
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_prompt_then_token_by_token_equals_parallel_window(window):
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    model.decoder.set_attention_window(window)
+    tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=3)
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state = {}
+        steps = [model.decoder(tokens[:, :40], incremental_state=state)[0]]
+        for t in range(41, tokens.size(1) + 1):
+            steps.append(model.decoder(tokens[:, :t], incremental_state=state)[0])
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bca_is_finite_at_64k_in_half_precision(dtype):
+    """Window-local xPos keeps zeta^(+-n/B) bounded: one layer at L = 65536 stays finite."""
+    torch.manual_seed(0)
+    attn = LexSelfAttention(64, 1).eval().to(dtype)
+    x = torch.randn(1, 65536, 64).to(dtype)
+    with torch.no_grad():
+        out = attn(x, XPos(64), window=AttentionWindow.bca(512))
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    # the same keys under global positions overflow in this dtype: zeta_min^(-L/2B) is astronomically large
+    assert XPos(64).rotate(x[:, :, :], 0, center=0, downscale=True).isinf().any()
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: AttentionWindow.bca(33), "even"),
+        (lambda: AttentionWindow("sliding", 0), "positive"),
+        (lambda: AttentionWindow("local", 4), "mode"),
+    ],
+)
+def test_bad_windows_are_rejected(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
