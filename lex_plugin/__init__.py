@@ -6,4 +6,4 @@ registers the ``lex_lm`` model and its ``lex_lm_*`` architectures.
 
 __version__ = "0.1.0"
 
-from . import models  # noqa: F401  (registers lex_lm and its architectures)
+from . import models, tasks  # noqa: F401  (registers lex_lm, its architectures and lex_language_modeling)

@@ -1,5 +1,6 @@
 """The ``lex`` command line (click): corpus preparation and helpers around fairseq's own commands."""
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -53,6 +54,24 @@ def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, max_docs, max
     click.echo(f"{'split':<6} {'documents':>9} {'lines':>8} {'tokens':>11}")
     for split, s in meta["splits"].items():
         click.echo(f"{split:<6} {s['documents']:>9} {s['lines']:>8} {s['tokens']:>11,}")
+
+
+@main.command("plot")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="PNG to write")
+@click.option("--label", "labels", multiple=True, help="one per report (default: file names)")
+@click.option("--protocol", type=click.Choice(["stream", "fixed_target"]), default="stream", show_default=True)
+@click.option("--title", default=None)
+def plot_cmd(reports, out, labels, protocol, title):
+    """Plot perplexity against length (log x) for one or more --report-json files of
+    fairseq-eval-lm --task lex_language_modeling."""
+    from .evaluation.plot import plot_reports
+
+    try:
+        n = plot_reports(reports, out, labels or None, protocol, title)
+    except (ValueError, KeyError, json.JSONDecodeError) as err:
+        raise click.ClickException(f"cannot plot: {err}") from None
+    click.echo(f"{n} lines -> {out}")
 
 
 @main.command("user-dir")

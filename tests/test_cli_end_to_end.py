@@ -71,3 +71,80 @@ def test_eval_lm_scores_every_token_at_and_beyond_training_length(data_bin, trai
     count, ppl = eval_lm(data_bin, ckpt, length)
     assert count == split_tokens(data_bin)  # nothing silently skipped, also past the training length
     assert 1.0 < ppl < 1000.0  # vocabulary is ~1000: a trained model beats uniform
+
+
+def lex_eval(data_bin, ckpt, *extra, check=True):
+    args = [
+        "fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+        "--path", str(ckpt), "--gen-subset", "test", "--batch-size", "4", "--num-workers", "0", *map(str, extra),
+    ]
+    if check:
+        return run_cli(args)
+    import os
+    import subprocess
+
+    env = dict(os.environ, PATH=f"{sys.executable.rsplit('/', 1)[0]}:{os.environ['PATH']}")
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO)
+
+
+def test_length_stratified_report_bca_sliding_and_plot(data_bin, trained, tmp_path):
+    ckpt, _ = trained
+    report_path = tmp_path / "report.json"
+    proc = lex_eval(
+        data_bin, ckpt, "--tokens-per-sample", 4 * TRAIN_LEN, "--bca",
+        "--eval-lengths", f"{TRAIN_LEN},{2 * TRAIN_LEN},{4 * TRAIN_LEN}", "--eval-windows", "full,bca,sliding",
+        "--fixed-target-tokens", TRAIN_LEN // 2, "--fixed-target-windows", 8, "--report-json", report_path,
+    )
+    prefix = lex_eval(data_bin, ckpt, "--tokens-per-sample", TRAIN_LEN, "--eval-lengths", TRAIN_LEN, "--eval-tokens", 1000)
+    assert "| stream | full | 64 | 1 | 1,000 |" in prefix.stdout
+    out = proc.stdout + proc.stderr
+    assert "| stream | bca(32) | 256 |" in out and "| fixed_target |" in out
+    report = json.loads(report_path.read_text())
+    assert report["training_length"] == TRAIN_LEN
+    stream = [r for r in report["results"] if r["protocol"] == "stream"]
+    assert {(r["window"], r["length"]) for r in stream} == {
+        (w, L) for w in ("full", "bca(32)", "sliding(64)") for L in (64, 128, 256)
+    }
+    tokens = split_tokens(data_bin)
+    assert all(r["tokens"] == tokens == sum(b["tokens"] for b in r["buckets"]) for r in stream)
+    by = {(r["window"], r["length"]): r for r in stream}
+    # at L = l every window mode is full causal attention
+    assert by[("bca(32)", 64)]["loss"] == pytest.approx(by[("full", 64)]["loss"], abs=1e-6)
+    # fairseq's own pass (--bca at --tokens-per-sample 256) agrees with the report's row
+    fairseq_loss = float(re.search(r"Loss \(base 2\): ([\d.]+)", out).group(1))
+    assert fairseq_loss == pytest.approx(by[("bca(32)", 256)]["loss"], abs=1e-3)
+    fixed = [r for r in report["results"] if r["protocol"] == "fixed_target"]
+    assert len(fixed) == 9 and all(r["tokens"] == 8 * TRAIN_LEN // 2 for r in fixed)
+
+    png = tmp_path / "ppl.png"
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "plot", str(report_path), "-o", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--bca", "--bca-block-size", "33"], "even"),
+        (["--sliding-window", "0"], "positive integer"),
+        (["--eval-lengths", "64,abc"], "positive integers"),
+        (["--bca", "--sliding-window", "64"], "choose one"),
+    ],
+)
+def test_bad_evaluation_flags_are_explained(data_bin, trained, flags, message):
+    ckpt, _ = trained
+    proc = lex_eval(data_bin, ckpt, "--tokens-per-sample", TRAIN_LEN, *flags, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_bca_without_training_length_is_explained(data_bin, trained, tmp_path):
+    import torch
+
+    ckpt, _ = trained
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del state["cfg"]["model"]["tokens_per_sample"]
+    stripped = tmp_path / "no_length.pt"
+    torch.save(state, stripped)
+    proc = lex_eval(data_bin, stripped, "--tokens-per-sample", TRAIN_LEN, "--bca", check=False)
+    assert proc.returncode != 0 and "records no tokens_per_sample" in proc.stderr, proc.stderr[-2000:]
+    ok = lex_eval(data_bin, stripped, "--tokens-per-sample", 2 * TRAIN_LEN, "--bca", "--bca-block-size", TRAIN_LEN)
+    assert "Perplexity" in ok.stdout + ok.stderr

@@ -1,0 +1,1 @@
+"""Length-stratified evaluation (used by the lex_language_modeling task)."""

@@ -1,0 +1,233 @@
+"""Length-stratified language-model evaluation: one token stream, cut into each evaluation length.
+
+"We divide the same input into the target length" (LeX paper, section 4.2): the split is read as one
+stream of T tokens (fairseq's ``--sample-break-mode none``) and cut into consecutive samples of L tokens.
+As in fairseq, the sample starting at s predicts stream[s : s + L] from stream[s - 1 : s + L - 1] (the
+first sample starts from ``</s>``), so every token of the split is scored exactly once at every L.
+
+Also measured:
+
+* loss per position bucket inside samples, with edges at multiples of the training length l
+  ([0, l), [l, 2l), [2l, 4l), ...): how a model does on positions it never saw in training;
+* the fixed-target protocol of Chi et al. (receptive-field paper, section 3.4): the same final K tokens
+  of N windows scored with contexts of every evaluation length, so only the context changes.
+
+Losses are summed in nats in fp32/fp64 and reported in bits (fairseq's "Loss (base 2)") with
+perplexity 2 ** loss.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+__all__ = ["LengthResult", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
+
+
+@dataclass
+class Bucket:
+    start: int
+    end: int
+    tokens: int = 0
+    nll: float = 0.0  # nats, summed
+
+    @property
+    def loss(self) -> float:
+        return self.nll / max(self.tokens, 1) / math.log(2)
+
+    @property
+    def ppl(self) -> float:
+        return 2.0 ** self.loss
+
+
+@dataclass
+class LengthResult:
+    """Scores of one (window, length) pass. ``loss`` in bits per token, ``ppl`` = 2 ** loss."""
+
+    window: str
+    length: int
+    protocol: str = "stream"  # or "fixed_target"
+    tokens: int = 0
+    nll: float = 0.0
+    buckets: List[Bucket] = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return self.nll / max(self.tokens, 1) / math.log(2)
+
+    @property
+    def ppl(self) -> float:
+        return 2.0 ** self.loss
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["loss"], out["ppl"] = self.loss, self.ppl
+        for b, src in zip(out["buckets"], self.buckets):
+            b["loss"], b["ppl"] = src.loss, src.ppl
+        return out
+
+
+def bucket_edges(length: int, training_length: Optional[int]) -> List[int]:
+    """[0, l, 2l, 4l, ..., length] (l = training length); [0, length] when l is unknown or >= length."""
+    edges = [0]
+    if training_length:
+        edge = training_length
+        while edge < length:
+            edges.append(edge)
+            edge *= 2
+    edges.append(length)
+    return edges
+
+
+def _samples(stream: Tensor, length: int, eos: int) -> Iterator[Tuple[int, Tensor, Tensor]]:
+    """(start, source, target) for consecutive samples of ``length`` tokens (the last may be shorter)."""
+    for start in range(0, stream.numel(), length):
+        target = stream[start : start + length]
+        if start == 0:
+            source = torch.cat([stream.new_tensor([eos]), stream[: target.numel() - 1]])
+        else:
+            source = stream[start - 1 : start - 1 + target.numel()]
+        yield start, source, target
+
+
+def _batches(items, batch_size: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@torch.no_grad()
+def _token_nll(model, source: Tensor, target: Tensor, pad: int) -> Tensor:
+    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding."""
+    logits, _ = model(source)
+    nll = F.cross_entropy(
+        logits.float().transpose(1, 2), target, ignore_index=pad, reduction="none"
+    )
+    return nll
+
+
+def _pad_batch(rows: Sequence[Tensor], length: int, pad: int) -> Tensor:
+    out = rows[0].new_full((len(rows), length), pad)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row
+    return out
+
+
+def evaluate_lengths(
+    model,
+    stream: Tensor,
+    lengths: Sequence[int],
+    window_name: str,
+    eos: int,
+    pad: int,
+    max_tokens: int = 32768,
+    training_length: Optional[int] = None,
+    device: Optional[torch.device] = None,
+    progress: bool = True,
+) -> List[LengthResult]:
+    """Score ``stream`` (1-D int64, the whole split) cut into each of ``lengths``.
+
+    Args:
+        model: a fairseq language model in eval mode (its attention window already set).
+        stream: (T,) token ids.
+        lengths: evaluation lengths L (tokens per sample).
+        window_name: label for the report (e.g. ``bca(128)``).
+        max_tokens: batch size bound: max(1, max_tokens // L) samples per forward.
+        training_length: l, for the position buckets.
+
+    Returns:
+        One ``LengthResult`` per length; ``tokens`` == T for every length.
+    """
+    device = device or next(model.parameters()).device
+    results = []
+    for length in lengths:
+        edges = bucket_edges(length, training_length)
+        result = LengthResult(window_name, length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])])
+        batch_size = max(1, max_tokens // length)
+        total = -(-stream.numel() // length)
+        bar = tqdm(total=total, desc=f"{window_name} L={length}", unit="sample", disable=not progress or None, leave=False)
+        for batch in _batches(_samples(stream, length, eos), batch_size):
+            source = _pad_batch([s for _, s, _ in batch], length, pad).to(device)
+            target = _pad_batch([t for _, _, t in batch], length, pad).to(device)
+            nll = _token_nll(model, source, target, pad).double()
+            real = target.ne(pad)
+            result.tokens += int(real.sum())
+            result.nll += float(nll.sum())
+            for b in result.buckets:
+                result_slice = slice(b.start, b.end)
+                b.tokens += int(real[:, result_slice].sum())
+                b.nll += float(nll[:, result_slice].sum())
+            bar.update(len(batch))
+        bar.close()
+        results.append(result)
+    return results
+
+
+def evaluate_fixed_target(
+    model,
+    stream: Tensor,
+    lengths: Sequence[int],
+    window_name: str,
+    pad: int,
+    target_tokens: int,
+    max_windows: int = 64,
+    max_tokens: int = 32768,
+    device: Optional[torch.device] = None,
+    progress: bool = True,
+) -> List[LengthResult]:
+    """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_windows`` windows, each
+    scored with a context of every length L (the window's final L tokens), so only the context grows.
+
+    Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
+    its full context. Raises ValueError if the stream is shorter than max(lengths) + target_tokens or
+    if target_tokens exceeds the smallest length.
+    """
+    longest = max(lengths)
+    if target_tokens > min(lengths):
+        raise ValueError(f"--fixed-target-tokens {target_tokens} exceeds the smallest --eval-lengths {min(lengths)}.")
+    if stream.numel() < longest + target_tokens + 1:
+        raise ValueError(
+            f"the split has {stream.numel()} tokens: too few for the fixed-target protocol at L={longest}."
+        )
+    first, last = longest + 1, stream.numel()
+    n = min(max_windows, (last - first) // target_tokens + 1)
+    ends = sorted({first + (last - first) * i // max(n - 1, 1) for i in range(n)})
+    device = device or next(model.parameters()).device
+    results = []
+    for length in lengths:
+        result = LengthResult(window_name, length, protocol="fixed_target")
+        batch_size = max(1, max_tokens // length)
+        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {window_name} L={length}",
+                          disable=not progress or None, leave=False):
+            source = torch.stack([stream[e - length - 1 : e - 1] for e in batch]).to(device)
+            target = torch.stack([stream[e - length : e] for e in batch]).to(device)
+            nll = _token_nll(model, source, target, pad)[:, -target_tokens:].double()
+            result.tokens += nll.numel()
+            result.nll += float(nll.sum())
+        results.append(result)
+    return results
+
+
+def format_table(results: Sequence[LengthResult], training_length: Optional[int] = None) -> str:
+    """Markdown table: window, length (and its ratio to l), tokens scored, loss (bits), ppl; then the
+    position buckets of each stream pass."""
+    lines = ["| protocol | window | length | x l | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        ratio = f"{r.length / training_length:g}" if training_length else "-"
+        lines.append(f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |")
+    bucketed = [r for r in results if len(r.buckets) > 1]
+    if bucketed:
+        lines += ["", "| window | length | positions | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
+        for r in bucketed:
+            for b in r.buckets:
+                lines.append(f"| {r.window} | {r.length} | {b.start}-{b.end - 1} | {b.tokens:,} | {b.loss:.4f} | {b.ppl:.2f} |")
+    return "\n".join(lines)
