@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The main job: prepare a real corpus, train lex_lm_tiny with fairseq-train on the CPU for a bounded
-# budget, evaluate test perplexity with fairseq-eval-lm at the training length.
+# budget, then one fairseq-eval-lm run that prints the length table on the test split (l .. 16l, full
+# causal attention and BCA), writes it as JSON, and reports fairseq's own test perplexity at l; finally
+# `lex plot` draws perplexity against length (PNG).
 #
 #   bash scripts/demo.sh [CORPUS_DIR]        (default: ../shared/data/pg, the 49 public-domain books)
 #
 # Knobs (environment): WORK (output dir, default work/demo), ARCH (lex_lm_tiny), L (tokens per sample,
-# 256), MAX_UPDATE (700: ~15 minutes on 2 cores at ~3.2k tokens/s), BSZ (16 samples per update),
-# LR (1.5e-3), EXTRA_TRAIN_ARGS (appended to fairseq-train). Re-running resumes from
+# 256), MAX_UPDATE (600: ~13 minutes on 2 cores at ~3.2k tokens/s), BSZ (16 samples per update),
+# LR (1.5e-3), EVAL_TOKENS (first 100000 test tokens for the length table; 0 = all),
+# EXTRA_TRAIN_ARGS (appended to fairseq-train). Re-running resumes from
 # WORK/checkpoints/checkpoint_last.pt and reuses the prepared data-bin.
 # Every fairseq command is printed before it runs, so it can be copied and scaled (README.md).
 set -euo pipefail
@@ -16,7 +19,8 @@ CORPUS=${1:-../shared/data/pg}
 WORK=${WORK:-work/demo}
 ARCH=${ARCH:-lex_lm_tiny}
 L=${L:-256}
-MAX_UPDATE=${MAX_UPDATE:-700}
+MAX_UPDATE=${MAX_UPDATE:-600}
+EVAL_TOKENS=${EVAL_TOKENS:-100000}
 BSZ=${BSZ:-16}
 LR=${LR:-1.5e-3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
@@ -41,18 +45,26 @@ run fairseq-train "$DATA" \
   --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates 70 --total-num-update "$MAX_UPDATE" \
   --max-update "$MAX_UPDATE" \
   --save-dir "$CKPT" --save-interval-updates 100 --keep-interval-updates 1 --no-epoch-checkpoints \
-  --validate-interval-updates 350 --max-valid-steps 25 \
+  --validate-interval-updates 300 --max-valid-steps 10 \
   --log-format simple --log-interval 25 --num-workers 0 --seed 1 \
   ${EXTRA_TRAIN_ARGS:-}
 trained=$(date +%s)
 
+LENGTHS="$L,$((2 * L)),$((4 * L)),$((8 * L)),$((16 * L))"
 run fairseq-eval-lm "$DATA" \
-  --user-dir lex_plugin --task language_modeling \
+  --user-dir lex_plugin --task lex_language_modeling \
   --path "$CKPT/checkpoint_last.pt" --gen-subset test \
   --tokens-per-sample "$L" --sample-break-mode none --batch-size 16 --num-workers 0 \
+  --eval-lengths "$LENGTHS" --eval-windows full,bca --eval-tokens "$EVAL_TOKENS" \
+  --report-json "$WORK/length_report.json" \
   2>&1 | tee "$WORK/eval_test.log"
+
+run lex plot "$WORK/length_report.json" -o "$WORK/ppl_vs_length.png" --title "$ARCH, l = $L: test perplexity vs length"
 
 end=$(date +%s)
 echo
 echo "demo finished in $(( (end - start) / 60 )) min $(( (end - start) % 60 )) s (training + preparation: $(( (trained - start) / 60 )) min)"
+echo "length table (first $EVAL_TOKENS test tokens): $WORK/length_report.json, plot: $WORK/ppl_vs_length.png"
+sed -n '/^Length-stratified/,/^$/p' "$WORK/eval_test.log"
+echo "fairseq-eval-lm on the whole test split at l = $L:"
 grep -E "Evaluated|Loss \(base 2\)" "$WORK/eval_test.log" | sed 's/^.*| INFO | fairseq_cli.eval_lm | /  /'

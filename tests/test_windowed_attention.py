@@ -1,6 +1,7 @@
 """BCA and sliding-window attention against naive attention with an explicit mask and global xPos."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -37,7 +38,10 @@ WINDOWS = [AttentionWindow.bca(L_TRAIN), AttentionWindow("sliding", L_TRAIN)]
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("length", [L_TRAIN // 2, L_TRAIN, 3 * L_TRAIN + 5])
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
-def test_window_matches_naive_masked_attention(window, length, padding):
+@pytest.mark.parametrize("group_tokens", [8192, 2 * L_TRAIN // 2], ids=["one-group", "2-windows-per-group"])
+def test_window_matches_naive_masked_attention(window, length, padding, group_tokens, monkeypatch):
+    module = sys.modules["lex_plugin.modules.windowed_attention"]  # the package re-exports the function
+    monkeypatch.setattr(module, "GROUP_TOKENS", group_tokens)
     torch.manual_seed(length)
     B, H, D = 3, 2, 16
     q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
