@@ -128,3 +128,36 @@ def test_bca_is_finite_at_64k_in_half_precision(dtype):
 def test_bad_windows_are_rejected(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_generation_cache_is_bounded_and_exact(window):
+    """Token by token over 3l + 7 tokens: the same logits as the parallel windowed forward, while every
+    layer's cache holds at most l (BCA) or W (sliding) keys and the reported length keeps counting."""
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    model.decoder.set_attention_window(window)
+    tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=11)
+    bound = L_TRAIN if window.mode == "bca" else window.size
+    sizes = []
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state, steps = {}, []
+        for t in range(1, tokens.size(1) + 1):
+            steps.append(model.decoder(tokens[:, :t], incremental_state=state)[0])
+            attn = model.decoder.layers[0].self_attn
+            saved = attn.get_incremental_state(state, "attn_state")
+            sizes.append(saved["prev_key"].size(2))
+            assert attn.cached_length(state) == t
+    assert max(sizes) <= bound and max(sizes) >= bound - 1
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
+
+
+def test_changing_the_window_mid_generation_is_refused():
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    tokens = random_tokens(model.decoder.dictionary, 1, 10)
+    state = {}
+    with torch.no_grad():
+        model.decoder(tokens[:, :5], incremental_state=state)
+        model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+        with pytest.raises(ValueError, match="new incremental state"):
+            model.decoder(tokens[:, :6], incremental_state=state)

@@ -78,13 +78,14 @@ class LexSelfAttention(nn.Module):
         return x.view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
 
     def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
-        """Number of positions already in this layer's key/value cache (0 without one)."""
+        """Number of positions processed so far with this cache (0 without one); under BCA or a
+        sliding window the cache itself holds only the last l or W of them."""
         if incremental_state is None:
             return 0
         saved = self.get_incremental_state(incremental_state, "attn_state")
         if saved is None or saved.get("prev_key") is None:
             return 0
-        return saved["prev_key"].size(2)
+        return saved["cache_start"] + saved["prev_key"].size(2)
 
     def forward(
         self,
@@ -101,8 +102,9 @@ class LexSelfAttention(nn.Module):
             xpos: the decoder's ``XPos`` (None: no relative position, i.e. NoPE).
             key_padding_mask: (B, T) bool, True at padding; None when there is none.
             incremental_state: fairseq's incremental state. Keys and values are cached *before* xPos,
-                so every call re-applies xPos with positions 0 .. P + T - 1 (P cached) and a centre inside
-                that span; queries sit at P .. P + T - 1.
+                so every call re-applies xPos with positions local to the visible keys and a centre
+                inside them. Under BCA / sliding window the cache is trimmed after every call to what the
+                next query can see (at most l or W positions): memory and per-token time stay flat.
             window: ``full`` (default), ``bca`` or ``sliding`` (see ``windowed_attention``). With a
                 cache, a windowed model takes its prompt in one call and then one token per step.
 
@@ -112,30 +114,33 @@ class LexSelfAttention(nn.Module):
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
 
-        past = 0
+        start = 0  # absolute position of the first cached key
+        past = 0  # positions processed before this call
         if incremental_state is not None:
             saved = self.get_incremental_state(incremental_state, "attn_state") or {}
             if saved.get("prev_key") is not None:
-                past = saved["prev_key"].size(2)
+                if saved["window"] != str(window):
+                    raise ValueError(
+                        f"this key/value cache was filled under {saved['window']} attention, not {window}; "
+                        "start a new incremental state to change the attention window."
+                    )
+                start = saved["cache_start"]
+                past = start + saved["prev_key"].size(2)
                 k = torch.cat([saved["prev_key"], k], dim=2)
                 v = torch.cat([saved["prev_value"], v], dim=2)
                 prev_mask = saved.get("prev_key_padding_mask")
                 if prev_mask is not None or key_padding_mask is not None:
                     if prev_mask is None:
-                        prev_mask = key_padding_mask.new_zeros(bsz, past)
+                        prev_mask = key_padding_mask.new_zeros(bsz, k.size(2) - tgt_len)
                     if key_padding_mask is None:
                         key_padding_mask = prev_mask.new_zeros(bsz, tgt_len)
                     key_padding_mask = torch.cat([prev_mask, key_padding_mask], dim=1)
-            self.set_incremental_state(
-                incremental_state,
-                "attn_state",
-                {"prev_key": k, "prev_value": v, "prev_key_padding_mask": key_padding_mask},
-            )
+
         dropout_p = self.dropout if self.training else 0.0
         if past == 0:
             out = windowed_attention(q, k, v, window, xpos, key_padding_mask, dropout_p)
         elif tgt_len == 1:
-            out = self._step(q, k, v, window, xpos, key_padding_mask, dropout_p)
+            out = self._step(q, k, v, window, xpos, key_padding_mask, dropout_p, start)
         elif window.mode == "full":
             out = self._chunk(q, k, v, xpos, key_padding_mask, dropout_p)
         else:
@@ -143,21 +148,37 @@ class LexSelfAttention(nn.Module):
                 f"{window} attention after a cached prefix takes one new token per step; run the prompt in "
                 "one call (empty cache) and continue token by token."
             )
+
+        if incremental_state is not None:
+            # Keep only the keys the next query can see: the cache never exceeds l (BCA: when a new block
+            # starts, the oldest of two cached blocks goes) or W (sliding); full attention keeps all.
+            drop = window.first_key(past + tgt_len) - start
+            if drop > 0:
+                k, v = k[:, :, drop:], v[:, :, drop:]
+                key_padding_mask = key_padding_mask[:, drop:] if key_padding_mask is not None else None
+                start += drop
+            self.set_incremental_state(
+                incremental_state,
+                "attn_state",
+                {"prev_key": k, "prev_value": v, "prev_key_padding_mask": key_padding_mask,
+                 "cache_start": start, "window": str(window)},
+            )
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
     @staticmethod
-    def _step(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p):
-        """One new query (the last cached position) over the keys its window lets it see; xPos
-        positions are local to that key span."""
-        position = k.size(2) - 1
+    def _step(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p, start: int = 0):
+        """One new query over the keys its window lets it see. k, v: (B, H, S, D) cached keys of
+        absolute positions start .. start + S - 1, the query's own last. xPos positions are local to
+        the visible span, so they stay below l (BCA) or W (sliding) however long generation runs."""
+        position = start + k.size(2) - 1
         first = window.first_key(position)
-        k, v = k[:, :, first:], v[:, :, first:]
+        k, v = k[:, :, first - start :], v[:, :, first - start :]
         mask = None
         if key_padding_mask is not None:
-            kpm = key_padding_mask[:, first:]
+            kpm = key_padding_mask[:, first - start :]
             kpm = kpm & ~kpm[:, -1:]  # the query always sees itself
             mask = ~kpm[:, None, None, :] if bool(kpm.any()) else None
         if xpos is not None:
@@ -181,7 +202,7 @@ class LexSelfAttention(nn.Module):
         saved = self.get_incremental_state(incremental_state, "attn_state")
         if saved is not None:
             for key, value in saved.items():
-                if value is not None:
+                if isinstance(value, Tensor):
                     saved[key] = value.index_select(0, new_order)
             incremental_state = self.set_incremental_state(incremental_state, "attn_state", saved)
         return incremental_state

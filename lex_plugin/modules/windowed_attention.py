@@ -9,10 +9,12 @@ positions, itself included.
 
 Both are computed per window of two blocks: the keys of blocks b - 1 and b (2c positions, c = w or W),
 taken with ``Tensor.unfold`` (a view: nothing grows as L^2, no L x L mask is ever built), with the c
-queries of block b against those 2c keys under one shared (c, 2c) boolean mask, windows batched into
-SDPA calls of about GROUP_TOKENS queries. Measured on 2 cores this is 2.3x faster than running SDPA's
-mask-free causal kernel over whole 2c windows (which computes a third more and discards half the
-queries), and grouping keeps the working set bounded in L. xPos uses
+queries of block b against those 2c keys, windows batched into SDPA calls of about GROUP_TOKENS queries
+(grouping keeps the working set bounded in L). BCA's (c, 2c) mask is causal aligned to the lower right,
+which SDPA takes as ``causal_lower_right`` on its fused kernels. Measured on 2 cores (one layer, 4 heads
+of 64, c = 512, L = 32k): 97k tokens/s, against 44k with an explicit boolean mask (SDPA's unfused path)
+and 19k with the mask-free causal kernel over whole 2c windows (a third more work, half of it thrown
+away). The sliding window's band mask, and rows padded other than at the end, use the boolean mask. xPos uses
 window-local positions 0 .. 2c - 1, so every window shares one (2c, d/2) table, and zeta^(+-n/B) stays
 within zeta^(+-c/B) at any L: finite in fp32, bf16 and fp16. In exact arithmetic this equals global
 xPos (the logit depends only on n - m).
@@ -24,6 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
 
 from .xpos import XPos
 
@@ -173,12 +176,22 @@ def windowed_attention(
         qg, kg = qw[:, :, sl], kw[:, :, sl]
         if xpos is not None:
             qg, kg = xpos(qg, kg, q_start=c, k_start=0)
-        mask = base
-        if kpm_w is not None:
-            mask = base[None, None] & ~kpm_w[:, None, sl, None, :]  # (B, 1, g, c, 2c)
-            diag = torch.arange(c, device=q.device)
-            mask[..., diag, diag + c] = True  # a query always sees itself: no empty softmax row
-        outs.append(F.scaled_dot_product_attention(qg, kg, vw[:, :, sl], attn_mask=mask, dropout_p=dropout_p).flatten(2, 3))
+        vg = vw[:, :, sl]
+        if window.mode == "bca" and kpm_w is None:
+            # BCA's (c, 2c) mask is causal aligned to the lower right: SDPA's fused kernels take it as is
+            shape = (bsz, heads * qg.size(2))
+            out = F.scaled_dot_product_attention(
+                qg.reshape(*shape, c, dim), kg.reshape(*shape, 2 * c, dim), vg.reshape(*shape, 2 * c, dim),
+                attn_mask=causal_lower_right(c, 2 * c), dropout_p=dropout_p,
+            ).view(bsz, heads, -1, c, dim)
+        else:
+            mask = base
+            if kpm_w is not None:
+                mask = base[None, None] & ~kpm_w[:, None, sl, None, :]  # (B, 1, g, c, 2c)
+                diag = torch.arange(c, device=q.device)
+                mask[..., diag, diag + c] = True  # a query always sees itself: no empty softmax row
+            out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, dropout_p=dropout_p)
+        outs.append(out.flatten(2, 3))
     out = torch.cat(outs, dim=2)
     return out[:, :, :length]
 
