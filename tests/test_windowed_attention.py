@@ -162,3 +162,22 @@ def test_changing_the_window_mid_generation_is_refused():
         model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
         with pytest.raises(ValueError, match="new incremental state"):
             model.decoder(tokens[:, :6], incremental_state=state)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_blockwise_evaluation_equals_parallel(window):
+    """The length evaluator's block-at-a-time pass (bounded cache, memory flat in L) scores exactly what
+    the parallel windowed forward scores, including a final sample shorter than the others."""
+    from lex_plugin.evaluation.length_eval import evaluate_lengths
+
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    model.decoder.set_attention_window(window)
+    d = model.decoder.dictionary
+    stream = random_tokens(d, 1, 7 * L_TRAIN + 3, seed=21)[0]
+    kwargs = dict(eos=d.eos(), pad=d.pad(), max_tokens=4 * L_TRAIN, training_length=L_TRAIN, progress=False)
+    parallel = evaluate_lengths(model, stream, [3 * L_TRAIN], str(window), **kwargs)[0]
+    blockwise = evaluate_lengths(model, stream, [3 * L_TRAIN], str(window), block=window.size, **kwargs)[0]
+    assert blockwise.tokens == parallel.tokens == stream.numel()
+    assert blockwise.nll == pytest.approx(parallel.nll, rel=1e-5)
+    for a, b in zip(blockwise.buckets, parallel.buckets):
+        assert a.nll == pytest.approx(b.nll, rel=1e-5)

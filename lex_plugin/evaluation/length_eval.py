@@ -106,13 +106,23 @@ def _batches(items, batch_size: int):
 
 
 @torch.no_grad()
-def _token_nll(model, source: Tensor, target: Tensor, pad: int) -> Tensor:
-    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding."""
-    logits, _ = model(source)
-    nll = F.cross_entropy(
-        logits.float().transpose(1, 2), target, ignore_index=pad, reduction="none"
-    )
-    return nll
+def _token_nll(model, source: Tensor, target: Tensor, pad: int, block: Optional[int] = None) -> Tensor:
+    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding.
+
+    With ``block``, the sequence runs through the model ``block`` positions at a time with a key/value
+    cache (the recurrent reuse of LeX Figure 3): under BCA or a sliding window the cache is bounded, so
+    memory no longer grows with L (logits included); results equal the parallel forward.
+    """
+    if block is None or block >= source.size(1):
+        logits, _ = model(source)
+        return F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=pad, reduction="none")
+    state: dict = {}
+    chunks = []
+    for end in range(block, source.size(1) + block, block):
+        logits, _ = model(source[:, :end], incremental_state=state)
+        chunks.append(F.cross_entropy(logits.float().transpose(1, 2), target[:, end - block : end],
+                                      ignore_index=pad, reduction="none"))
+    return torch.cat(chunks, dim=1)
 
 
 def _pad_batch(rows: Sequence[Tensor], length: int, pad: int) -> Tensor:
@@ -133,6 +143,7 @@ def evaluate_lengths(
     training_length: Optional[int] = None,
     device: Optional[torch.device] = None,
     progress: bool = True,
+    block: Optional[int] = None,
 ) -> List[LengthResult]:
     """Score ``stream`` (1-D int64, the whole split) cut into each of ``lengths``.
 
@@ -143,6 +154,8 @@ def evaluate_lengths(
         window_name: label for the report (e.g. ``bca(128)``).
         max_tokens: batch size bound: max(1, max_tokens // L) samples per forward.
         training_length: l, for the position buckets.
+        block: run samples ``block`` positions at a time through a bounded key/value cache (for BCA or a
+            sliding window: memory flat in L); None for one parallel forward per sample.
 
     Returns:
         One ``LengthResult`` per length; ``tokens`` == T for every length.
@@ -158,7 +171,7 @@ def evaluate_lengths(
         for batch in _batches(_samples(stream, length, eos), batch_size):
             source = _pad_batch([s for _, s, _ in batch], length, pad).to(device)
             target = _pad_batch([t for _, _, t in batch], length, pad).to(device)
-            nll = _token_nll(model, source, target, pad).double()
+            nll = _token_nll(model, source, target, pad, block).double()
             real = target.ne(pad)
             result.tokens += int(real.sum())
             result.nll += float(nll.sum())

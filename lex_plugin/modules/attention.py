@@ -15,7 +15,9 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from .windowed_attention import AttentionWindow, causal_padding_mask, windowed_attention
+from torch.nn.attention.bias import causal_lower_right
+
+from .windowed_attention import AttentionWindow, windowed_attention
 from .xpos import XPos
 
 __all__ = ["LexSelfAttention"]
@@ -106,7 +108,7 @@ class LexSelfAttention(nn.Module):
                 inside them. Under BCA / sliding window the cache is trimmed after every call to what the
                 next query can see (at most l or W positions): memory and per-token time stay flat.
             window: ``full`` (default), ``bca`` or ``sliding`` (see ``windowed_attention``). With a
-                cache, a windowed model takes its prompt in one call and then one token per step.
+                cache, new positions may come one at a time or in chunks (e.g. one block at a time).
 
         Returns:
             (B, T, C) in x's dtype.
@@ -139,15 +141,8 @@ class LexSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if past == 0:
             out = windowed_attention(q, k, v, window, xpos, key_padding_mask, dropout_p)
-        elif tgt_len == 1:
-            out = self._step(q, k, v, window, xpos, key_padding_mask, dropout_p, start)
-        elif window.mode == "full":
-            out = self._chunk(q, k, v, xpos, key_padding_mask, dropout_p)
         else:
-            raise NotImplementedError(
-                f"{window} attention after a cached prefix takes one new token per step; run the prompt in "
-                "one call (empty cache) and continue token by token."
-            )
+            out = self._cached(q, k, v, window, xpos, key_padding_mask, dropout_p, start)
 
         if incremental_state is not None:
             # Keep only the keys the next query can see: the cache never exceeds l (BCA: when a new block
@@ -169,32 +164,39 @@ class LexSelfAttention(nn.Module):
         return self.out_proj(out)
 
     @staticmethod
-    def _step(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p, start: int = 0):
-        """One new query over the keys its window lets it see. k, v: (B, H, S, D) cached keys of
-        absolute positions start .. start + S - 1, the query's own last. xPos positions are local to
-        the visible span, so they stay below l (BCA) or W (sliding) however long generation runs."""
-        position = start + k.size(2) - 1
-        first = window.first_key(position)
-        k, v = k[:, :, first - start :], v[:, :, first - start :]
-        mask = None
-        if key_padding_mask is not None:
-            kpm = key_padding_mask[:, first - start :]
-            kpm = kpm & ~kpm[:, -1:]  # the query always sees itself
-            mask = ~kpm[:, None, None, :] if bool(kpm.any()) else None
-        if xpos is not None:
-            q, k = xpos(q, k, q_start=position - first, k_start=0)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    def _cached(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p, start: int):
+        """New queries after a cached prefix (a generation step, or the next block of a blockwise pass).
 
-    @staticmethod
-    def _chunk(q, k, v, xpos, key_padding_mask, dropout_p):
-        """Several new queries after a cached prefix, full causal attention (lower-right aligned)."""
-        tgt_len, src_len = q.size(2), k.size(2)
-        past = src_len - tgt_len
+        Args:
+            q: (B, H, T, D) queries of absolute positions P .. P + T - 1.
+            k, v: (B, H, S, D) keys of positions start .. P + T - 1 (cache + new), before xPos.
+            start: absolute position of k[:, :, 0].
+
+        Only keys from the first one any query may see are used, with xPos positions local to them, so
+        positions stay below l (BCA) or W (sliding) however long the sequence. The mask is causal aligned
+        to the lower right when all queries share their first visible key (full attention; BCA within a
+        block); otherwise (sliding window over several queries) an explicit (T, S') band.
+        """
+        tgt_len = q.size(2)
+        last = start + k.size(2) - 1
+        past = last - tgt_len + 1
+        first = window.first_key(past)
+        k, v = k[:, :, first - start :], v[:, :, first - start :]
+        src_len = k.size(2)
         if xpos is not None:
-            q, k = xpos(q, k, q_start=past, k_start=0)
-        mask = causal_padding_mask(key_padding_mask, tgt_len, src_len, past)
-        if mask is None:
-            mask = torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).tril(diagonal=past)
+            q, k = xpos(q, k, q_start=past - first, k_start=0)
+        mask = None
+        if window.first_key(last) != first or (key_padding_mask is not None and bool(key_padding_mask.any())):
+            pos = torch.arange(past, last + 1, device=q.device)[:, None]
+            key = torch.arange(first, last + 1, device=q.device)[None, :]
+            mask = (key <= pos) & (key >= window.first_keys(pos))  # (T, S')
+            if key_padding_mask is not None:
+                kpm = key_padding_mask[:, first - start :]
+                mask = mask[None, None] & ~kpm[:, None, None, :]
+                rows = torch.arange(tgt_len, device=q.device)
+                mask[..., rows, rows + (past - first)] = True  # a query always sees itself
+        elif tgt_len > 1:
+            mask = causal_lower_right(tgt_len, src_len)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):

@@ -85,6 +85,14 @@ class AttentionWindow:
             return max(0, (position // self.size - 1) * self.size)
         return max(0, position - self.size + 1)
 
+    def first_keys(self, positions: Tensor) -> Tensor:
+        """``first_key`` of every entry of an integer tensor of positions."""
+        if self.mode == "full":
+            return torch.zeros_like(positions)
+        if self.mode == "bca":
+            return ((positions // self.size - 1) * self.size).clamp(min=0)
+        return (positions - self.size + 1).clamp(min=0)
+
     def __str__(self) -> str:
         return "full" if self.mode == "full" else f"{self.mode}({self.size})"
 
@@ -93,14 +101,8 @@ def window_mask(window: AttentionWindow, length: int, device=None) -> Tensor:
     """The explicit (length, length) boolean mask of ``window`` (True = may attend). For tests and
     analysis only: O(L^2). Query i sees key j iff first_key(i) <= j <= i."""
     i = torch.arange(length, device=device)
-    if window.mode == "full":
-        first = torch.zeros_like(i)
-    elif window.mode == "bca":
-        first = ((i // window.size - 1) * window.size).clamp(min=0)
-    else:
-        first = (i - window.size + 1).clamp(min=0)
     j = i[None, :]
-    return (j <= i[:, None]) & (j >= first[:, None])
+    return (j <= i[:, None]) & (j >= window.first_keys(i)[:, None])
 
 
 def _pad_to(x: Tensor, length: int, dim: int = 2, value=0) -> Tensor:
@@ -142,7 +144,7 @@ def windowed_attention(
     if window.covers(length):
         if xpos is not None:
             q, k = xpos(q, k, q_start=0, k_start=0)
-        mask = causal_padding_mask(key_padding_mask, length, length, 0)
+        mask = causal_padding_mask(key_padding_mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
     c = window.size
@@ -157,7 +159,7 @@ def windowed_attention(
     if xpos is not None:
         q0, k0 = xpos(q0, k0, q_start=0, k_start=0)
     kpm0 = key_padding_mask[:, :c] if key_padding_mask is not None else None
-    mask0 = causal_padding_mask(kpm0, c, c, 0)
+    mask0 = causal_padding_mask(kpm0)
     out0 = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=mask0, dropout_p=dropout_p, is_causal=mask0 is None)
 
     # blocks 1 .. n-1: queries of block b over the keys of blocks b-1 and b, positions local to the window.
@@ -211,14 +213,15 @@ def is_right_padded(key_padding_mask: Tensor) -> bool:
     return bool((m[:, 1:] >= m[:, :-1]).all())
 
 
-def causal_padding_mask(key_padding_mask: Optional[Tensor], tgt_len: int, src_len: int, past: int) -> Optional[Tensor]:
-    """None when causality alone is exact (no padding, or padding only at the row ends); else a
-    (B, 1, T, S) boolean causal & not-pad mask in which each query still sees itself."""
+def causal_padding_mask(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """None when causality alone is exact (no padding, or padding only at the row ends); else the
+    (B, 1, L, L) boolean causal & not-pad mask, in which each query still sees itself."""
     if key_padding_mask is None or not bool(key_padding_mask.any()) or is_right_padded(key_padding_mask):
         return None
+    length = key_padding_mask.size(1)
     device = key_padding_mask.device
-    allowed = torch.ones(tgt_len, src_len, dtype=torch.bool, device=device).tril(diagonal=past)
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     allowed = allowed[None, None] & ~key_padding_mask[:, None, None, :]
-    diag = torch.arange(tgt_len, device=device)
-    allowed[:, :, diag, diag + past] = True
+    diag = torch.arange(length, device=device)
+    allowed[:, :, diag, diag] = True
     return allowed

@@ -174,8 +174,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
             for mode in modes:
                 window = resolve_window(mode, self.args, l)
                 decoder.set_attention_window(window)
+                block = window.size if window.mode != "full" else None  # bounded cache: memory flat in L
                 results += evaluate_lengths(model, stream, self.eval_lengths, str(window), self.dictionary.eos(),
-                                            self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
+                                            self.dictionary.pad(), max_tokens=max_tokens, training_length=l, block=block)
                 if self.args.fixed_target_tokens:
                     results += evaluate_fixed_target(model, stream, self.eval_lengths, str(window), self.dictionary.pad(),
                                                      self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens)
