@@ -74,6 +74,45 @@ def plot_cmd(reports, out, labels, protocol, title):
     click.echo(f"{n} lines -> {out}")
 
 
+@main.command("generate")
+@click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="checkpoint file (e.g. checkpoints/checkpoint_last.pt)")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the data-bin made by lex prepare (dictionary, BPE model)")
+@click.option("--prompt", "prompts", multiple=True, required=True, help="text to continue (repeat for several)")
+@click.option("--max-len", type=click.IntRange(min=1), default=50, show_default=True, help="tokens to generate")
+@click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")
+@click.option("--bca-block-size", type=int, default=None, help="the length l that BCA halves (default: the checkpoint's)")
+@click.option("--sliding-window", type=click.IntRange(min=1), default=None, help="attend the W most recent positions")
+@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, help="0: greedy")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--beam", type=click.IntRange(min=1), default=1, show_default=True,
+              help="> 1: fairseq's beam search (the prompt is then fed one token per step)")
+@click.option("--seed", type=int, default=None)
+def generate_cmd(checkpoint, data, prompts, max_len, bca, bca_block_size, sliding_window, temperature, top_k, top_p, beam, seed):
+    """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
+    beam search)."""
+    from .hub_interface import from_pretrained
+
+    if bca and sliding_window:
+        raise click.ClickException("choose one of --bca and --sliding-window.")
+    mode, size = ("bca", bca_block_size) if bca else ("sliding", sliding_window) if sliding_window else ("full", None)
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window=mode, window_size=size)
+        for prompt in prompts:
+            if beam > 1:  # fairseq's length limits count the prompt too
+                prompt_len = len(hub.encode(prompt))
+                text = hub.sample(prompt, beam=beam, max_len_b=prompt_len + max_len, min_len=prompt_len + 1)
+                click.echo(text)
+            else:
+                text = hub.continue_text(prompt, max_len=max_len, temperature=temperature, top_k=top_k,
+                                         top_p=top_p, seed=seed)
+                click.echo(f"{prompt} {text}")
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+
+
 @main.command("user-dir")
 def user_dir_cmd():
     """Print the path to give fairseq's --user-dir (the installed lex_plugin package)."""

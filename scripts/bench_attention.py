@@ -30,6 +30,15 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def run_isolated(script: str, args) -> dict:
+    """Run ``script --one ...`` in a fresh Python process (clean peak memory); its last stdout line is JSON.
+    Returns {"skipped": reason} if it failed."""
+    proc = subprocess.run([sys.executable, script, "--one", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"skipped": f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def build(arch: str, training_length: int):
     import torch
     from fairseq.data import Dictionary
@@ -137,14 +146,11 @@ def main():
                     rows.append({"mode": mode, "length": L, "skipped": f"needs ~{gb:.0f} GB for L x L weights"})
                     print(f"{mode:>9} L={L:>6}: skipped (~{gb:.0f} GB)", file=sys.stderr)
                     continue
-            cmd = [sys.executable, __file__, "--one", mode, str(L), "--arch", args.arch,
-                   "--training-length", str(args.training_length), "--repeats", str(args.repeats)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                rows.append({"mode": mode, "length": L, "skipped": f"failed: {proc.stderr.strip().splitlines()[-1]}"})
-                continue
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = {"mode": mode, "length": L, **run_isolated(__file__, [mode, L, "--arch", args.arch,
+                   "--training-length", args.training_length, "--repeats", args.repeats])}
             rows.append(row)
+            if "skipped" in row:
+                continue
             print(f"{mode:>9} L={L:>6}: {row['tokens_per_s']:>9,.0f} tok/s  peak +{row['peak_mb_above_start']:,.0f} MB",
                   file=sys.stderr)
 

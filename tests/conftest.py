@@ -1,7 +1,9 @@
 """Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models."""
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,3 +71,31 @@ def build_lex_model(arch: str = "lex_lm_tiny", dictionary: Dictionary = None, se
 def random_tokens(dictionary: Dictionary, bsz: int, length: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
+
+
+TRAIN_LEN = 64  # training length of the small real-text model shared by the CLI and generation tests
+
+
+@pytest.fixture(scope="session")
+def data_bin(pg_slice, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("e2e") / "data-bin"
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "prepare", str(pg_slice), str(dest), "--vocab-size", "1000", "--workers", "2"])
+    return dest
+
+
+@pytest.fixture(scope="session")
+def trained(data_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("ckpt")
+    proc = run_cli(
+        [
+            "fairseq-train", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling",
+            "--arch", "lex_lm_tiny", "--share-decoder-input-output-embed",
+            "--tokens-per-sample", str(TRAIN_LEN), "--sample-break-mode", "none", "--batch-size", "8",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", "5", "--clip-norm", "1.0", "--max-update", "30", "--save-dir", str(save_dir),
+            "--no-epoch-checkpoints", "--disable-validation", "--log-format", "json", "--log-interval", "1",
+            "--num-workers", "0", "--seed", "1",
+        ]
+    )
+    losses = [float(json.loads(m)["loss"]) for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
+    return save_dir / "checkpoint_last.pt", losses

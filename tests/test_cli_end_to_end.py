@@ -8,34 +8,7 @@ import sys
 import pytest
 from fairseq.data import Dictionary, data_utils
 
-from conftest import REPO, run_cli
-
-TRAIN_LEN = 64
-
-
-@pytest.fixture(scope="module")
-def data_bin(pg_slice, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("e2e") / "data-bin"
-    run_cli([sys.executable, "-m", "lex_plugin.cli", "prepare", str(pg_slice), str(dest), "--vocab-size", "1000", "--workers", "2"])
-    return dest
-
-
-@pytest.fixture(scope="module")
-def trained(data_bin, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("ckpt")
-    proc = run_cli(
-        [
-            "fairseq-train", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling",
-            "--arch", "lex_lm_tiny", "--share-decoder-input-output-embed",
-            "--tokens-per-sample", str(TRAIN_LEN), "--sample-break-mode", "none", "--batch-size", "8",
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "5", "--clip-norm", "1.0", "--max-update", "30", "--save-dir", str(save_dir),
-            "--no-epoch-checkpoints", "--disable-validation", "--log-format", "json", "--log-interval", "1",
-            "--num-workers", "0", "--seed", "1",
-        ]
-    )
-    losses = [float(json.loads(m)["loss"]) for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
-    return save_dir / "checkpoint_last.pt", losses
+from conftest import REPO, TRAIN_LEN, run_cli
 
 
 def test_training_loss_falls_on_real_text(trained):

@@ -269,6 +269,9 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
         shutil.rmtree(work)
         with open(stage / META_FILE, "w") as f:
             json.dump(meta, f, indent=2)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes 0700 directories
         if dest.exists():
             shutil.rmtree(dest)
         stage.replace(dest)

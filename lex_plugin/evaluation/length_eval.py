@@ -28,12 +28,11 @@ from tqdm import tqdm
 __all__ = ["LengthResult", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
 
 
-@dataclass
-class Bucket:
-    start: int
-    end: int
-    tokens: int = 0
-    nll: float = 0.0  # nats, summed
+class _Scored:
+    """``tokens`` scored with summed negative log-likelihood ``nll`` (nats) -> loss in bits, ppl."""
+
+    tokens: int
+    nll: float
 
     @property
     def loss(self) -> float:
@@ -45,7 +44,17 @@ class Bucket:
 
 
 @dataclass
-class LengthResult:
+class Bucket(_Scored):
+    """Positions start .. end - 1 inside samples."""
+
+    start: int
+    end: int
+    tokens: int = 0
+    nll: float = 0.0
+
+
+@dataclass
+class LengthResult(_Scored):
     """Scores of one (window, length) pass. ``loss`` in bits per token, ``ppl`` = 2 ** loss."""
 
     window: str
@@ -54,14 +63,6 @@ class LengthResult:
     tokens: int = 0
     nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
-
-    @property
-    def loss(self) -> float:
-        return self.nll / max(self.tokens, 1) / math.log(2)
-
-    @property
-    def ppl(self) -> float:
-        return 2.0 ** self.loss
 
     def to_dict(self) -> dict:
         out = asdict(self)

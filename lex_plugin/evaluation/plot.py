@@ -31,6 +31,7 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     labels = list(labels) if labels else [Path(p).stem for p in paths]
     if len(labels) != len(paths):
@@ -47,11 +48,15 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="o", label=f"{label}: {window}" if len(paths) > 1 else window)
             lines += 1
-    for l in training_lengths - {None}:
-        ax.axvline(l, color="grey", linestyle=":", linewidth=1)
-        ax.text(l, ax.get_ylim()[1], " l", color="grey", va="top")
+    for l in sorted(training_lengths - {None}):
+        ax.axvline(l, color="grey", linestyle=":", linewidth=1, label=f"training length l = {l}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=8)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(title or ("fixed-target perplexity" if protocol == "fixed_target" else "perplexity vs length"))

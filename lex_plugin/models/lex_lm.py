@@ -109,6 +109,16 @@ class LexLanguageModel(FairseqLanguageModel):
     """LeX Transformer language model (Sun et al., ACL 2023): a pre-LN decoder with xPos attention."""
 
     @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        window="full", window_size=None, **kwargs):
+        """A :class:`~lex_plugin.hub_interface.LexHubInterface` (sample, score, continue_text) for a
+        checkpoint and the data-bin ``lex prepare`` made (its tokenization and BPE are applied to text).
+        ``window``: full, bca or sliding (``window_size`` overrides the checkpoint's training length)."""
+        from ..hub_interface import from_pretrained
+
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, window_size, **kwargs)
+
+    @classmethod
     def build_model(cls, args, task):
         lex_lm_architecture(args)
         check_config(args)

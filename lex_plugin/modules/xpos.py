@@ -20,8 +20,9 @@ Numerics (the module's contract):
   queries get zeta ** ((n - c) / B), keys zeta ** (-(m - c) / B). The logit is unchanged in exact
   arithmetic (only n - m matters), and the exponents stay within +-(key span) / (2B) instead of growing
   with the absolute position. TorchScale's ``XPOS`` centres the same way.
-* Tables live in a small per-module LRU cache keyed by (positions, device): one table serves every layer
-  of a forward pass (the decoder owns one ``XPos`` and hands it to each layer). They are plain tensors,
+* Tables live in a small per-module LRU cache keyed by (centre, direction, device), each covering
+  positions 0 .. cap - 1 and sliced: one table serves every layer of a forward pass (the decoder owns one
+  ``XPos`` and hands it to each layer) and every step of a generation. They are plain tensors,
   not buffers: they are never saved in checkpoints and never cast by ``model.half()``.
 """
 
@@ -32,6 +33,10 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["XPos", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
+
+# The scale centre is rounded to this many positions: exact in the logits (only n - m matters), and the
+# exponent bound grows by at most CENTER_STEP / (2B).
+CENTER_STEP = 256
 
 
 def rope_theta(head_dim: int, theta_base: float = 10000.0, dtype=torch.float64) -> Tensor:
@@ -84,7 +89,7 @@ class XPos(nn.Module):
         gamma: float = 0.4,
         theta_base: float = 10000.0,
         use_scale: bool = True,
-        cache_size: int = 16,
+        cache_size: int = 8,
     ):
         super().__init__()
         if head_dim <= 0 or head_dim % 2 != 0:
@@ -116,15 +121,26 @@ class XPos(nn.Module):
         """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32.
 
         Both are multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` (``downscale``)
-        for keys. Cached per (start, length, center, downscale, device).
+        for keys. One table per (center, downscale, device) covers positions 0 .. cap - 1 and is sliced;
+        it grows geometrically, so a generation step reuses it instead of rebuilding N positions.
         """
-        key = (start, length, center, downscale, str(device))
+        if start < 0:
+            raise ValueError(f"xPos positions start at 0, got start={start}")
+        end = start + length
+        key = (center, downscale, str(device))
         hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
+        if hit is None or hit[0].size(0) < end:
+            cap = max(end, 2 * hit[0].size(0) if hit is not None else 0, 256)
+            hit = self._build(cap, center, downscale, device)
+            self._cache[key] = hit
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return hit[0][start:end], hit[1][start:end]
+
+    def _build(self, cap: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor]:
         work = torch.device("cpu") if torch.device(device).type == "mps" else device
-        n = torch.arange(start, start + length, dtype=torch.float64, device=work)
+        n = torch.arange(cap, dtype=torch.float64, device=work)
         angle = n[:, None] * self._theta.to(work)[None, :]
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.use_scale:
@@ -133,11 +149,7 @@ class XPos(nn.Module):
                 exponent = -exponent
             scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
             cos, sin = cos * scale, sin * scale
-        out = (cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32))
-        self._cache[key] = out
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return out
+        return cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32)
 
     def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, downscale: bool = False) -> Tensor:
         """Apply xPos to one tensor.
@@ -166,7 +178,8 @@ class XPos(nn.Module):
 
         Returns:
             (q', k') with q' . k'_m = sum_i Re[(q e^{i n theta}) conj(k e^{i m theta})] zeta_i^((n - m)/B),
-            in the input dtypes. The shared centre is the middle of the key span.
+            in the input dtypes. The shared centre is the middle of the key span, rounded down to a
+            multiple of CENTER_STEP so that consecutive generation steps share one cached table.
         """
-        center = k_start + k.size(-2) // 2
+        center = (k_start + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
         return self.rotate(q, q_start, center, False), self.rotate(k, k_start, center, True)

@@ -1,0 +1,199 @@
+"""Generation and scoring from Python, in the manner of fairseq's ``TransformerLanguageModel.from_pretrained``.
+
+    from lex_plugin import LexLanguageModel
+    lm = LexLanguageModel.from_pretrained("checkpoints/lex_tiny", "checkpoint_last.pt", "data-bin/pg", window="bca")
+    lm.continue_text("It was a dark and stormy night", max_len=100, top_p=0.9, seed=1)
+    lm.sample("It was a dark and stormy night", beam=4, max_len_b=50)     # fairseq's generator
+    lm.score("It was a dark and stormy night.")["positional_scores"]
+
+Text goes through exactly what ``lex prepare`` did (Moses normalisation and tokenization, the corpus'
+SentencePiece model from ``lex_prepare.json`` in the data-bin). ``continue_text`` runs the prompt in one
+parallel pass (BCA chunked forward) and then one token per step through the bounded key/value cache, so
+under BCA memory and per-token time stay flat however long it generates. ``sample``/``score``/``generate``
+are fairseq's (beam search, sampling), which feed the prompt one token per step.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import List, Optional, Union
+
+import torch
+from fairseq import hub_utils
+from fairseq.hub_utils import GeneratorHubInterface
+from torch import Tensor
+
+from .data.prepare import BPE_MODEL, META_FILE
+from .modules.windowed_attention import AttentionWindow
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LexHubInterface", "from_pretrained", "make_window", "filter_logits"]
+
+
+def make_window(mode: str, training_length: Optional[int], size: Optional[int] = None) -> AttentionWindow:
+    """``full``, ``bca`` (blocks of size/2, size defaulting to the training length l) or ``sliding``
+    (W = size or l).
+
+    Raises:
+        ValueError: bca / sliding without a size and without a training length in the checkpoint.
+    """
+    if mode == "full":
+        return AttentionWindow()
+    length = size or training_length
+    if not length:
+        raise ValueError(
+            f"{mode} needs the training length l, and this checkpoint records no tokens_per_sample; "
+            "give the size explicitly (--bca-block-size / --sliding-window)."
+        )
+    return AttentionWindow.bca(length) if mode == "bca" else AttentionWindow(mode, length)
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Top-k then nucleus (top-p) filtering of (V,) logits: removed entries become -inf; the most likely
+    token always survives (Holtzman et al. 2020)."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+class LexHubInterface(GeneratorHubInterface):
+    """fairseq's ``GeneratorHubInterface`` plus an attention window and a fast sampler for LeX models."""
+
+    @property
+    def training_length(self) -> Optional[int]:
+        return getattr(self.models[0], "training_length", None)
+
+    def set_window(self, mode: str = "full", size: Optional[int] = None) -> AttentionWindow:
+        """Attend with ``mode`` (``full``, ``bca``, ``sliding``) in every model; returns the window."""
+        window = make_window(mode, self.training_length, size)
+        for model in self.models:
+            model.decoder.set_attention_window(window)
+        return window
+
+    def encode(self, sentence: str) -> torch.LongTensor:
+        """Text -> token ids (ending with ``</s>``), as the corpus was prepared.
+
+        Raises:
+            ValueError: empty text, or text of which no symbol is in the model's dictionary.
+        """
+        if not sentence or not sentence.strip():
+            raise ValueError("empty prompt: give some text to continue or score.")
+        tokens = super().encode(sentence)
+        unk = self.src_dict.unk()
+        # a known token carries text: SentencePiece's bare word-boundary piece does not
+        known = [t for t in tokens[:-1].tolist() if t != unk and self.src_dict[t].strip("\u2581 ")]
+        if not known:
+            raise ValueError(f"none of the symbols of {sentence[:60]!r} is in the model's dictionary.")
+        return tokens
+
+    def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
+        """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the
+        continuation only, detokenized (paragraph ends ``</s>`` dropped)."""
+        tokens = self.continue_tokens(prompt, max_len, **kwargs)
+        return self.decode(tokens[tokens.ne(self.src_dict.eos())])
+
+    @torch.no_grad()
+    def continue_tokens(
+        self,
+        prompt: str,
+        max_len: int = 50,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: Optional[int] = None,
+        stop_at_eos: bool = False,
+    ) -> Tensor:
+        """Sample up to ``max_len`` token ids after ``prompt`` (temperature 0: greedy; ``top_k`` > 0 and
+        ``top_p`` < 1 filter the distribution first).
+
+        The prompt (``</s>`` + its tokens, as fairseq's LM task builds it) runs in one parallel pass; each
+        new token then runs alone against the key/value cache, which BCA keeps to l positions.
+
+        Returns:
+            (n,) int64 ids of the generated tokens, n <= max_len.
+        """
+        if max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {max_len}.")
+        model = self.models[0]
+        eos = self.src_dict.eos()
+        prompt_tokens = self.encode(prompt)[:-1]
+        buffer = prompt_tokens.new_empty(1, prompt_tokens.numel() + 1 + max_len)
+        buffer[0, 0] = eos
+        buffer[0, 1 : prompt_tokens.numel() + 1] = prompt_tokens
+        length = prompt_tokens.numel() + 1
+        buffer = buffer.to(self.device)
+        generator = torch.Generator(device=self.device)
+        if seed is not None:
+            generator.manual_seed(seed)
+        state: dict = {}
+        generated: List[int] = []
+        for _ in range(max_len):
+            logits, _ = model(buffer[:, :length], incremental_state=state)
+            last = logits[0, -1].float()
+            last[self.src_dict.pad()] = float("-inf")
+            if temperature <= 0:
+                token = int(last.argmax())
+            else:
+                probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            if token == eos and stop_at_eos:
+                break
+            generated.append(token)
+            buffer[0, length] = token
+            length += 1
+        return torch.tensor(generated, dtype=torch.long)
+
+
+def from_pretrained(
+    model_name_or_path: Union[str, Path],
+    checkpoint_file: str = "checkpoint_best.pt",
+    data_name_or_path: Union[str, Path] = ".",
+    window: str = "full",
+    window_size: Optional[int] = None,
+    **kwargs,
+) -> LexHubInterface:
+    """Load a LeX checkpoint for generation and scoring.
+
+    Args:
+        model_name_or_path: directory holding the checkpoint.
+        checkpoint_file: file name inside it.
+        data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
+            ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
+        window: ``full``, ``bca`` or ``sliding``; ``window_size`` overrides the training length.
+        kwargs: further fairseq overrides.
+
+    Raises:
+        FileNotFoundError: no checkpoint or data-bin there. ValueError: a window the checkpoint cannot take.
+    """
+    model_dir = Path(model_name_or_path)
+    if not (model_dir / checkpoint_file).is_file():
+        raise FileNotFoundError(f"no checkpoint {model_dir / checkpoint_file}")
+    data = Path(data_name_or_path)
+    data = model_dir / data if str(data_name_or_path).startswith(".") else data
+    if not (data / "dict.txt").is_file():
+        raise FileNotFoundError(f"{data} is not a data-bin (no dict.txt); pass the directory lex prepare wrote.")
+    meta_path = data / META_FILE
+    overrides = dict(kwargs)
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        overrides.setdefault("tokenizer", "lex_moses")
+        overrides.setdefault("moses_lang", meta.get("lang", "en"))
+        if meta.get("bpe") == "sentencepiece":
+            overrides.setdefault("bpe", "sentencepiece")
+            overrides.setdefault("sentencepiece_model", str(data / (meta.get("bpe_model") or BPE_MODEL)))
+    else:
+        logger.warning("%s has no %s: prompts are taken as already tokenized text", data, META_FILE)
+    loaded = hub_utils.from_pretrained(
+        str(model_dir), checkpoint_file, str(data.resolve()), **overrides
+    )
+    hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    hub.set_window(window, window_size)
+    return hub

@@ -1,0 +1,113 @@
+"""Generation and scoring through the hub interface and `lex generate`, on the small real-text model."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import TRAIN_LEN, run_cli
+from lex_plugin import LexLanguageModel
+from lex_plugin.hub_interface import filter_logits
+
+PROMPT = "It was the best of times, it was the worst of times, and the door opened"
+
+
+@pytest.fixture(scope="module")
+def hub(trained, data_bin):
+    ckpt, _ = trained
+    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
+
+
+def test_text_round_trips_through_the_corpus_tokenization(hub):
+    text = "It was the best of times, it was the worst of times."
+    tokens = hub.encode(text)
+    assert tokens[-1] == hub.src_dict.eos() and not tokens.eq(hub.src_dict.unk()).any()
+    assert hub.decode(tokens) == text
+
+
+@pytest.mark.parametrize("mode", ["full", "bca", "sliding"])
+def test_greedy_generation_equals_the_parallel_argmax(hub, mode):
+    """Prompt in one pass, then 3l tokens one at a time through the (bounded) cache: every generated token
+    is the argmax of an independent parallel forward over the same sequence under the same window."""
+    hub.set_window(mode)
+    try:
+        generated = hub.continue_tokens(PROMPT, max_len=3 * TRAIN_LEN, temperature=0)
+        prompt = hub.encode(PROMPT)[:-1]
+        sequence = torch.cat([prompt.new_tensor([hub.src_dict.eos()]), prompt, generated])
+        with torch.no_grad():
+            logits, _ = hub.models[0](sequence[None])
+        logits[..., hub.src_dict.pad()] = float("-inf")
+        predicted = logits[0, prompt.numel() : -1].argmax(-1)
+        assert generated.numel() == 3 * TRAIN_LEN
+        assert torch.equal(predicted, generated)
+    finally:
+        hub.set_window("full")
+
+
+def test_sampling_is_seeded_and_filtered(hub):
+    a = hub.continue_text(PROMPT, max_len=20, temperature=1.0, top_p=0.9, seed=3)
+    b = hub.continue_text(PROMPT, max_len=20, temperature=1.0, top_p=0.9, seed=3)
+    assert a == b and a
+    assert torch.equal(hub.continue_tokens(PROMPT, max_len=10, top_k=1, seed=5), hub.continue_tokens(PROMPT, max_len=10, temperature=0))
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [False, False, True, True]
+    assert torch.isinf(filter_logits(logits, top_p=0.6)).tolist() == [False, False, True, True]
+    assert torch.isinf(filter_logits(logits, top_p=0.1)).tolist() == [False, True, True, True]
+    assert torch.isinf(filter_logits(logits[[3, 1, 0, 2]], top_p=0.85)).tolist() == [True, False, False, False]
+
+
+def test_fairseq_sample_and_score_with_bca(hub):
+    hub.set_window("bca")
+    try:
+        prompt_len = len(hub.encode(PROMPT))  # fairseq's length limits count the prompt
+        text = hub.sample(PROMPT, beam=2, max_len_b=prompt_len + 12, min_len=prompt_len + 1)
+        assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+        batch = hub.sample([PROMPT, "The night"], beam=2, max_len_b=3 * TRAIN_LEN, min_len=2 * TRAIN_LEN)
+        assert batch[0].startswith("It was the best of times") and batch[1].startswith("The night")
+        assert all(len(hub.encode(t)) > 2 * TRAIN_LEN for t in batch)  # past the training length, BCA cache
+        scored = hub.score("It was the best of times.")
+        tokens = hub.encode("It was the best of times.")
+        source = torch.cat([tokens.new_tensor([hub.src_dict.eos()]), tokens[:-1]])
+        with torch.no_grad():
+            logits, _ = hub.models[0](source[None])
+        expected = torch.log_softmax(logits[0].float(), -1).gather(-1, tokens[:, None])[:, 0]
+        # fairseq's LM scoring strips the sentence's final </s> before scoring
+        assert scored["positional_scores"].numel() == tokens.numel() - 1
+        assert torch.allclose(scored["positional_scores"], expected[:-1], atol=1e-4)
+    finally:
+        hub.set_window("full")
+
+
+def test_bad_prompts_are_explained(hub):
+    with pytest.raises(ValueError, match="empty prompt"):
+        hub.continue_text("   ")
+    with pytest.raises(ValueError, match="none of the symbols"):
+        hub.continue_text("\u2d63\u2d63 \u02ac\u02ac")
+
+
+def test_bca_needs_a_training_length(trained, data_bin, tmp_path):
+    ckpt, _ = trained
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del state["cfg"]["model"]["tokens_per_sample"]
+    torch.save(state, tmp_path / "no_length.pt")
+    with pytest.raises(ValueError, match="records no tokens_per_sample"):
+        LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca")
+    hub = LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca", window_size=TRAIN_LEN)
+    assert str(hub.models[0].decoder.attention_window) == f"bca({TRAIN_LEN // 2})"
+
+
+def test_lex_generate_cli(trained, data_bin):
+    ckpt, _ = trained
+    base = [sys.executable, "-m", "lex_plugin.cli", "generate", "--path", str(ckpt), "--data", str(data_bin)]
+    out = run_cli(base + ["--prompt", PROMPT, "--prompt", "The night", "--bca", "--max-len", "40", "--top-p", "0.9", "--seed", "1"]).stdout
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines[0].startswith(PROMPT) and len(lines[0]) > len(PROMPT) + 10 and lines[1].startswith("The night")
+    beam = run_cli(base + ["--prompt", "The night", "--beam", "3", "--max-len", "10"]).stdout
+    assert beam.strip().startswith("The night") and len(beam.strip()) > len("The night") + 5
+    import subprocess
+
+    bad = subprocess.run(base + ["--prompt", " ", "--bca"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "empty prompt" in bad.stderr
