@@ -26,12 +26,15 @@ def main():
               help="BPE vocabulary (with --bpe none: the number of words kept)")
 @click.option("--lang", default="en", show_default=True, help="Moses language code")
 @click.option("--workers", type=click.IntRange(min=1), default=PrepareConfig.workers, show_default=True)
+@click.option("--documents", type=click.Choice(["file", "wikitext"]), default="file", show_default=True,
+              help="file: one document per .txt; wikitext: split files at top-level ' = Title = ' lines")
 @click.option("--max-docs", type=click.IntRange(min=1), default=None, help="first N documents of each split")
 @click.option("--max-chars-per-doc", type=click.IntRange(min=1), default=None,
               help="truncate each document to N characters (quick slices)")
 @click.option("--force", is_flag=True, help="replace DEST if it exists")
-def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, max_docs, max_chars_per_doc, force):
-    """Turn SRC/{train,valid,test}/*.txt (one document per file) into a fairseq data-bin at DEST.
+def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, documents, max_docs, max_chars_per_doc, force):
+    """Turn SRC/{train,valid,test}/*.txt (one document per file, or WikiText articles with --documents
+    wikitext) into a fairseq data-bin at DEST.
 
     Moses normalisation and tokenisation (sacremoses, no XML escaping), SentencePiece BPE learned on the
     train split, then fairseq-preprocess --only-source. Documents are separated by an empty line, so
@@ -43,6 +46,7 @@ def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, max_docs, max
         bpe=bpe,
         vocab_size=vocab_size,
         workers=workers,
+        documents=documents,
         max_docs=max_docs,
         max_chars_per_doc=max_chars_per_doc,
     )

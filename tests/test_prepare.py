@@ -98,3 +98,24 @@ def test_vocabulary_too_large_is_explained(tmp_path):
         (src / split / "a.txt").write_text("A tiny corpus.\n", encoding="utf-8")
     _fails(["prepare", str(src), str(tmp_path / "out"), "--vocab-size", "5000"], "--vocab-size 5000 is too large")
     assert not (tmp_path / "out").exists()
+
+
+def test_wikitext_articles_become_documents(tmp_path):
+    """WikiText-style files (here the real WikiText-2 valid/test) split into one document per article."""
+    from conftest import shared_data
+
+    wiki = shared_data() / "wikitext-2"
+    src = tmp_path / "wiki"
+    for split, name in (("train", "valid.txt"), ("valid", "test.txt"), ("test", "test.txt")):
+        (src / split).mkdir(parents=True)
+        text = (wiki / name).read_text(encoding="utf-8")
+        cut = text.index("\n = ", 40_000)  # the first articles only, ending at an article boundary
+        (src / split / name).write_text(text[:cut], encoding="utf-8")
+    dest = tmp_path / "bin"
+    result = CliRunner().invoke(lex_cli, ["prepare", str(src), str(dest), "--documents", "wikitext", "--bpe", "none",
+                                          "--vocab-size", "2000", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((dest / "lex_prepare.json").read_text())
+    train_text = (src / "train" / "valid.txt").read_text(encoding="utf-8")
+    titles = [l for l in train_text.splitlines() if l.startswith(" = ") and not l.startswith(" = = ")]
+    assert meta["splits"]["train"]["documents"] == len(titles) > 1

@@ -1,8 +1,9 @@
 """Raw documents -> fairseq data-bin: Moses normalisation/tokenisation, SentencePiece BPE, fairseq-preprocess.
 
 Input: a directory with one sub-directory per split (``train``, ``valid``, ``test``), each holding UTF-8
-``.txt`` files, one document per file (the layout of ``shared/data/pg``, PG-19, or WikiText raw split
-into files). Output: a fairseq data-bin (``{split}.bin/.idx``, ``dict.txt``), the BPE model
+``.txt`` files: one document per file (the layout of ``shared/data/pg`` and PG-19), or with
+``documents="wikitext"`` files whose articles start at top-level `` = Title = `` lines (WikiText-103 raw:
+``train/wiki.train.raw.txt`` ...). Output: a fairseq data-bin (``{split}.bin/.idx``, ``dict.txt``), the BPE model
 (``spm.model``) and ``lex_prepare.json`` describing how the text was processed (read back by the hub
 interface to tokenize prompts the same way).
 
@@ -14,6 +15,7 @@ breaks joined), so each paragraph ends with ``</s>``; one empty line between doc
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,12 +46,13 @@ class PrepareConfig:
     bpe: str = "sentencepiece"  # or "none": keep Moses words
     vocab_size: int = 8192
     workers: int = max(1, min(os.cpu_count() or 1, 8))
+    documents: str = "file"  # "file": one document per .txt; "wikitext": split files at " = Title = " lines
     max_docs: Optional[int] = None  # per split, for slices
     max_chars_per_doc: Optional[int] = None  # truncate documents, for slices
     spm_input_sentences: int = 2_000_000
 
 
-def read_split(split_dir: Path, max_docs: Optional[int] = None) -> List[Tuple[str, str]]:
+def read_split(split_dir: Path) -> List[Tuple[str, str]]:
     """(file name, text) of each ``*.txt`` in ``split_dir``, sorted by name.
 
     Raises:
@@ -64,7 +67,7 @@ def read_split(split_dir: Path, max_docs: Optional[int] = None) -> List[Tuple[st
     if not files:
         raise PrepareError(f"{split_dir} holds no .txt documents (one document per .txt file).")
     docs = []
-    for path in files[:max_docs]:
+    for path in files:
         raw = path.read_bytes()
         try:
             text = raw.decode("utf-8")
@@ -77,6 +80,31 @@ def read_split(split_dir: Path, max_docs: Optional[int] = None) -> List[Tuple[st
             raise PrepareError(f"{path} is empty; remove it or give it text.")
         docs.append((path.name, text.lstrip("\ufeff")))
     return docs
+
+
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+def split_wikitext(text: str) -> List[str]:
+    """WikiText (raw or tokenized) articles: a new document at each top-level `` = Title = `` line."""
+    docs, current = [], []
+    for line in text.splitlines():
+        if _WIKITEXT_TITLE.match(line) and any(l.strip() for l in current):
+            docs.append("\n".join(current))
+            current = []
+        current.append(line)
+    if any(l.strip() for l in current):
+        docs.append("\n".join(current))
+    return docs
+
+
+def split_documents(files: List[Tuple[str, str]], mode: str) -> List[Tuple[str, str]]:
+    """(name, text) per document: the files themselves (``file``) or their WikiText articles (``wikitext``)."""
+    if mode == "file":
+        return files
+    if mode == "wikitext":
+        return [(f"{name}#{i}", doc) for name, text in files for i, doc in enumerate(split_wikitext(text))]
+    raise PrepareError(f"--documents must be 'file' or 'wikitext', got {mode!r}.")
 
 
 def paragraphs(text: str) -> List[str]:
@@ -228,7 +256,9 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
     if dest.exists() and any(dest.iterdir()) and not force:
         raise PrepareError(f"{dest} already exists and is not empty; choose another --dest or pass --force.")
 
-    docs = {split: read_split(src / split, cfg.max_docs) for split in cfg.splits}  # validate all first
+    docs = {  # read and validate every split before writing anything
+        split: split_documents(read_split(src / split), cfg.documents)[: cfg.max_docs] for split in cfg.splits
+    }
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
@@ -244,6 +274,7 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
             "vocab_size": cfg.vocab_size,
             "max_chars_per_doc": cfg.max_chars_per_doc,
             "max_docs": cfg.max_docs,
+            "documents": cfg.documents,
             "splits": {},
         }
         if cfg.bpe == "sentencepiece":

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
-
 from torch.nn.attention.bias import causal_lower_right
 
 from .windowed_attention import AttentionWindow, windowed_attention
