@@ -81,7 +81,7 @@ def test_bad_inputs_give_clear_errors_and_write_nothing(tmp_path, pg_slice):
 
     (src / "test" / "b.txt").unlink()
     (src / "valid" / "a.txt").unlink()
-    _fails(["prepare", str(src), str(dest)], "no .txt documents")
+    _fails(["prepare", str(src), str(dest)], "holds no text files")
     assert not dest.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging left behind
 
@@ -107,10 +107,11 @@ def test_wikitext_articles_become_documents(tmp_path):
     wiki = shared_data() / "wikitext-2"
     src = tmp_path / "wiki"
     for split, name in (("train", "valid.txt"), ("valid", "test.txt"), ("test", "test.txt")):
+        target = name.replace(".txt", ".raw") if split == "valid" else name  # WikiText-103's own suffix
         (src / split).mkdir(parents=True)
         text = (wiki / name).read_text(encoding="utf-8")
         cut = text.index("\n = ", 40_000)  # the first articles only, ending at an article boundary
-        (src / split / name).write_text(text[:cut], encoding="utf-8")
+        (src / split / target).write_text(text[:cut], encoding="utf-8")
     dest = tmp_path / "bin"
     result = CliRunner().invoke(lex_cli, ["prepare", str(src), str(dest), "--documents", "wikitext", "--bpe", "none",
                                           "--vocab-size", "2000", "--workers", "1"])

@@ -30,6 +30,7 @@ from tqdm import tqdm
 logger = logging.getLogger(__name__)
 
 META_FILE = "lex_prepare.json"
+TEXT_SUFFIXES = (".txt", ".raw", ".tokens")  # .raw / .tokens: WikiText's own file names
 BPE_MODEL = "spm.model"
 
 
@@ -53,7 +54,7 @@ class PrepareConfig:
 
 
 def read_split(split_dir: Path) -> List[Tuple[str, str]]:
-    """(file name, text) of each ``*.txt`` in ``split_dir``, sorted by name.
+    """(file name, text) of each text file (``TEXT_SUFFIXES``) in ``split_dir``, sorted by name.
 
     Raises:
         PrepareError: missing directory, no ``.txt`` file, a file that is not UTF-8, an empty file.
@@ -63,9 +64,12 @@ def read_split(split_dir: Path) -> List[Tuple[str, str]]:
             f"missing split: {split_dir} does not exist. Put the split's .txt documents there, "
             f"or choose the splits with --splits."
         )
-    files = sorted(p for p in split_dir.iterdir() if p.suffix == ".txt" and p.is_file())
+    files = sorted(p for p in split_dir.iterdir() if p.suffix in TEXT_SUFFIXES and p.is_file())
     if not files:
-        raise PrepareError(f"{split_dir} holds no .txt documents (one document per .txt file).")
+        raise PrepareError(
+            f"{split_dir} holds no text files ({', '.join(TEXT_SUFFIXES)}): one document per file, "
+            "or WikiText files with --documents wikitext."
+        )
     docs = []
     for path in files:
         raw = path.read_bytes()
