@@ -139,7 +139,6 @@ def main():
     for L in lengths:
         for mode in modes:
             if mode == "reference":
-                _, d = None, None
                 heads = {"lex_lm_tiny": 4}.get(args.arch, 8)
                 gb = 3 * heads * L * L * 4 / 2**30  # weights, mask-added copy, softmax output (fp32)
                 if gb > args.reference_limit_gb:
