@@ -121,3 +121,23 @@ def test_bca_without_training_length_is_explained(data_bin, trained, tmp_path):
     assert proc.returncode != 0 and "records no tokens_per_sample" in proc.stderr, proc.stderr[-2000:]
     ok = lex_eval(data_bin, stripped, "--tokens-per-sample", 2 * TRAIN_LEN, "--bca", "--bca-block-size", TRAIN_LEN)
     assert "Perplexity" in ok.stdout + ok.stderr
+
+
+def test_samples_fairseq_would_skip_are_refused(data_bin):
+    """fairseq's eval-lm drops samples longer than max_positions() and still prints a perplexity; the
+    task stops instead, saying what to change (a model capped at 64 positions, samples of 128)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_eval_lm_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+        "--tokens-per-sample", str(2 * TRAIN_LEN), "--path", "unused.pt",
+    ])
+    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    task.load_dataset("test")
+    dataset = task.dataset("test")
+    with pytest.raises(ValueError, match="would skip them silently"):
+        task.eval_lm_dataloader(dataset, max_positions=TRAIN_LEN)
+    batches = list(task.eval_lm_dataloader(dataset, max_positions=2 * TRAIN_LEN, batch_size=4))
+    assert sum(int(b["ntokens"]) for b in batches) == split_tokens(data_bin)
