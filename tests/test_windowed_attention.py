@@ -181,3 +181,27 @@ def test_blockwise_evaluation_equals_parallel(window):
     assert blockwise.nll == pytest.approx(parallel.nll, rel=1e-5)
     for a, b in zip(blockwise.buckets, parallel.buckets):
         assert a.nll == pytest.approx(b.nll, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(pos_emb="rope"), dict(xpos_scalar_zeta=True), dict(xpos_no_rotation=True), dict(pos_emb="none")],
+    ids=["rope", "scalar-zeta", "no-rotation", "nope"],
+)
+def test_other_rotary_schemes_work_under_windows_and_the_cache(overrides):
+    """RoPE, the Table 4 ablations and NoPE go through the same windows and bounded cache as xPos."""
+    model = build_lex_model(tokens_per_sample=L_TRAIN, **overrides)
+    model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+    tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=13)
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state = {}
+        steps = [model.decoder(tokens[:, :t], incremental_state=state)[0] for t in range(1, tokens.size(1) + 1)]
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
+    xpos = model.decoder.xpos
+    if overrides.get("pos_emb") == "none":
+        assert xpos is None
+    else:
+        assert xpos.use_scale == (overrides.get("pos_emb") != "rope")
+        assert xpos.scalar_zeta == overrides.get("xpos_scalar_zeta", False)
+        assert xpos.rotation == (not overrides.get("xpos_no_rotation", False))

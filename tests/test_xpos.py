@@ -22,13 +22,15 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-def complex_reference(x: torch.Tensor, start: int, center: int, key: bool, d: int, gamma=GAMMA, base=B):
+def complex_reference(x: torch.Tensor, start: int, center: int, key: bool, d: int, gamma=GAMMA, base=B,
+                      theta=None, zeta=None):
     """Eq. 8/12 with complex numbers, float64: pair i of x at position n becomes
     (x_2i + i x_2i+1) * exp((+-xi_i + i theta_i) n), xi_i = ln(zeta_i) / B, with n measured from `center`
-    for the scale (only n - m matters in the logit) and from 0 for the angle."""
+    for the scale (only n - m matters in the logit) and from 0 for the angle. theta / zeta default to
+    the paper's (10000^(-2i/d), (2i/d + gamma)/(1 + gamma))."""
     i = torch.arange(d // 2, dtype=torch.float64)
-    theta = 10000.0 ** (-2 * i / d)
-    zeta = (2 * i / d + gamma) / (1 + gamma)
+    theta = 10000.0 ** (-2 * i / d) if theta is None else theta
+    zeta = (2 * i / d + gamma) / (1 + gamma) if zeta is None else zeta
     xi = torch.log(zeta) / base
     n = torch.arange(start, start + x.size(-2), dtype=torch.float64)[:, None]
     z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
@@ -143,6 +145,23 @@ def test_rope_is_xpos_with_unit_zeta():
     assert rel_err(rope.rotate(q, 0), ref) <= 1e-5
 
 
+@pytest.mark.parametrize("ablation", ["scalar_zeta", "no_rotation"])
+def test_table4_ablations_match_their_formulas(ablation):
+    """LeX Table 4: one zeta = gamma/(1+gamma) for every pair; or theta = 0 (decay only)."""
+    d, L = 64, 300
+    torch.manual_seed(8)
+    q = torch.randn(2, L, d)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    if ablation == "scalar_zeta":
+        xpos = XPos(d, scalar_zeta=True)
+        ref = complex_reference(q, 0, L // 2, False, d, zeta=torch.full_like(i, GAMMA / (1 + GAMMA)))
+    else:
+        xpos = XPos(d, rotation=False)
+        ref = complex_reference(q, 0, L // 2, False, d, theta=torch.zeros_like(i))
+    assert rel_err(xpos.rotate(q, 0, L // 2), ref) <= 1e-6
+    assert rel_err(xpos.rotate(q, 0, L // 2), XPos(d).rotate(q, 0, L // 2)) > 1e-2  # it does change something
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision_inputs_use_fp32_math(dtype):
     d, L = 64, 512
@@ -171,3 +190,9 @@ def test_tables_are_cached_and_not_state():
 def test_odd_head_dim_is_rejected(bad):
     with pytest.raises(ValueError, match="even"):
         XPos(bad)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(gamma=0.0), "gamma"), (dict(scale_base=0), "scale base")])
+def test_bad_xpos_parameters_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        XPos(64, **kwargs)

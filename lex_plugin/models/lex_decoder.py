@@ -32,7 +32,8 @@ class LexDecoder(FairseqIncrementalDecoder):
     output projection. There is no absolute position embedding.
 
     Args:
-        config: ``DecoderConfig``; also read: ``xpos_gamma`` (set by the model builder).
+        config: ``DecoderConfig``; also read: ``pos_emb`` (xpos, rope, none), ``xpos_gamma``,
+            ``xpos_scalar_zeta``, ``xpos_no_rotation`` (set by the model builder).
         dictionary: fairseq ``Dictionary`` of the targets.
         embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
 
@@ -52,9 +53,17 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.dropout_module = nn.Dropout(config.dropout)
 
         head_dim = dim // config.decoder_attention_heads
+        pos_emb = getattr(config, "pos_emb", "xpos" if config.xpos_rel_pos else "none")
         self.xpos = (
-            XPos(head_dim, scale_base=config.xpos_scale_base, gamma=getattr(config, "xpos_gamma", 0.4))
-            if config.xpos_rel_pos
+            XPos(
+                head_dim,
+                scale_base=config.xpos_scale_base,
+                gamma=getattr(config, "xpos_gamma", 0.4),
+                use_scale=pos_emb == "xpos",
+                scalar_zeta=getattr(config, "xpos_scalar_zeta", False),
+                rotation=not getattr(config, "xpos_no_rotation", False),
+            )
+            if pos_emb in ("xpos", "rope")
             else None
         )
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))

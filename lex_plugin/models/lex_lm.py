@@ -17,7 +17,7 @@ from torchscale.architecture.config import DecoderConfig
 
 from .lex_decoder import LexDecoder, build_embedding
 
-POS_EMB_CHOICES = ChoiceEnum(["xpos", "none"])
+POS_EMB_CHOICES = ChoiceEnum(["xpos", "rope", "none"])
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 
@@ -25,11 +25,17 @@ ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 class LexLanguageModelConfig(FairseqDataclass):
     pos_emb: POS_EMB_CHOICES = field(
         default="xpos",
-        metadata={"help": "relative position scheme inside attention: xpos (LeX, Eq. 12) or none (NoPE)"},
+        metadata={"help": "relative position scheme inside attention: xpos (LeX, Eq. 12), rope (xPos with zeta = 1) or none (NoPE)"},
     )
     xpos_scale_base: float = field(default=512.0, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
     xpos_gamma: float = field(
         default=0.4, metadata={"help": "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"}
+    )
+    xpos_scalar_zeta: bool = field(
+        default=False, metadata={"help": "ablation (LeX Table 4): one zeta = gamma/(1 + gamma) for every pair"}
+    )
+    xpos_no_rotation: bool = field(
+        default=False, metadata={"help": "ablation (LeX Table 4): theta = 0, decay only, no rotation"}
     )
     decoder_embed_dim: int = field(default=512, metadata={"help": "model dimension C"})
     decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
@@ -78,7 +84,11 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         xpos_rel_pos=str(cfg.pos_emb) == "xpos",
         xpos_scale_base=cfg.xpos_scale_base,
     )
-    config.xpos_gamma = cfg.xpos_gamma  # not a DecoderConfig field (TorchScale fixes gamma = 0.4)
+    # not DecoderConfig fields (TorchScale has xPos with gamma = 0.4 only)
+    config.pos_emb = str(cfg.pos_emb)
+    config.xpos_gamma = cfg.xpos_gamma
+    config.xpos_scalar_zeta = cfg.xpos_scalar_zeta
+    config.xpos_no_rotation = cfg.xpos_no_rotation
     return config
 
 
@@ -97,7 +107,7 @@ def check_config(cfg) -> None:
             f"({cfg.decoder_attention_heads})."
         )
     head_dim = cfg.decoder_embed_dim // cfg.decoder_attention_heads
-    if str(cfg.pos_emb) == "xpos" and head_dim % 2 != 0:
+    if str(cfg.pos_emb) in ("xpos", "rope") and head_dim % 2 != 0:
         raise ValueError(
             f"xPos rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
             f"--decoder-attention-heads = {head_dim}) must be even."

@@ -75,11 +75,13 @@ class XPos(nn.Module):
         scale_base: B in zeta ** (n / B); TorchScale's ``xpos_scale_base``. Default 512.
         gamma: gamma in zeta_i = (2i/d + gamma) / (1 + gamma). Default 0.4.
         theta_base: RoPE base. Default 10000.
-        use_scale: False gives plain RoPE (zeta = 1), the paper's baseline.
-        cache_size: number of (positions, device) tables kept.
+        use_scale: False gives plain RoPE (zeta = 1), the paper's baseline (Su et al. 2021).
+        scalar_zeta: one zeta = gamma / (1 + gamma) for every pair (LeX Table 4 ablation).
+        rotation: False sets theta = 0: decay only, no rotation (LeX Table 4 ablation).
+        cache_size: number of (centre, direction, device) tables kept.
 
     Raises:
-        ValueError: odd ``head_dim``, non-positive ``scale_base`` or ``gamma`` < 0.
+        ValueError: odd ``head_dim``, non-positive ``scale_base`` or ``gamma``.
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class XPos(nn.Module):
         gamma: float = 0.4,
         theta_base: float = 10000.0,
         use_scale: bool = True,
+        scalar_zeta: bool = False,
+        rotation: bool = True,
         cache_size: int = 8,
     ):
         super().__init__()
@@ -99,22 +103,29 @@ class XPos(nn.Module):
             )
         if scale_base <= 0:
             raise ValueError(f"xPos scale base B must be > 0, got {scale_base} (--xpos-scale-base).")
-        if gamma < 0:
-            raise ValueError(f"xPos gamma must be >= 0, got {gamma} (--xpos-gamma).")
+        if gamma <= 0:
+            raise ValueError(f"xPos gamma must be > 0 (zeta_0 = gamma / (1 + gamma)), got {gamma} (--xpos-gamma).")
         self.head_dim = head_dim
         self.scale_base = float(scale_base)
         self.gamma = float(gamma)
         self.theta_base = float(theta_base)
         self.use_scale = use_scale
-        self._theta = rope_theta(head_dim, theta_base)  # (d/2,) float64, CPU
-        self._log_zeta = torch.log(xpos_zeta(head_dim, gamma))  # (d/2,) float64, CPU
+        self.scalar_zeta = scalar_zeta
+        self.rotation = rotation
+        theta = rope_theta(head_dim, theta_base)
+        self._theta = theta if rotation else torch.zeros_like(theta)  # (d/2,) float64, CPU
+        zeta = xpos_zeta(head_dim, gamma)
+        if scalar_zeta:
+            zeta = torch.full_like(zeta, gamma / (1.0 + gamma))
+        self._log_zeta = torch.log(zeta)  # (d/2,) float64, CPU
         self._cache: "OrderedDict[tuple, Tuple[Tensor, Tensor]]" = OrderedDict()
         self._cache_size = cache_size
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, scale_base={self.scale_base}, gamma={self.gamma}, "
-            f"theta_base={self.theta_base}, use_scale={self.use_scale}"
+            f"theta_base={self.theta_base}, use_scale={self.use_scale}, scalar_zeta={self.scalar_zeta}, "
+            f"rotation={self.rotation}"
         )
 
     def tables(self, start: int, length: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor]:
