@@ -15,7 +15,6 @@ are fairseq's (beam search, sampling), which feed the prompt one token per step.
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import List, Optional, Union
 
@@ -29,25 +28,7 @@ from .modules.windowed_attention import AttentionWindow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LexHubInterface", "from_pretrained", "make_window", "filter_logits"]
-
-
-def make_window(mode: str, training_length: Optional[int], size: Optional[int] = None) -> AttentionWindow:
-    """``full``, ``bca`` (blocks of size/2, size defaulting to the training length l) or ``sliding``
-    (W = size or l).
-
-    Raises:
-        ValueError: bca / sliding without a size and without a training length in the checkpoint.
-    """
-    if mode == "full":
-        return AttentionWindow()
-    length = size or training_length
-    if not length:
-        raise ValueError(
-            f"{mode} needs the training length l, and this checkpoint records no tokens_per_sample; "
-            "give the size explicitly (--bca-block-size / --sliding-window)."
-        )
-    return AttentionWindow.bca(length) if mode == "bca" else AttentionWindow(mode, length)
+__all__ = ["LexHubInterface", "from_pretrained", "filter_logits"]
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -69,11 +50,12 @@ class LexHubInterface(GeneratorHubInterface):
 
     @property
     def training_length(self) -> Optional[int]:
+        """tokens_per_sample the checkpoint was trained with, or None."""
         return getattr(self.models[0], "training_length", None)
 
     def set_window(self, mode: str = "full", size: Optional[int] = None) -> AttentionWindow:
         """Attend with ``mode`` (``full``, ``bca``, ``sliding``) in every model; returns the window."""
-        window = make_window(mode, self.training_length, size)
+        window = AttentionWindow.for_model(mode, self.training_length, size)
         for model in self.models:
             model.decoder.set_attention_window(window)
         return window

@@ -96,12 +96,11 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     tokens = torch.randint(d.nspecial, len(d), (1, length))
     run = lambda t: model(t, features_only=True)  # noqa: E731  (the L x V logits cost the same in every mode)
     if mode == "bca_blockwise":  # block by block through the bounded key/value cache (LeX Figure 3)
-        block = training_length // 2
+        from lex_plugin.evaluation.length_eval import blockwise_forward
 
         def run(t):
-            state = {}
-            for end in range(block, t.size(1) + block, block):
-                model(t[:, :end], incremental_state=state, features_only=True)
+            for _ in blockwise_forward(model, t, training_length // 2, features_only=True):
+                pass
 
     with torch.no_grad():
         run(tokens[:, : min(length, 256)])  # warm-up

@@ -29,7 +29,8 @@ from bench_attention import run_isolated  # noqa: E402
 def measure_one(mode: str, context: int, arch: str, training_length: int, steps: int) -> dict:
     import torch
 
-    from bench_attention import build, rss_mb  # noqa: F811
+    from bench_attention import build, rss_mb
+    from lex_plugin.evaluation.length_eval import blockwise_forward
     from lex_plugin.modules.windowed_attention import AttentionWindow
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
@@ -37,12 +38,11 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     if mode == "bca":
         model.decoder.set_attention_window(AttentionWindow.bca(training_length))
     tokens = torch.randint(d.nspecial, len(d), (1, context + steps))
-    block = training_length // 2
     state: dict = {}
     with torch.no_grad():
         base = rss_mb()
-        for end in range(block, context + block, block):
-            model(tokens[:, : min(end, context)], incremental_state=state, features_only=True)
+        for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):
+            pass
         times = []
         for n in range(context + 1, context + steps + 1):
             start = time.perf_counter()

@@ -64,7 +64,7 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, json_out)
             wps[name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size)
     med = {name: statistics.median(v) for name, v in wps.items()}
     lex, stock = med["lex_lm_tiny"], med["transformer_lm (same size)"]
-    click.echo(f"\n| model | train tokens/s (median) | intervals |\n|---|---|---|")
+    click.echo("\n| model | train tokens/s (median) | intervals |\n|---|---|---|")
     for name in ARCHS:
         click.echo(f"| {name} | {med[name]:,.0f} | {len(wps[name])} |")
     click.echo(f"\nratio lex_lm_tiny / transformer_lm = {lex / stock:.2f} "

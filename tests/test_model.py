@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchscale.component.multihead_attention import MultiheadAttention as TorchScaleMHA
 
-from conftest import build_lex_model, make_dictionary, random_tokens
+from conftest import build_lex_model, random_tokens
 from lex_plugin.models import UNBOUNDED_POSITIONS
 from lex_plugin.modules.attention import LexSelfAttention
 from lex_plugin.modules.xpos import XPos

@@ -1,7 +1,6 @@
 """lex prepare: tokenization without escaping, document layout, BPE round trip, clear errors."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

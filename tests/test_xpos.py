@@ -41,7 +41,6 @@ def complex_reference(x: torch.Tensor, start: int, center: int, key: bool, d: in
 
 def complex_logits(q, k, d):
     """Re(q~ conj(k~)) summed over pairs, q at 0..L-1 rotated by e^{(xi + i theta) n}, k by e^{(-xi + i theta) m}."""
-    L = q.size(-2)
     qr = complex_reference(q, 0, 0, False, d)
     kr = complex_reference(k, 0, 0, True, d)
     return qr @ kr.transpose(-1, -2)

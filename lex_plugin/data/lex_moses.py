@@ -15,6 +15,8 @@ from .prepare import moses_tokenize
 
 @dataclass
 class LexMosesConfig(FairseqDataclass):
+    """``--tokenizer lex_moses`` options (from the data-bin's lex_prepare.json)."""
+
     moses_lang: str = field(default="en", metadata={"help": "Moses language code (lex_prepare.json: lang)"})
 
 
@@ -29,7 +31,9 @@ class LexMosesTokenizer:
         self.detok = MosesDetokenizer(lang=cfg.moses_lang)
 
     def encode(self, x: str) -> str:
+        """Raw text -> space-separated Moses tokens, normalised as ``lex prepare`` did."""
         return moses_tokenize(x, self.lang)
 
     def decode(self, x: str) -> str:
+        """Space-separated Moses tokens -> detokenized text."""
         return self.detok.detokenize(x.split())

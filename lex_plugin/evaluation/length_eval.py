@@ -18,14 +18,14 @@ perplexity 2 ** loss.
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-__all__ = ["LengthResult", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
+__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
 
 
 class _Scored:
@@ -36,10 +36,12 @@ class _Scored:
 
     @property
     def loss(self) -> float:
+        """Bits per token: nll / tokens / ln 2 (fairseq's "Loss (base 2)")."""
         return self.nll / max(self.tokens, 1) / math.log(2)
 
     @property
     def ppl(self) -> float:
+        """Perplexity, 2 ** loss."""
         return 2.0 ** self.loss
 
 
@@ -65,6 +67,7 @@ class LengthResult(_Scored):
     buckets: List[Bucket] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """JSON-ready fields, with loss and ppl for the pass and each bucket."""
         out = asdict(self)
         out["loss"], out["ppl"] = self.loss, self.ppl
         for b, src in zip(out["buckets"], self.buckets):
@@ -106,24 +109,31 @@ def _batches(items, batch_size: int):
         yield batch
 
 
+def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Optional[dict] = None, **kwargs):
+    """Run ``tokens`` (B, L) through ``model`` ``block`` positions at a time with a key/value cache: the
+    recurrent reuse of LeX Figure 3. Under BCA or a sliding window the cache is bounded, so memory does not
+    grow with L; the outputs equal those of one parallel forward.
+
+    Yields:
+        (start, end, output) per chunk: ``output`` is the model's first return value for positions
+        start .. end - 1 (logits (B, end - start, V), or features with ``features_only=True``).
+    """
+    state = {} if incremental_state is None else incremental_state
+    length = tokens.size(1)
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        out, _ = model(tokens[:, :end], incremental_state=state, **kwargs)
+        yield start, end, out
+
+
 @torch.no_grad()
 def _token_nll(model, source: Tensor, target: Tensor, pad: int, block: Optional[int] = None) -> Tensor:
-    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding.
-
-    With ``block``, the sequence runs through the model ``block`` positions at a time with a key/value
-    cache (the recurrent reuse of LeX Figure 3): under BCA or a sliding window the cache is bounded, so
-    memory no longer grows with L (logits included); results equal the parallel forward.
-    """
+    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding; with ``block``, computed
+    chunk by chunk through :func:`blockwise_forward` (memory flat in L, logits included)."""
+    nll = lambda logits, tgt: F.cross_entropy(logits.float().transpose(1, 2), tgt, ignore_index=pad, reduction="none")  # noqa: E731
     if block is None or block >= source.size(1):
-        logits, _ = model(source)
-        return F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=pad, reduction="none")
-    state: dict = {}
-    chunks = []
-    for end in range(block, source.size(1) + block, block):
-        logits, _ = model(source[:, :end], incremental_state=state)
-        chunks.append(F.cross_entropy(logits.float().transpose(1, 2), target[:, end - block : end],
-                                      ignore_index=pad, reduction="none"))
-    return torch.cat(chunks, dim=1)
+        return nll(model(source)[0], target)
+    return torch.cat([nll(out, target[:, a:b]) for a, b, out in blockwise_forward(model, source, block)], dim=1)
 
 
 def _pad_batch(rows: Sequence[Tensor], length: int, pad: int) -> Tensor:
@@ -197,13 +207,14 @@ def evaluate_fixed_target(
     max_tokens: int = 32768,
     device: Optional[torch.device] = None,
     progress: bool = True,
+    block: Optional[int] = None,
 ) -> List[LengthResult]:
     """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_windows`` windows, each
     scored with a context of every length L (the window's final L tokens), so only the context grows.
 
     Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
-    its full context. Raises ValueError if the stream is shorter than max(lengths) + target_tokens or
-    if target_tokens exceeds the smallest length.
+    its full context. ``block`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is shorter
+    than max(lengths) + target_tokens or if target_tokens exceeds the smallest length.
     """
     longest = max(lengths)
     if target_tokens > min(lengths):
@@ -224,7 +235,7 @@ def evaluate_fixed_target(
                           disable=not progress or None, leave=False):
             source = torch.stack([stream[e - length - 1 : e - 1] for e in batch]).to(device)
             target = torch.stack([stream[e - length : e] for e in batch]).to(device)
-            nll = _token_nll(model, source, target, pad)[:, -target_tokens:].double()
+            nll = _token_nll(model, source, target, pad, block)[:, -target_tokens:].double()
             result.tokens += nll.numel()
             result.nll += float(nll.sum())
         results.append(result)

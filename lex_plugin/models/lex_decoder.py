@@ -122,6 +122,11 @@ class LexDecoder(FairseqIncrementalDecoder):
     def extract_features(
         self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None, **unused
     ) -> Tuple[Tensor, Dict[str, Any]]:
+        """Final hidden states (B, T', C) of the positions not yet cached, and fairseq's extras.
+
+        Raises:
+            ValueError: every position of ``prev_output_tokens`` is already in the cache.
+        """
         past = self.layers[0].self_attn.cached_length(incremental_state) if incremental_state is not None else 0
         tokens = prev_output_tokens[:, past:]
         if tokens.size(1) == 0:

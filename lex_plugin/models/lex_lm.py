@@ -23,6 +23,9 @@ ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 @dataclass
 class LexLanguageModelConfig(FairseqDataclass):
+    """``--arch lex_lm`` options: TorchScale ``DecoderConfig`` names plus the position scheme (xPos Eq. 12,
+    RoPE, NoPE and the Table 4 ablations). ``tokens_per_sample`` records the training length l."""
+
     pos_emb: POS_EMB_CHOICES = field(
         default="xpos",
         metadata={"help": "relative position scheme inside attention: xpos (LeX, Eq. 12), rope (xPos with zeta = 1) or none (NoPE)"},
@@ -130,6 +133,8 @@ class LexLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        """fairseq's hook: apply the preset defaults, validate (:func:`check_config`, ValueError), build
+        the decoder, and remember the training length as ``model.training_length`` (int or None)."""
         lex_lm_architecture(args)
         check_config(args)
         config = build_decoder_config(args, len(task.target_dictionary))

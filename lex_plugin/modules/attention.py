@@ -16,7 +16,7 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from .windowed_attention import AttentionWindow, windowed_attention
+from .windowed_attention import AttentionWindow, see_self, windowed_attention
 from .xpos import XPos
 
 __all__ = ["LexSelfAttention"]
@@ -188,12 +188,10 @@ class LexSelfAttention(nn.Module):
         if window.first_key(last) != first or (key_padding_mask is not None and bool(key_padding_mask.any())):
             pos = torch.arange(past, last + 1, device=q.device)[:, None]
             key = torch.arange(first, last + 1, device=q.device)[None, :]
-            mask = (key <= pos) & (key >= window.first_keys(pos))  # (T, S')
+            mask = (key <= pos) & (key >= window.first_key(pos))  # (T, S')
             if key_padding_mask is not None:
                 kpm = key_padding_mask[:, first - start :]
-                mask = mask[None, None] & ~kpm[:, None, None, :]
-                rows = torch.arange(tgt_len, device=q.device)
-                mask[..., rows, rows + (past - first)] = True  # a query always sees itself
+                mask = see_self(mask[None, None] & ~kpm[:, None, None, :], offset=past - first)
         elif tgt_len > 1:
             mask = causal_lower_right(tgt_len, src_len)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

@@ -1,6 +1,5 @@
 """Stochastic depth (Huang et al. 2016), as TorchScale's ``DropPath`` (which needs timm, not installed)."""
 
-import torch
 from torch import Tensor, nn
 
 __all__ = ["DropPath"]

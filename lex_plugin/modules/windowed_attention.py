@@ -30,7 +30,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from .xpos import XPos
 
-__all__ = ["AttentionWindow", "causal_padding_mask", "is_right_padded", "window_mask", "windowed_attention"]
+__all__ = ["AttentionWindow", "causal_padding_mask", "is_right_padded", "see_self", "window_mask", "windowed_attention"]
 
 MODES = ("full", "bca", "sliding")
 GROUP_TOKENS = 8192  # queries per SDPA call in windowed attention (bounds the working set)
@@ -71,27 +71,41 @@ class AttentionWindow:
             )
         return cls("bca", training_length // 2)
 
+    @classmethod
+    def for_model(cls, mode: str, training_length: Optional[int], size: Optional[int] = None) -> "AttentionWindow":
+        """The window ``mode`` for a model trained on ``training_length`` tokens: ``full``; ``bca`` with
+        blocks of l/2 (l = ``size`` if given, else the training length); ``sliding`` with W = ``size`` or l.
+
+        Raises:
+            ValueError: bca / sliding with neither ``size`` nor a training length (a checkpoint that records
+                no tokens_per_sample), an odd BCA length, an unknown mode.
+        """
+        if mode == "full":
+            return cls()
+        length = size or training_length
+        if not length:
+            raise ValueError(
+                f"{mode} needs the training length l, and this checkpoint records no tokens_per_sample; "
+                "give it explicitly (--bca-block-size l for BCA, --sliding-window W)."
+            )
+        return cls.bca(int(length)) if mode == "bca" else cls(mode, int(length))
+
     def covers(self, length: int) -> bool:
         """True if, for sequences of ``length``, this window is plain causal attention."""
         if self.mode == "full":
             return True
         return length <= (2 * self.size if self.mode == "bca" else self.size)
 
-    def first_key(self, position: int) -> int:
-        """Position of the earliest key visible to a query at ``position``."""
+    def first_key(self, position):
+        """Position of the earliest key visible to a query at ``position`` (an int, or an integer tensor
+        of positions, elementwise)."""
         if self.mode == "full":
-            return 0
-        if self.mode == "bca":
-            return max(0, (position // self.size - 1) * self.size)
-        return max(0, position - self.size + 1)
-
-    def first_keys(self, positions: Tensor) -> Tensor:
-        """``first_key`` of every entry of an integer tensor of positions."""
-        if self.mode == "full":
-            return torch.zeros_like(positions)
-        if self.mode == "bca":
-            return ((positions // self.size - 1) * self.size).clamp(min=0)
-        return (positions - self.size + 1).clamp(min=0)
+            first = position * 0
+        elif self.mode == "bca":
+            first = (position // self.size - 1) * self.size
+        else:
+            first = position - self.size + 1
+        return first.clamp(min=0) if isinstance(first, Tensor) else max(0, first)
 
     def __str__(self) -> str:
         return "full" if self.mode == "full" else f"{self.mode}({self.size})"
@@ -102,7 +116,7 @@ def window_mask(window: AttentionWindow, length: int, device=None) -> Tensor:
     analysis only: O(L^2). Query i sees key j iff first_key(i) <= j <= i."""
     i = torch.arange(length, device=device)
     j = i[None, :]
-    return (j <= i[:, None]) & (j >= window.first_keys(i)[:, None])
+    return (j <= i[:, None]) & (j >= window.first_key(i)[:, None])
 
 
 def _pad_to(x: Tensor, length: int, dim: int = 2, value=0) -> Tensor:
@@ -167,7 +181,6 @@ def windowed_attention(
     # attention weights) stays bounded whatever L is.
     qw = _windows(q, c)[:, :, :, c:]  # (B, H, n-1, c, D) views, local positions c .. 2c-1
     kw, vw = _windows(k, c), _windows(v, c)  # (B, H, n-1, 2c, D) views, local positions 0 .. 2c-1
-    base = _block_mask(window, c, q.device)  # (c, 2c), the same for every window
     kpm_w = None
     if key_padding_mask is not None and not is_right_padded(key_padding_mask):
         kpm_w = key_padding_mask.unfold(1, 2 * c, c)  # (B, n-1, 2c)
@@ -187,15 +200,22 @@ def windowed_attention(
                 attn_mask=causal_lower_right(c, 2 * c), dropout_p=dropout_p,
             ).view(bsz, heads, -1, c, dim)
         else:
-            mask = base
+            mask = _block_mask(window, c, q.device)  # (c, 2c), the same for every window
             if kpm_w is not None:
-                mask = base[None, None] & ~kpm_w[:, None, sl, None, :]  # (B, 1, g, c, 2c)
-                diag = torch.arange(c, device=q.device)
-                mask[..., diag, diag + c] = True  # a query always sees itself: no empty softmax row
+                mask = see_self(mask[None, None] & ~kpm_w[:, None, sl, None, :], offset=c)  # (B, 1, g, c, 2c)
             out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, dropout_p=dropout_p)
         outs.append(out.flatten(2, 3))
     out = torch.cat(outs, dim=2)
     return out[:, :, :length]
+
+
+def see_self(allowed: Tensor, offset: int = 0) -> Tensor:
+    """Let query t of a (..., T, S) boolean mask see key t + offset (its own position), in place, so that
+    masking padded keys never leaves a softmax row empty (pad rows then give finite values the loss
+    ignores). Returns ``allowed``."""
+    rows = torch.arange(allowed.size(-2), device=allowed.device)
+    allowed[..., rows, rows + offset] = True
+    return allowed
 
 
 def _block_mask(window: AttentionWindow, c: int, device) -> Tensor:
@@ -209,6 +229,7 @@ def _block_mask(window: AttentionWindow, c: int, device) -> Tensor:
 
 
 def is_right_padded(key_padding_mask: Tensor) -> bool:
+    """True when every (B, L) row is [real ..., real, pad ..., pad]: causality alone then hides the pads."""
     m = key_padding_mask.to(torch.int8)
     return bool((m[:, 1:] >= m[:, :-1]).all())
 
@@ -221,7 +242,4 @@ def causal_padding_mask(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
     length = key_padding_mask.size(1)
     device = key_padding_mask.device
     allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    allowed = allowed[None, None] & ~key_padding_mask[:, None, None, :]
-    diag = torch.arange(length, device=device)
-    allowed[:, :, diag, diag] = True
-    return allowed
+    return see_self(allowed[None, None] & ~key_padding_mask[:, None, None, :])

@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LexLanguageModelingConfig(LanguageModelingConfig):
+    """fairseq's ``language_modeling`` options plus the attention window (``--bca``, ``--bca-block-size``,
+    ``--sliding-window``) and the length-stratified report (``--eval-lengths`` ...)."""
+
     bca: bool = field(
         default=False,
         metadata={"help": "blockwise causal attention at evaluation (LeX section 3.3): blocks of l/2, l = training length"},
@@ -77,34 +80,21 @@ def parse_lengths(text: Optional[str]) -> List[int]:
 
 
 def resolve_window(mode: str, cfg, training_length: Optional[int]) -> AttentionWindow:
-    """The ``AttentionWindow`` for ``mode`` under the task's flags and the model's training length.
+    """The ``AttentionWindow`` for ``mode`` under the task's flags (``--bca-block-size``,
+    ``--sliding-window W|l``) and the model's training length (``AttentionWindow.for_model``).
 
     Raises:
         ValueError: BCA or ``--sliding-window l`` without a known training length, an odd BCA length,
-            a non-positive sliding window.
+            a sliding window that is not a positive integer or 'l'.
     """
-    if mode == "full":
-        return AttentionWindow()
+    size = None
     if mode == "bca":
-        length = cfg.bca_block_size or training_length
-        if not length:
-            raise ValueError(
-                "--bca needs the training length l: this checkpoint records no tokens_per_sample; "
-                "pass --bca-block-size l (blocks are l/2)."
-            )
-        if cfg.bca_block_size is not None and (cfg.bca_block_size <= 0 or cfg.bca_block_size % 2):
-            raise ValueError(f"--bca-block-size must be a positive even length (blocks are l/2); got {cfg.bca_block_size}.")
-        return AttentionWindow.bca(int(length))
-    if mode == "sliding":
-        value = cfg.sliding_window if cfg.sliding_window is not None else "l"
-        if str(value) == "l":
-            if not training_length:
-                raise ValueError("--sliding-window l needs a training length in the checkpoint; pass an integer W.")
-            return AttentionWindow("sliding", int(training_length))
-        if not str(value).isdigit() or int(value) <= 0:
-            raise ValueError(f"--sliding-window takes a positive integer W or 'l'; got {value!r}.")
-        return AttentionWindow("sliding", int(value))
-    raise ValueError(f"unknown window mode {mode!r}: use full, bca or sliding.")
+        size = cfg.bca_block_size
+    elif mode == "sliding" and cfg.sliding_window is not None and str(cfg.sliding_window) != "l":
+        if not str(cfg.sliding_window).isdigit() or int(cfg.sliding_window) <= 0:
+            raise ValueError(f"--sliding-window takes a positive integer W or 'l'; got {cfg.sliding_window!r}.")
+        size = int(cfg.sliding_window)
+    return AttentionWindow.for_model(mode, training_length, size)
 
 
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
@@ -120,9 +110,15 @@ class LexLanguageModelingTask(LanguageModelingTask):
 
     @property
     def selected_mode(self) -> str:
+        """``bca``, ``sliding`` or ``full``, from the command line."""
         return "bca" if self.args.bca else "sliding" if self.args.sliding_window is not None else "full"
 
     def build_model(self, cfg, from_checkpoint=False):
+        """fairseq's hook (eval-lm builds models through it): set the selected window on a lex_lm model.
+
+        Raises:
+            ValueError: a window flag on a model that is not lex_lm, or a window it cannot take.
+        """
         model = super().build_model(cfg, from_checkpoint)
         decoder = getattr(model, "decoder", None)
         if self.selected_mode != "full" or self.eval_lengths:
@@ -135,6 +131,11 @@ class LexLanguageModelingTask(LanguageModelingTask):
         return model
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, **kwargs):
+        """fairseq's eval-lm batches, after the length report (``--eval-lengths``) if one was asked for.
+
+        Raises:
+            ValueError: a sample longer than ``max_positions`` (fairseq would skip it silently).
+        """
         if max_positions is not None:
             too_long = int((dataset.sizes > max_positions).sum())
             if too_long:
@@ -155,6 +156,15 @@ class LexLanguageModelingTask(LanguageModelingTask):
         return torch.cat([dataset[i].long() for i in range(len(dataset))])
 
     def run_length_report(self, max_tokens: int) -> dict:
+        """Score the split at every ``--eval-lengths`` under every ``--eval-windows`` mode (windowed modes
+        block by block through the bounded cache), print the table, write ``--report-json``.
+
+        Returns:
+            The report: split, split_tokens, training_length, results (loss in bits, ppl, buckets).
+
+        Raises:
+            ValueError: more than one model, or a window the model cannot take.
+        """
         models = [ref() for ref in self._models if ref() is not None]
         if len(models) != 1:
             raise ValueError("--eval-lengths evaluates one model; pass a single --path.")
@@ -179,7 +189,8 @@ class LexLanguageModelingTask(LanguageModelingTask):
                                             self.dictionary.pad(), max_tokens=max_tokens, training_length=l, block=block)
                 if self.args.fixed_target_tokens:
                     results += evaluate_fixed_target(model, stream, self.eval_lengths, str(window), self.dictionary.pad(),
-                                                     self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens)
+                                                     self.args.fixed_target_tokens, self.args.fixed_target_windows,
+                                                     max_tokens, block=block)
         finally:
             decoder.set_attention_window(original)
         table = format_table(results, l)
@@ -193,5 +204,6 @@ class LexLanguageModelingTask(LanguageModelingTask):
         return report
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        """fairseq's loader; remembers the split so the length report scores the same one."""
         self._gen_subset = split
         return super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
