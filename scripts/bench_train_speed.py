@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""Training throughput of lex_lm_tiny against stock fairseq transformer_lm of the same size, one run.
+"""Training throughput: lex_lm_tiny against stock fairseq transformer_lm of the same size, or lex_lm_tiny
+under each ``--pos-emb`` scheme.
 
-Both train with fairseq-train on the same data-bin, batch, optimizer and threads; runs alternate
-(lex, stock, lex, stock, ...) so drift on a shared machine hits both. Reported: median words (tokens)
-per second of fairseq's own ``train_inner`` log over the updates after warm-up, and the ratio.
+All runs train with fairseq-train on the same data-bin, batch, optimizer and threads; runs alternate
+(a, b, c, a, b, c, ...) so drift on a shared machine hits all. Reported: median words (tokens) per
+second of fairseq's own ``train_inner`` log over the updates after warm-up, and ratios.
 
     python scripts/bench_train_speed.py --data work/demo/data-bin [--updates 60] [--rounds 2]
+    python scripts/bench_train_speed.py --schemes xpos,rope,alibi,sandwich,kerple_log,t5,sinusoidal,learned,none
 
 Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
@@ -55,22 +57,26 @@ def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sampl
 @click.option("--rounds", default=2, show_default=True)
 @click.option("--tokens-per-sample", default=256, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
+@click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
-def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, json_out):
-    wps = {name: [] for name in ARCHS}
+def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, json_out):
+    archs = ARCHS
+    if schemes:
+        archs = {s: [*ARCHS["lex_lm_tiny"], "--pos-emb", s] for s in schemes.split(",")}
+    wps = {name: [] for name in archs}
     for r in range(rounds):
-        for name, args in ARCHS.items():
+        for name, args in archs.items():
             click.echo(f"round {r + 1}/{rounds}: {name} ...", err=True)
             wps[name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size)
     med = {name: statistics.median(v) for name, v in wps.items()}
-    lex, stock = med["lex_lm_tiny"], med["transformer_lm (same size)"]
-    click.echo("\n| model | train tokens/s (median) | intervals |\n|---|---|---|")
-    for name in ARCHS:
-        click.echo(f"| {name} | {med[name]:,.0f} | {len(wps[name])} |")
-    click.echo(f"\nratio lex_lm_tiny / transformer_lm = {lex / stock:.2f} "
-               f"(L={tokens_per_sample}, batch {batch_size}, {os.environ.get('OMP_NUM_THREADS', 'all')} threads)")
+    ref = "xpos" if schemes and "xpos" in med else next(iter(med))
+    click.echo(f"\n| model | train tokens/s (median) | {ref} / this | intervals |\n|---|---|---|---|")
+    for name in archs:
+        click.echo(f"| {name} | {med[name]:,.0f} | {med[ref] / med[name]:.3f} | {len(wps[name])} |")
+    click.echo(f"\n(L={tokens_per_sample}, batch {batch_size}, {os.environ.get('OMP_NUM_THREADS', 'all')} threads, "
+               f"{rounds} alternating runs of {updates} updates, median over updates > {warmup})")
     if json_out:
-        json_out.write_text(json.dumps({"median_wps": med, "ratio": lex / stock, "samples": wps}, indent=2))
+        json_out.write_text(json.dumps({"median_wps": med, "reference": ref, "samples": wps}, indent=2))
 
 
 if __name__ == "__main__":

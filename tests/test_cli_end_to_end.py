@@ -141,3 +141,40 @@ def test_samples_fairseq_would_skip_are_refused(data_bin):
         task.eval_lm_dataloader(dataset, max_positions=TRAIN_LEN)
     batches = list(task.eval_lm_dataloader(dataset, max_positions=2 * TRAIN_LEN, batch_size=4))
     assert sum(int(b["ntokens"]) for b in batches) == split_tokens(data_bin)
+
+
+def train_scheme(data_bin, save_dir, scheme, updates):
+    run_cli([
+        "fairseq-train", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling",
+        "--arch", "lex_lm_tiny", "--decoder-layers", "2", "--pos-emb", scheme, "--share-decoder-input-output-embed",
+        "--tokens-per-sample", str(TRAIN_LEN), "--sample-break-mode", "none", "--batch-size", "8",
+        "--optimizer", "adam", "--lr", "2e-3", "--max-update", str(updates), "--save-dir", str(save_dir),
+        "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--seed", "1",
+    ])
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "sandwich"])
+def test_baseline_schemes_train_and_evaluate_under_every_window(data_bin, tmp_path, scheme):
+    """fairseq-train --pos-emb <baseline>, then the lex task's report under full, BCA and sliding windows."""
+    ckpt = train_scheme(data_bin, tmp_path / "ckpt", scheme, 10)
+    report_path = tmp_path / "report.json"
+    lex_eval(data_bin, ckpt, "--tokens-per-sample", 4 * TRAIN_LEN, "--bca", "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}",
+             "--eval-windows", "full,bca,sliding", "--report-json", report_path)
+    report = json.loads(report_path.read_text())
+    tokens = split_tokens(data_bin)
+    assert len(report["results"]) == 6 and all(r["tokens"] == tokens for r in report["results"])
+    by = {(r["window"], r["length"]): r["loss"] for r in report["results"]}
+    assert by[("bca(32)", TRAIN_LEN)] == pytest.approx(by[("full", TRAIN_LEN)], abs=1e-6)
+    assert all(0 < loss < 10.5 for loss in by.values())  # finite, below uniform over ~1000 BPE types (9.97 bits) + slack
+
+
+def test_learned_positions_past_their_table_are_refused(data_bin, tmp_path):
+    """A --pos-emb learned model has no positions past its table: eval-lm says so instead of skipping."""
+    ckpt = train_scheme(data_bin, tmp_path / "ckpt", "learned", 2)
+    ok = lex_eval(data_bin, ckpt, "--tokens-per-sample", TRAIN_LEN, "--bca")
+    assert "Perplexity" in ok.stdout + ok.stderr
+    long = lex_eval(data_bin, ckpt, "--tokens-per-sample", 2 * TRAIN_LEN, check=False)
+    assert long.returncode != 0 and "longer than the model's max_positions() = 64" in long.stderr, long.stderr[-2000:]
+    report = lex_eval(data_bin, ckpt, "--tokens-per-sample", TRAIN_LEN, "--eval-lengths", f"{TRAIN_LEN},{2 * TRAIN_LEN}", check=False)
+    assert report.returncode != 0 and "exceed the model's max_positions() = 64" in report.stderr, report.stderr[-2000:]

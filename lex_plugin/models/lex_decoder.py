@@ -10,9 +10,11 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 
+from ..modules.absolute_positions import LearnedPositions, SinusoidalPositions
 from ..modules.attention import IncrementalState
-from ..modules.windowed_attention import AttentionWindow, is_right_padded
 from ..modules.decoder_layer import LexDecoderLayer
+from ..modules.position_bias import ALiBi, KerpleLog, Sandwich, T5Bias
+from ..modules.windowed_attention import AttentionWindow, RelativePosition, is_right_padded
 from ..modules.xpos import XPos
 
 __all__ = ["LexDecoder", "UNBOUNDED_POSITIONS"]
@@ -22,23 +24,41 @@ __all__ = ["LexDecoder", "UNBOUNDED_POSITIONS"]
 # caps them, so it reports a bound no corpus reaches.
 UNBOUNDED_POSITIONS = 2**30
 
+# --pos-emb: where each scheme acts
+ROTARY = ("xpos", "rope")  # rotate q and k inside attention
+BIASES = ("alibi", "sandwich", "kerple_log", "t5")  # add f_h(n - m) to the attention logits
+ABSOLUTE = ("sinusoidal", "learned")  # add a position vector to the token embeddings
+POS_EMB_SCHEMES = ROTARY + BIASES + ABSOLUTE + ("none",)
+
 
 class LexDecoder(FairseqIncrementalDecoder):
     """Decoder-only LeX Transformer configured by TorchScale's ``DecoderConfig``.
 
-    Tokens are embedded (scaled by sqrt(C) unless ``no_scale_embedding``), optionally layer-normed,
-    passed through ``decoder_layers`` blocks whose self-attention carries xPos (one shared
-    :class:`XPos`, so its tables are built once per forward), final LayerNorm (pre-LN models) and the
-    output projection. There is no absolute position embedding.
+    Tokens are embedded (scaled by sqrt(C) unless ``no_scale_embedding``), plus an absolute position
+    vector for ``sinusoidal`` / ``learned``, optionally layer-normed, passed through ``decoder_layers``
+    blocks, final LayerNorm (pre-LN models) and the output projection. The position scheme
+    (``config.pos_emb``, one of ``POS_EMB_SCHEMES``):
+
+    * ``xpos`` (default, LeX Eq. 12), ``rope``: one shared :class:`XPos` rotates q and k in every layer
+      (its tables are built once per forward);
+    * ``alibi``, ``sandwich``, ``t5``: one shared bias module (T5's table is shared across layers, as in T5
+      and TorchScale); ``kerple_log``: one per layer (KERPLE's r1, r2 are per layer and head);
+    * ``sinusoidal``, ``learned``: absolute, added to the embeddings at positions 0, 1, ...;
+    * ``none``: NoPE.
 
     Args:
-        config: ``DecoderConfig``; also read: ``pos_emb`` (xpos, rope, none), ``xpos_gamma``,
-            ``xpos_scalar_zeta``, ``xpos_no_rotation`` (set by the model builder).
+        config: ``DecoderConfig``; also read: ``pos_emb``, ``xpos_gamma``, ``xpos_scalar_zeta``,
+            ``xpos_no_rotation``, ``sandwich_dim``, ``t5_num_buckets``, ``t5_max_distance``,
+            ``max_target_positions`` (learned table size), all set by the model builder.
         dictionary: fairseq ``Dictionary`` of the targets.
         embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
 
-    State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``layernorm_embedding``,
-    ``layers.N.*`` (see :class:`LexDecoderLayer`), ``layer_norm``, ``output_projection``.
+    Raises:
+        ValueError: an unknown ``pos_emb``, or ``learned`` without a table size.
+
+    State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``embed_positions`` (learned),
+    ``layernorm_embedding``, ``layers.N.*`` (see :class:`LexDecoderLayer`), ``position_bias.N.*``
+    (KERPLE, T5), ``layer_norm``, ``output_projection``.
     """
 
     def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding):
@@ -52,20 +72,12 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.layernorm_embedding = LayerNorm(dim, eps=config.layernorm_eps) if config.layernorm_embedding else None
         self.dropout_module = nn.Dropout(config.dropout)
 
-        head_dim = dim // config.decoder_attention_heads
-        pos_emb = getattr(config, "pos_emb", "xpos" if config.xpos_rel_pos else "none")
-        self.xpos = (
-            XPos(
-                head_dim,
-                scale_base=config.xpos_scale_base,
-                gamma=getattr(config, "xpos_gamma", 0.4),
-                use_scale=pos_emb == "xpos",
-                scalar_zeta=getattr(config, "xpos_scalar_zeta", False),
-                rotation=not getattr(config, "xpos_no_rotation", False),
-            )
-            if pos_emb in ("xpos", "rope")
-            else None
-        )
+        self.pos_emb = getattr(config, "pos_emb", "xpos" if config.xpos_rel_pos else "none")
+        if self.pos_emb not in POS_EMB_SCHEMES:
+            raise ValueError(f"--pos-emb must be one of {', '.join(POS_EMB_SCHEMES)}; got {self.pos_emb!r}.")
+        self.xpos = build_rotary(config, self.pos_emb)
+        self.position_bias = build_position_bias(config, self.pos_emb)
+        self.embed_positions = build_absolute_positions(config, self.pos_emb)
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
         # Which keys each query attends: full causal for training; BCA or a sliding window at inference.
         self.attention_window = AttentionWindow()
@@ -139,16 +151,26 @@ class LexDecoder(FairseqIncrementalDecoder):
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(past, tokens.size(1), x.device).to(x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)
         inner_states = [x]
-        for layer in self.layers:
-            x = layer(x, self.xpos, padding_mask, incremental_state, self.attention_window)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.relative_position(i), padding_mask, incremental_state, self.attention_window)
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
+
+    def relative_position(self, layer: int) -> RelativePosition:
+        """What layer ``layer``'s attention takes: the shared ``XPos``, its bias module, or None."""
+        if self.xpos is not None:
+            return self.xpos
+        if self.position_bias is not None:
+            return self.position_bias[layer if len(self.position_bias) > 1 else 0]
+        return None
 
     def set_attention_window(self, window: AttentionWindow) -> None:
         """Attend with ``window`` from now on (``AttentionWindow.bca(l)``, ``AttentionWindow("sliding", W)``
@@ -160,24 +182,78 @@ class LexDecoder(FairseqIncrementalDecoder):
         return self.output_projection(features)
 
     def max_positions(self) -> int:
-        """Not the training length: xPos extrapolates (see ``UNBOUNDED_POSITIONS``)."""
+        """The learned table size for ``learned``; otherwise unbounded, not the training length: every
+        other scheme takes any length (see ``UNBOUNDED_POSITIONS``)."""
+        if isinstance(self.embed_positions, LearnedPositions):
+            return self.embed_positions.num_positions
         return UNBOUNDED_POSITIONS
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """Accept TorchScale-trained weights: drop the per-layer ``self_attn.xpos.scale`` buffers
-        (recomputed here in fp32, never stored) and reject absolute position tables, which LeX has not."""
+        (recomputed here in fp32, never stored) and fairseq's sinusoidal ``_float_tensor``; reject an
+        absolute position table unless this model is ``--pos-emb learned``.
+
+        Raises:
+            ValueError: a learned position table in the checkpoint of a model without one.
+        """
         prefix = f"{name}." if name else ""
         for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("self_attn.xpos.scale")]:
             del state_dict[key]
+        if isinstance(self.embed_positions, LearnedPositions):
+            return state_dict
         learned = [k for k in state_dict if k.startswith(prefix + "embed_positions.") and k.endswith("weight")]
         if learned:
             raise ValueError(
-                f"checkpoint has an absolute position table ({learned[0]}); the LeX decoder uses xPos only. "
-                "Train the TorchScale model with --no-token-positional-embeddings."
+                f"checkpoint has an absolute position table ({learned[0]}) but this model is --pos-emb {self.pos_emb}. "
+                "Build it with --pos-emb learned, or train the TorchScale model with --no-token-positional-embeddings."
             )
         for key in [k for k in state_dict if k.startswith(prefix + "embed_positions.")]:
             del state_dict[key]
         return state_dict
+
+
+def build_rotary(config: DecoderConfig, pos_emb: str) -> Optional[XPos]:
+    """The shared ``XPos`` for ``xpos`` / ``rope`` (with the Table 4 ablation flags), else None."""
+    if pos_emb not in ROTARY:
+        return None
+    return XPos(
+        config.decoder_embed_dim // config.decoder_attention_heads,
+        scale_base=config.xpos_scale_base,
+        gamma=getattr(config, "xpos_gamma", 0.4),
+        use_scale=pos_emb == "xpos",
+        scalar_zeta=getattr(config, "xpos_scalar_zeta", False),
+        rotation=not getattr(config, "xpos_no_rotation", False),
+    )
+
+
+def build_position_bias(config: DecoderConfig, pos_emb: str) -> Optional[nn.ModuleList]:
+    """The bias modules of ``alibi`` / ``sandwich`` / ``t5`` (one, shared) or ``kerple_log`` (one per layer)."""
+    heads = config.decoder_attention_heads
+    if pos_emb == "alibi":
+        return nn.ModuleList([ALiBi(heads)])
+    if pos_emb == "sandwich":
+        return nn.ModuleList([Sandwich(heads, getattr(config, "sandwich_dim", 128))])
+    if pos_emb == "t5":
+        return nn.ModuleList([T5Bias(heads, getattr(config, "t5_num_buckets", 32), getattr(config, "t5_max_distance", 128))])
+    if pos_emb == "kerple_log":
+        return nn.ModuleList(KerpleLog(heads) for _ in range(config.decoder_layers))
+    return None
+
+
+def build_absolute_positions(config: DecoderConfig, pos_emb: str) -> Optional[nn.Module]:
+    """``SinusoidalPositions`` or ``LearnedPositions`` (``max_target_positions`` rows), else None.
+
+    Raises:
+        ValueError: ``learned`` without a table size.
+    """
+    if pos_emb == "sinusoidal":
+        return SinusoidalPositions(config.decoder_embed_dim)
+    if pos_emb == "learned":
+        size = getattr(config, "max_target_positions", None)
+        if not size:
+            raise ValueError("--pos-emb learned needs a table size: --max-target-positions (or --tokens-per-sample).")
+        return LearnedPositions(int(size), config.decoder_embed_dim)
+    return None
 
 
 def build_embedding(dictionary, embed_dim: int) -> nn.Embedding:

@@ -15,20 +15,24 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
-from .lex_decoder import LexDecoder, build_embedding
+from .lex_decoder import POS_EMB_SCHEMES, ROTARY, LexDecoder, build_embedding
 
-POS_EMB_CHOICES = ChoiceEnum(["xpos", "rope", "none"])
+POS_EMB_CHOICES = ChoiceEnum(list(POS_EMB_SCHEMES))
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 
 @dataclass
 class LexLanguageModelConfig(FairseqDataclass):
-    """``--arch lex_lm`` options: TorchScale ``DecoderConfig`` names plus the position scheme (xPos Eq. 12,
-    RoPE, NoPE and the Table 4 ablations). ``tokens_per_sample`` records the training length l."""
+    """``--arch lex_lm`` options: TorchScale ``DecoderConfig`` names plus the position scheme (xPos Eq. 12
+    and the baselines the papers compare: RoPE, ALiBi, Sandwich, KERPLE, T5, sinusoidal, learned, NoPE;
+    the Table 4 ablations). ``tokens_per_sample`` records the training length l."""
 
     pos_emb: POS_EMB_CHOICES = field(
         default="xpos",
-        metadata={"help": "relative position scheme inside attention: xpos (LeX, Eq. 12), rope (xPos with zeta = 1) or none (NoPE)"},
+        metadata={
+            "help": "position scheme: xpos (LeX, Eq. 12), rope (xPos with zeta = 1), alibi, sandwich, kerple_log, t5 "
+            "(relative biases), sinusoidal, learned (absolute, added to the embeddings) or none (NoPE)"
+        },
     )
     xpos_scale_base: float = field(default=512.0, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
     xpos_gamma: float = field(
@@ -39,6 +43,12 @@ class LexLanguageModelConfig(FairseqDataclass):
     )
     xpos_no_rotation: bool = field(
         default=False, metadata={"help": "ablation (LeX Table 4): theta = 0, decay only, no rotation"}
+    )
+    sandwich_dim: int = field(default=128, metadata={"help": "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"})
+    t5_num_buckets: int = field(default=32, metadata={"help": "T5 bias: number of distance buckets"})
+    t5_max_distance: int = field(default=128, metadata={"help": "T5 bias: distances from here on share the last bucket"})
+    max_target_positions: Optional[int] = field(
+        default=None, metadata={"help": "--pos-emb learned: rows of the position table (default: --tokens-per-sample)"}
     )
     decoder_embed_dim: int = field(default=512, metadata={"help": "model dimension C"})
     decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
@@ -92,6 +102,10 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.xpos_gamma = cfg.xpos_gamma
     config.xpos_scalar_zeta = cfg.xpos_scalar_zeta
     config.xpos_no_rotation = cfg.xpos_no_rotation
+    config.sandwich_dim = cfg.sandwich_dim
+    config.t5_num_buckets = cfg.t5_num_buckets
+    config.t5_max_distance = cfg.t5_max_distance
+    config.max_target_positions = safe_getattr(cfg, "max_target_positions", None) or safe_getattr(cfg, "tokens_per_sample", None)
     return config
 
 
@@ -99,7 +113,8 @@ def check_config(cfg) -> None:
     """Reject configurations that cannot build, with the option to change.
 
     Raises:
-        ValueError: C not divisible by heads, odd head dimension under xPos, non-positive sizes.
+        ValueError: C not divisible by heads, odd head dimension under xPos / RoPE, non-positive sizes,
+            an odd ``--sandwich-dim``.
     """
     for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
         if getattr(cfg, name) <= 0:
@@ -110,11 +125,13 @@ def check_config(cfg) -> None:
             f"({cfg.decoder_attention_heads})."
         )
     head_dim = cfg.decoder_embed_dim // cfg.decoder_attention_heads
-    if str(cfg.pos_emb) in ("xpos", "rope") and head_dim % 2 != 0:
+    if str(cfg.pos_emb) in ROTARY and head_dim % 2 != 0:
         raise ValueError(
             f"xPos rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
             f"--decoder-attention-heads = {head_dim}) must be even."
         )
+    if str(cfg.pos_emb) == "sandwich" and (cfg.sandwich_dim <= 0 or cfg.sandwich_dim % 2):
+        raise ValueError(f"--sandwich-dim must be positive and even, got {cfg.sandwich_dim}.")
 
 
 @register_model("lex_lm", dataclass=LexLanguageModelConfig)

@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention with xPos, on ``torch.nn.functional.scaled_dot_product_attention``.
+"""Causal multi-head self-attention with xPos (or another relative position), on SDPA.
 
 Parameter names follow TorchScale's ``torchscale.component.multihead_attention.MultiheadAttention``
 (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``inner_attn_ln``) so TorchScale checkpoints load.
@@ -16,8 +16,7 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from .windowed_attention import AttentionWindow, see_self, windowed_attention
-from .xpos import XPos
+from .windowed_attention import AttentionWindow, RelativePosition, biased_mask, relative_terms, see_self, windowed_attention
 
 __all__ = ["LexSelfAttention"]
 
@@ -27,7 +26,8 @@ FULL = AttentionWindow()
 
 @with_incremental_state
 class LexSelfAttention(nn.Module):
-    """Causal self-attention for a decoder-only LM, with xPos on queries and keys.
+    """Causal self-attention for a decoder-only LM, with xPos on queries and keys (or another relative
+    position: RoPE, an additive bias, none).
 
     Args:
         embed_dim: model dimension C.
@@ -91,7 +91,7 @@ class LexSelfAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        xpos: Optional[XPos] = None,
+        pos: RelativePosition = None,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         window: AttentionWindow = FULL,
@@ -100,7 +100,8 @@ class LexSelfAttention(nn.Module):
 
         Args:
             x: (B, T, C) hidden states of T new positions.
-            xpos: the decoder's ``XPos`` (None: no relative position, i.e. NoPE).
+            pos: the decoder's ``XPos`` (xPos, RoPE, Table 4 ablations), a ``DistanceBias`` (ALiBi, Sandwich,
+                KERPLE, T5), or None (NoPE, absolute positions).
             key_padding_mask: (B, T) bool, True at padding; None when there is none.
             incremental_state: fairseq's incremental state. Keys and values are cached *before* xPos,
                 so every call re-applies xPos with positions local to the visible keys and a centre
@@ -139,9 +140,9 @@ class LexSelfAttention(nn.Module):
 
         dropout_p = self.dropout if self.training else 0.0
         if past == 0:
-            out = windowed_attention(q, k, v, window, xpos, key_padding_mask, dropout_p)
+            out = windowed_attention(q, k, v, window, pos, key_padding_mask, dropout_p)
         else:
-            out = self._cached(q, k, v, window, xpos, key_padding_mask, dropout_p, start)
+            out = self._cached(q, k, v, window, pos, key_padding_mask, dropout_p, start)
 
         if incremental_state is not None:
             # Keep only the keys the next query can see: the cache never exceeds l (BCA: when a new block
@@ -163,7 +164,7 @@ class LexSelfAttention(nn.Module):
         return self.out_proj(out)
 
     @staticmethod
-    def _cached(q, k, v, window: AttentionWindow, xpos, key_padding_mask, dropout_p, start: int):
+    def _cached(q, k, v, window: AttentionWindow, pos: RelativePosition, key_padding_mask, dropout_p, start: int):
         """New queries after a cached prefix (a generation step, or the next block of a blockwise pass).
 
         Args:
@@ -174,7 +175,8 @@ class LexSelfAttention(nn.Module):
         Only keys from the first one any query may see are used, with xPos positions local to them, so
         positions stay below l (BCA) or W (sliding) however long the sequence. The mask is causal aligned
         to the lower right when all queries share their first visible key (full attention; BCA within a
-        block); otherwise (sliding window over several queries) an explicit (T, S') band.
+        block); otherwise (sliding window over several queries, padding, or an additive bias) an explicit
+        (T, S') band, which carries the (H, T, S') bias when there is one.
         """
         tgt_len = q.size(2)
         last = start + k.size(2) - 1
@@ -182,18 +184,20 @@ class LexSelfAttention(nn.Module):
         first = window.first_key(past)
         k, v = k[:, :, first - start :], v[:, :, first - start :]
         src_len = k.size(2)
-        if xpos is not None:
-            q, k = xpos(q, k, q_start=past - first, k_start=0)
+        q, k, bias = relative_terms(pos, q, k, past - first, 0)
         mask = None
-        if window.first_key(last) != first or (key_padding_mask is not None and bool(key_padding_mask.any())):
-            pos = torch.arange(past, last + 1, device=q.device)[:, None]
+        padded = key_padding_mask is not None and bool(key_padding_mask.any())
+        if window.first_key(last) != first or padded or (bias is not None and tgt_len > 1):
+            query = torch.arange(past, last + 1, device=q.device)[:, None]
             key = torch.arange(first, last + 1, device=q.device)[None, :]
-            mask = (key <= pos) & (key >= window.first_key(pos))  # (T, S')
-            if key_padding_mask is not None:
+            mask = (key <= query) & (key >= window.first_key(query))  # (T, S')
+            if padded:
                 kpm = key_padding_mask[:, first - start :]
                 mask = see_self(mask[None, None] & ~kpm[:, None, None, :], offset=past - first)
         elif tgt_len > 1:
             mask = causal_lower_right(tgt_len, src_len)
+        if bias is not None:
+            mask = bias.to(q.dtype) if mask is None else biased_mask(bias, mask, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):

@@ -9,9 +9,8 @@ from torchscale.architecture.config import DecoderConfig
 from torchscale.component.feedforward_network import FeedForwardNetwork
 
 from .attention import FULL, IncrementalState, LexSelfAttention
-from .windowed_attention import AttentionWindow
 from .drop_path import DropPath
-from .xpos import XPos
+from .windowed_attention import AttentionWindow, RelativePosition
 
 __all__ = ["LexDecoderLayer"]
 
@@ -66,7 +65,7 @@ class LexDecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        xpos: Optional[XPos] = None,
+        pos: RelativePosition = None,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         window: AttentionWindow = FULL,
@@ -75,7 +74,7 @@ class LexDecoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, xpos, key_padding_mask, incremental_state, window)
+        x = self.self_attn(x, pos, key_padding_mask, incremental_state, window)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

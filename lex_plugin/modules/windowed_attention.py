@@ -18,22 +18,35 @@ away). The sliding window's band mask, and rows padded other than at the end, us
 window-local positions 0 .. 2c - 1, so every window shares one (2c, d/2) table, and zeta^(+-n/B) stays
 within zeta^(+-c/B) at any L: finite in fp32, bf16 and fp16. In exact arithmetic this equals global
 xPos (the logit depends only on n - m).
+
+Additive relative biases (ALiBi, Sandwich, KERPLE, T5; ``position_bias``) go to SDPA as a float mask:
+one (H, c, 2c) bias shared by every window, and under full causal attention one (H, T, S) bias per chunk
+of queries (``BIAS_ELEMENTS`` bounds T * S), so no L x L bias or mask exists at any L.
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
+from .position_bias import DistanceBias
 from .xpos import XPos
 
-__all__ = ["AttentionWindow", "causal_padding_mask", "is_right_padded", "see_self", "window_mask", "windowed_attention"]
+__all__ = [
+    "AttentionWindow", "RelativePosition", "biased_mask", "causal_padding_mask", "is_right_padded",
+    "relative_terms", "see_self", "window_mask", "windowed_attention",
+]
 
 MODES = ("full", "bca", "sliding")
 GROUP_TOKENS = 8192  # queries per SDPA call in windowed attention (bounds the working set)
+BIAS_ELEMENTS = 2**24  # attention-matrix entries per SDPA call when a bias is added (about 64 MB in fp32)
+
+# What attention takes as its relative position: a rotation of q and k (xPos, RoPE, the Table 4 ablations),
+# an additive bias (ALiBi, Sandwich, KERPLE, T5), or nothing (NoPE and the absolute schemes).
+RelativePosition = Optional[Union[XPos, DistanceBias]]
 
 
 @dataclass(frozen=True)
@@ -137,7 +150,7 @@ def windowed_attention(
     k: Tensor,
     v: Tensor,
     window: AttentionWindow,
-    xpos: Optional[XPos] = None,
+    pos: RelativePosition = None,
     key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
@@ -146,7 +159,8 @@ def windowed_attention(
     Args:
         q, k, v: (B, H, L, D) projections of positions 0 .. L-1, *before* xPos.
         window: ``bca`` or ``sliding`` (``full`` is accepted and runs plain causal attention).
-        xpos: applied with window-local positions; None for no relative position.
+        pos: xPos / RoPE (applied with window-local positions), a ``DistanceBias`` (one window-local
+            (H, c, 2c) bias for every window), or None for no relative position.
         key_padding_mask: (B, L) bool, True at padding, or None. Padding only at the end of rows needs
             no mask (causality hides it); other padding builds a per-window mask, O(L * c).
         dropout_p: attention dropout.
@@ -156,10 +170,7 @@ def windowed_attention(
     """
     bsz, heads, length, dim = q.shape
     if window.covers(length):
-        if xpos is not None:
-            q, k = xpos(q, k, q_start=0, k_start=0)
-        mask = causal_padding_mask(key_padding_mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+        return causal_attention(q, k, v, pos, key_padding_mask, dropout_p)
 
     c = window.size
     n = -(-length // c)  # blocks
@@ -169,12 +180,8 @@ def windowed_attention(
         key_padding_mask = _pad_to(key_padding_mask, padded, dim=1, value=True)
 
     # block 0: causal over itself, local positions = global positions
-    q0, k0, v0 = q[:, :, :c], k[:, :, :c], v[:, :, :c]
-    if xpos is not None:
-        q0, k0 = xpos(q0, k0, q_start=0, k_start=0)
     kpm0 = key_padding_mask[:, :c] if key_padding_mask is not None else None
-    mask0 = causal_padding_mask(kpm0)
-    out0 = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=mask0, dropout_p=dropout_p, is_causal=mask0 is None)
+    out0 = causal_attention(q[:, :, :c], k[:, :, :c], v[:, :, :c], pos, kpm0, dropout_p)
 
     # blocks 1 .. n-1: queries of block b over the keys of blocks b-1 and b, positions local to the window.
     # Windows go through SDPA in groups of ~GROUP_TOKENS queries, so the working set (rotated copies,
@@ -186,13 +193,16 @@ def windowed_attention(
         kpm_w = key_padding_mask.unfold(1, 2 * c, c)  # (B, n-1, 2c)
     group = max(1, GROUP_TOKENS // c)
     outs = [out0]
+    bias = None  # (H, 1, c, 2c), the same for every window
+    if isinstance(pos, DistanceBias):
+        bias = pos(c, c, 0, 2 * c, q.device)[:, None]
     for g in range(0, n - 1, group):
         sl = slice(g, g + group)
         qg, kg = qw[:, :, sl], kw[:, :, sl]
-        if xpos is not None:
-            qg, kg = xpos(qg, kg, q_start=c, k_start=0)
+        if isinstance(pos, XPos):
+            qg, kg = pos(qg, kg, q_start=c, k_start=0)
         vg = vw[:, :, sl]
-        if window.mode == "bca" and kpm_w is None:
+        if window.mode == "bca" and kpm_w is None and bias is None:
             # BCA's (c, 2c) mask is causal aligned to the lower right: SDPA's fused kernels take it as is
             shape = (bsz, heads * qg.size(2))
             out = F.scaled_dot_product_attention(
@@ -203,10 +213,78 @@ def windowed_attention(
             mask = _block_mask(window, c, q.device)  # (c, 2c), the same for every window
             if kpm_w is not None:
                 mask = see_self(mask[None, None] & ~kpm_w[:, None, sl, None, :], offset=c)  # (B, 1, g, c, 2c)
+            if bias is not None:
+                mask = biased_mask(bias, mask, q.dtype)
             out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, dropout_p=dropout_p)
         outs.append(out.flatten(2, 3))
     out = torch.cat(outs, dim=2)
     return out[:, :, :length]
+
+
+def relative_terms(pos: RelativePosition, q: Tensor, k: Tensor, q_start: int, k_start: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The relative position of one attention call: (q', k', bias).
+
+    Args:
+        pos: xPos / RoPE (rotates q and k), a ``DistanceBias`` (gives the bias) or None.
+        q: (..., Tq, D) queries at q_start ..; k: (..., Tk, D) keys at k_start .. (absolute or
+            window-local positions: only differences matter).
+
+    Returns:
+        q', k' in the input dtypes, and the (H, Tq, Tk) fp32 bias or None.
+    """
+    if pos is None:
+        return q, k, None
+    if isinstance(pos, DistanceBias):
+        return q, k, pos(q_start, q.size(-2), k_start, k.size(-2), q.device)
+    q, k = pos(q, k, q_start=q_start, k_start=k_start)
+    return q, k, None
+
+
+def biased_mask(bias: Tensor, allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """SDPA's float mask: ``bias`` where ``allowed``, -inf elsewhere, broadcast together, in ``dtype``
+    (SDPA adds it to q k^T / sqrt(d))."""
+    return bias.masked_fill(~allowed, float("-inf")).to(dtype)
+
+
+def causal_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos: RelativePosition = None,
+    key_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Plain causal attention over positions 0 .. L-1 (``full``, or any window covering L).
+
+    Args:
+        q, k, v: (B, H, L, D), before xPos.
+        pos: as in :func:`windowed_attention`. A bias goes in chunks of queries, each against the keys up to
+            its last query, so at most ``BIAS_ELEMENTS`` attention entries exist per SDPA call.
+        key_padding_mask: (B, L) bool, True at padding, or None.
+
+    Returns:
+        (B, H, L, D) in q's dtype.
+    """
+    if not isinstance(pos, DistanceBias):
+        if pos is not None:
+            q, k = pos(q, k, q_start=0, k_start=0)
+        mask = causal_padding_mask(key_padding_mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+    bsz, heads, length, _ = q.shape
+    if key_padding_mask is not None and (not bool(key_padding_mask.any()) or is_right_padded(key_padding_mask)):
+        key_padding_mask = None  # causality alone hides trailing pads
+    chunk = max(1, BIAS_ELEMENTS // (bsz * heads * length))
+    outs = []
+    for start in range(0, length, chunk):
+        end = min(length, start + chunk)
+        bias = pos(start, end - start, 0, end, q.device)  # (H, T, end)
+        allowed = torch.ones(end - start, end, dtype=torch.bool, device=q.device).tril(start)  # key j <= query
+        if key_padding_mask is not None:
+            allowed = see_self(allowed[None, None] & ~key_padding_mask[:, None, None, :end], offset=start)
+        mask = biased_mask(bias, allowed, q.dtype)
+        outs.append(F.scaled_dot_product_attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end],
+                                                   attn_mask=mask, dropout_p=dropout_p))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def see_self(allowed: Tensor, offset: int = 0) -> Tensor:

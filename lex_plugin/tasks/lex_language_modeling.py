@@ -163,13 +163,20 @@ class LexLanguageModelingTask(LanguageModelingTask):
             The report: split, split_tokens, training_length, results (loss in bits, ppl, buckets).
 
         Raises:
-            ValueError: more than one model, or a window the model cannot take.
+            ValueError: more than one model, a length past the model's ``max_positions()`` (learned absolute
+                positions), or a window the model cannot take.
         """
         models = [ref() for ref in self._models if ref() is not None]
         if len(models) != 1:
             raise ValueError("--eval-lengths evaluates one model; pass a single --path.")
         model = models[0]
         decoder = model.decoder
+        too_long = [L for L in self.eval_lengths if L > model.max_positions()]
+        if too_long:
+            raise ValueError(
+                f"--eval-lengths {','.join(map(str, too_long))} exceed the model's max_positions() = {model.max_positions()} "
+                f"(a --pos-emb {getattr(decoder, 'pos_emb', '?')} model has no positions past it); drop those lengths."
+            )
         l = getattr(model, "training_length", None)
         split = getattr(self, "_gen_subset", None) or "test"
         stream = self.split_stream(split)
