@@ -98,3 +98,15 @@ def trained(data_bin, tmp_path_factory):
     )
     losses = [float(json.loads(m)["loss"]) for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
     return save_dir / "checkpoint_last.pt", losses
+
+
+@pytest.fixture(scope="session")
+def real_batches(data_bin):
+    """(N, 65) consecutive token windows of the real training split (BPE 1000), and its dictionary."""
+    from fairseq.data import data_utils
+
+    d = Dictionary.load(str(data_bin / "dict.txt"))
+    ds = data_utils.load_indexed_dataset(str(data_bin / "train"), d)
+    stream = torch.cat([ds[i].long() for i in range(len(ds))])
+    n = stream.numel() // 65
+    return stream[: n * 65].view(n, 65), d

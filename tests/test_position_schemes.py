@@ -277,18 +277,6 @@ def test_bad_scheme_options_are_rejected():
 
 # ---- real text ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def real_batches(data_bin):
-    """(32, 65) token windows of the real training split (BPE 1000), and its dictionary."""
-    from fairseq.data import Dictionary, data_utils
-
-    d = Dictionary.load(str(data_bin / "dict.txt"))
-    ds = data_utils.load_indexed_dataset(str(data_bin / "train"), d)
-    stream = torch.cat([ds[i].long() for i in range(len(ds))])
-    n = stream.numel() // 65
-    return stream[: n * 65].view(n, 65), d
-
-
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_short_training_on_real_text_lowers_the_loss(scheme, real_batches):
     windows, d = real_batches
