@@ -40,9 +40,10 @@ def pg_slice(tmp_path_factory) -> Path:
     return dst
 
 
-def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
-    """Run a command with this interpreter's scripts first on PATH; fail with its output on error."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command with this interpreter's scripts first on PATH (``env``: more variables); fail with
+    its output on error."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
     if proc.returncode != 0:

@@ -1,5 +1,6 @@
 """``LexDecoder``: TorchScale's ``Decoder`` (decoder-only) as a fairseq ``FairseqIncrementalDecoder``."""
 
+import hashlib
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -58,7 +59,8 @@ class LexDecoder(FairseqIncrementalDecoder):
 
     State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``embed_positions`` (learned),
     ``layernorm_embedding``, ``layers.N.*`` (see :class:`LexDecoderLayer`), ``position_bias.N.*``
-    (KERPLE, T5), ``layer_norm``, ``output_projection``.
+    (KERPLE, T5), ``layer_norm``, ``output_projection``; and ``dictionary_digest`` (16 uint8, the MD5 of
+    the dictionary's symbols: a checkpoint names the vocabulary its ids index).
     """
 
     def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding):
@@ -83,6 +85,8 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.attention_window = AttentionWindow()
         self.num_layers = len(self.layers)
         self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
+        # Which dictionary the token ids mean: saved with the weights, checked when a checkpoint is loaded.
+        self.register_buffer("dictionary_digest", dictionary_digest(dictionary))
 
         if config.share_decoder_input_output_embed:
             self.output_projection = nn.Linear(dim, embed_tokens.num_embeddings, bias=False)
@@ -199,6 +203,8 @@ class LexDecoder(FairseqIncrementalDecoder):
         prefix = f"{name}." if name else ""
         for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("self_attn.xpos.scale")]:
             del state_dict[key]
+        # checkpoints from before the digest (and TorchScale's) cannot be checked: take this dictionary's
+        state_dict.setdefault(prefix + "dictionary_digest", self.dictionary_digest.clone())
         if isinstance(self.embed_positions, LearnedPositions):
             return state_dict
         learned = [k for k in state_dict if k.startswith(prefix + "embed_positions.") and k.endswith("weight")]
@@ -210,6 +216,12 @@ class LexDecoder(FairseqIncrementalDecoder):
         for key in [k for k in state_dict if k.startswith(prefix + "embed_positions.")]:
             del state_dict[key]
         return state_dict
+
+
+def dictionary_digest(dictionary) -> Tensor:
+    """MD5 of a fairseq ``Dictionary``'s symbols in order, as a (16,) uint8 tensor."""
+    md5 = hashlib.md5("\n".join(dictionary.symbols).encode("utf-8")).digest()
+    return torch.tensor(list(md5), dtype=torch.uint8)
 
 
 def build_rotary(config: DecoderConfig, pos_emb: str) -> Optional[XPos]:

@@ -9,6 +9,7 @@ into ``store_true`` flags); the ``lex_lm_*`` presets are pre-LN, as TorchScale's
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
@@ -147,6 +148,24 @@ class LexLanguageModel(FairseqLanguageModel):
         from ..hub_interface import from_pretrained
 
         return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, window_size, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's loader, after checking that the checkpoint was trained with this model's dictionary.
+
+        Raises:
+            ValueError: the checkpoint's ``decoder.dictionary_digest`` differs from the data-bin's
+                dictionary (token ids would mean other words: silent garbage otherwise).
+        """
+        saved = state_dict.get("decoder.dictionary_digest")
+        mine = self.decoder.dictionary_digest
+        if saved is not None and not torch.equal(saved.to(mine.device), mine):
+            raise ValueError(
+                f"this checkpoint was trained with another dictionary than the data-bin's dict.txt "
+                f"({len(self.decoder.dictionary)} symbols here; digests {bytes(saved.tolist()).hex()[:12]} vs "
+                f"{bytes(mine.tolist()).hex()[:12]}): its token ids would index other words. Use the data-bin it "
+                "was trained on, or prepare the new corpus with that data-bin's spm.model and dict.txt."
+            )
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     @classmethod
     def build_model(cls, args, task):
