@@ -15,6 +15,7 @@ def main():
     """lex_plugin: LeX Transformer tools for fairseq (train and evaluate with fairseq-train /
     fairseq-eval-lm --user-dir "$(lex user-dir)")."""
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
 
 
 @main.command("prepare")
@@ -115,6 +116,110 @@ def generate_cmd(checkpoint, data, prompts, max_len, bca, bca_block_size, slidin
                 click.echo(f"{prompt} {text}")
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
+
+
+def _window_options(fn):
+    """--bca / --bca-block-size / --sliding-window, as in lex generate."""
+    fn = click.option("--sliding-window", type=click.IntRange(min=1), default=None, help="attend the W most recent positions")(fn)
+    fn = click.option("--bca-block-size", type=int, default=None, help="the length l that BCA halves (default: the checkpoint's)")(fn)
+    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2)")(fn)
+    return fn
+
+
+def _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window):
+    from .analysis.report import load_model
+
+    if bca and sliding_window:
+        raise click.ClickException("choose one of --bca and --sliding-window.")
+    mode, size = ("bca", bca_block_size) if bca else ("sliding", sliding_window) if sliding_window else ("full", None)
+    return load_model(checkpoint, data, mode, size)
+
+
+def _outputs(report, table, json_out, plot_out, plotter):
+    from .analysis.report import write_json
+
+    click.echo(table)
+    write_json(report, json_out)
+    if plot_out:
+        plotter(report, plot_out)
+    for label, path in (("JSON", json_out), ("plot", plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
+_CKPT = click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+                     help="checkpoint file")
+_DATA = click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
+_SPLIT = click.option("--split", default="test", show_default=True, help="split of the data-bin to read texts from")
+_JSON = click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the results as JSON")
+_PLOT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write a PNG")
+
+
+@main.command("resolution")
+@_CKPT
+@_DATA
+@click.option("--lengths", default="1024,2048", show_default=True, help="comma-separated text lengths")
+@click.option("--texts", type=click.IntRange(min=1), default=8, show_default=True, help="texts per length")
+@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
+@_SPLIT
+@_window_options
+@_JSON
+@_PLOT
+def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, bca_block_size, sliding_window, json_out, plot_out):
+    """Attention resolution (LeX paper Eq. 4, Table 3): s[n] from the pre-softmax logits of each layer,
+    averaged over texts and heads; R(s) per layer and averaged over layers."""
+    from .analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
+
+    try:
+        parts = [x.strip() for x in lengths.split(",") if x.strip()]
+        sizes = [int(x) for x in parts if x.isdigit()]
+        if not parts or len(sizes) != len(parts) or min(sizes) < 2:
+            raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
+        model, dictionary = _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window)
+        report = resolution_report(model, split_stream(data, split, dictionary), sizes, texts, batch_size)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    _outputs(report, format_resolution(report), json_out, plot_out, plot_resolution)
+
+
+@main.command("decay-curve")
+@click.option("--head-dim", type=int, default=64, show_default=True)
+@click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=0.4, show_default=True)
+@click.option("--scale-base", type=click.FloatRange(min=0, min_open=True), default=512.0, show_default=True)
+@click.option("--max-distance", type=click.IntRange(min=1), default=8192, show_default=True)
+@_JSON
+@_PLOT
+def decay_curve_cmd(head_dim, gamma, scale_base, max_distance, json_out, plot_out):
+    """The expectation g[n] of the logit by distance (LeX Eq. 10, Figure 2) for RoPE and xPos, with R(g)."""
+    from .analysis.report import decay_curve_report, format_decay_curve, plot_decay_curve
+
+    try:
+        report = decay_curve_report(head_dim, gamma, scale_base, max_distance)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    _outputs(report, format_decay_curve(report), json_out, plot_out, plot_decay_curve)
+
+
+@main.command("receptive-field")
+@_CKPT
+@_DATA
+@click.option("--length", type=click.IntRange(min=2), default=2048, show_default=True, help="inputs per text")
+@click.option("--segments", type=click.IntRange(min=1), default=8, show_default=True, help="texts averaged")
+@_SPLIT
+@_window_options
+@_JSON
+@_PLOT
+def receptive_field_cmd(checkpoint, data, length, segments, split, bca, bca_block_size, sliding_window, json_out, plot_out):
+    """Receptive field (Chi et al., section 5.1): cumulative normalized gradient of the last token's loss
+    with respect to the input embeddings, ERF = min{m : c_m > 0.99}, and the window's theoretical bound."""
+    from .analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
+
+    try:
+        model, dictionary = _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window)
+        report = receptive_field_report(model, split_stream(data, split, dictionary), length, segments)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    _outputs(report, format_receptive_field(report), json_out, plot_out, plot_receptive_field)
 
 
 @main.command("user-dir")

@@ -1,0 +1,110 @@
+"""Attention resolution (LeX paper, section 2 and Table 3) and the xPos / RoPE expectation curve (Figure 2).
+
+* ``attention_resolution(s)``: R(s) of Eq. 4 for an expected score s[n] by distance n = 0 .. N,
+
+      R(s) = sum_{i=0}^{N-1} e^{s[i]} (e^{s[i]} - e^{s[i+1]}) / (sum_{i=0}^{N} e^{s[i]})^2,
+
+  which is 1 for a score that puts all weight on distance 0, 0 for a flat one, and negative where s rises
+  with distance. Invariant to adding a constant to s (computed after subtracting max s, in float64).
+* ``expectation_curve``: g_zeta[n] = sum_i cos(n theta_i) zeta_i^(n/B) of Eq. 10, the logit at distance n
+  of q = k = (1, 0, 1, 0, ...): xPos with zeta_i of Eq. 12, RoPE with zeta = 1.
+* ``score_by_distance``: the estimate of s[n] from a model's pre-softmax logits a_ij = q_i . k_j / sqrt(d)
+  (+ the position bias) of Eq. 5: the mean of a_{i, i-n} over every visible (query, key) pair at distance n,
+  over texts and heads, one curve per layer. Under BCA or a sliding window only visible pairs count,
+  with window-local positions, so any length works; logits are formed per chunk of queries.
+"""
+
+import math
+from typing import List
+
+import torch
+from torch import Tensor
+
+from ..modules.windowed_attention import AttentionWindow, relative_terms
+from ..modules.xpos import rope_theta, xpos_zeta
+
+__all__ = ["attention_resolution", "expectation_curve", "score_by_distance"]
+
+CHUNK_ELEMENTS = 2**24  # logits per chunk of queries
+
+
+def attention_resolution(s) -> float:
+    """R(s) (LeX Eq. 4) of a 1-D score by distance (sequence or tensor of N + 1 >= 2 floats).
+
+    Raises:
+        ValueError: fewer than 2 distances, or a non-finite score.
+    """
+    s = torch.as_tensor(s, dtype=torch.float64).flatten()
+    if s.numel() < 2:
+        raise ValueError(f"attention resolution needs scores at >= 2 distances, got {s.numel()}.")
+    if not torch.isfinite(s).all():
+        raise ValueError("attention resolution needs finite scores; drop distances nothing was measured at.")
+    e = torch.exp(s - s.max())
+    return float((e[:-1] * (e[:-1] - e[1:])).sum() / e.sum() ** 2)
+
+
+def expectation_curve(head_dim: int, max_distance: int, gamma: float = 0.4, scale_base: float = 512.0,
+                      rope: bool = False) -> Tensor:
+    """g[n] for n = 0 .. max_distance (Eq. 10), float64, shape (max_distance + 1,).
+
+    Raises:
+        ValueError: odd head_dim or a negative distance.
+    """
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"--head-dim must be positive and even, got {head_dim}.")
+    if max_distance < 0:
+        raise ValueError(f"--max-distance must be >= 0, got {max_distance}.")
+    n = torch.arange(max_distance + 1, dtype=torch.float64)[:, None]
+    curve = torch.cos(n * rope_theta(head_dim)[None, :])
+    if not rope:
+        curve = curve * xpos_zeta(head_dim, gamma)[None, :] ** (n / scale_base)
+    return curve.sum(-1)
+
+
+@torch.no_grad()
+def score_by_distance(model, tokens: Tensor):
+    """Sum and count of pre-softmax logits by distance, per layer and head, for one batch of texts.
+
+    Args:
+        model: a lex_lm model (eval mode), under the attention window set on its decoder (full, BCA,
+            sliding): the forward that feeds each layer and the pairs counted both follow it.
+        tokens: (B, L) int64 token ids (no padding).
+
+    Returns:
+        (sums, counts): sums (layers, H, L) float64 of a_{i, i-n} over texts and queries; counts (L,) int64,
+        the number of visible pairs at each distance over the batch.
+    """
+    decoder = model.decoder
+    window: AttentionWindow = decoder.attention_window
+    inputs: List[Tensor] = []
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+             for layer in decoder.layers]
+    try:
+        decoder(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    bsz, length = tokens.shape
+    heads = decoder.layers[0].self_attn.num_heads
+    sums = torch.zeros(len(decoder.layers), heads, length, dtype=torch.float64)
+    counts = torch.zeros(length, dtype=torch.float64)
+    chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
+    for index, (layer, x) in enumerate(zip(decoder.layers, inputs)):
+        attn = layer.self_attn
+        q, k = attn._heads(attn.q_proj(x)), attn._heads(attn.k_proj(x))
+        pos = decoder.relative_position(index)
+        for start in range(0, length, chunk):
+            end = min(length, start + chunk)
+            first = int(window.first_key(start))
+            qc, kc, bias = relative_terms(pos, q[:, :, start:end], k[:, :, first:end], start - first, 0)
+            logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # (B, H, T, S)
+            if bias is not None:
+                logits = logits + bias
+            query = torch.arange(start, end)[:, None]
+            key = torch.arange(first, end)[None, :]
+            visible = (key <= query) & (key >= window.first_key(query))
+            distance = (query - key)[visible]  # (K,)
+            sums[index].index_add_(1, distance, logits[:, :, visible].double().sum(0))
+            if index == 0:
+                counts.index_add_(0, distance, torch.full_like(distance, bsz, dtype=torch.float64))
+    return sums, counts.long()

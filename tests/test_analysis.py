@@ -1,0 +1,165 @@
+"""Attention resolution, the expectation curve and the receptive field: hand-computed values, recovery of a
+known bias, and the window bounds on real text."""
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, build_lex_model, random_tokens, run_cli
+from lex_plugin.analysis import (attention_resolution, cumulative_gradient, effective_receptive_field,
+                                 expectation_curve, score_by_distance, theoretical_receptive_field)
+from lex_plugin.analysis.report import load_model, split_stream
+from lex_plugin.modules.position_bias import alibi_slopes
+from lex_plugin.modules.windowed_attention import AttentionWindow
+
+SCHEMES = ["xpos", "rope", "alibi", "sandwich", "kerple_log", "t5", "sinusoidal", "learned", "none"]
+
+
+# ---- R(s), Eq. 4 ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "exp_s,expected",
+    [
+        ([4.0, 2.0, 1.0], (4 * 2 + 2 * 1) / 7**2),  # monotone: sum e_i (e_i - e_i+1) / (sum e)^2
+        ([3.0] * 6, 0.0),  # flat: no resolution
+        ([1.0, 3.0, 1.0, 3.0], (1 * -2 + 3 * 2 + 1 * -2) / 8**2),  # oscillating
+        ([1.0, 1e-30], 1.0),  # everything on distance 0
+    ],
+    ids=["monotone", "flat", "oscillating", "spike"],
+)
+def test_resolution_equals_hand_computed_values(exp_s, expected):
+    s = [math.log(v) for v in exp_s]
+    assert attention_resolution(s) == pytest.approx(expected, abs=1e-12)
+    assert attention_resolution([v + 17.0 for v in s]) == pytest.approx(expected, abs=1e-12)  # shift-invariant
+
+
+def test_resolution_rejects_what_it_cannot_measure():
+    with pytest.raises(ValueError, match=">= 2 distances"):
+        attention_resolution([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        attention_resolution([0.0, float("nan")])
+
+
+def test_expectation_curve_is_eq10_and_xpos_resolves_better_than_rope():
+    g = expectation_curve(64, 4096, rope=False)
+    r = expectation_curve(64, 4096, rope=True)
+    i = torch.arange(32, dtype=torch.float64)
+    n = 1000.0
+    by_hand = sum(math.cos(n * 10000 ** (-2 * k / 64)) * ((2 * k / 64 + 0.4) / 1.4) ** (n / 512) for k in i.tolist())
+    assert g[1000].item() == pytest.approx(by_hand, rel=1e-12)
+    assert g[0] == r[0] == 32
+    assert attention_resolution(g) > attention_resolution(r)  # LeX section 3.1: xPos raises R
+
+
+# ---- the estimator of s[n] ------------------------------------------------------------------------------
+
+def zero_queries(model):
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn.q_proj.weight.zero_()
+            layer.self_attn.q_proj.bias.zero_()
+    return model
+
+
+@pytest.mark.parametrize("window", [AttentionWindow(), AttentionWindow.bca(32), AttentionWindow("sliding", 24)], ids=str)
+def test_estimator_recovers_a_known_bias(window):
+    """With q = 0 the logits are the ALiBi bias alone: the estimate must be -mean_h(m_h) n exactly, at every
+    visible distance (BCA: < l; sliding: < W), in every layer."""
+    model = zero_queries(build_lex_model(tokens_per_sample=32, pos_emb="alibi"))
+    model.decoder.set_attention_window(window)
+    tokens = random_tokens(model.decoder.dictionary, 3, 150)
+    sums, counts = score_by_distance(model, tokens)
+    reach = {"full": 150, "bca": 32, "sliding": 24}[window.mode]
+    assert (counts[:reach] > 0).all() and (counts[reach:] == 0).all()
+    s = sums[:, :, :reach] / counts[:reach]  # (layers, H, D)
+    slopes = torch.tensor(alibi_slopes(4), dtype=torch.float64)
+    expected = -slopes[:, None] * torch.arange(reach, dtype=torch.float64)
+    assert torch.allclose(s, expected.expand_as(s), atol=1e-4)
+    # counts: 3 texts x the number of visible query positions at each distance
+    mask = torch.ones(150, 150, dtype=torch.bool).tril() & (torch.arange(150)[None, :] >= window.first_key(torch.arange(150))[:, None])
+    by_distance = torch.bincount((torch.arange(150)[:, None] - torch.arange(150)[None, :])[mask], minlength=150)
+    assert torch.equal(counts, 3 * by_distance)
+
+
+def test_estimator_recovers_a_known_bias_with_content_noise():
+    """Random content logits average out: KERPLE's -r1 log(1 + r2 n) is recovered up to a constant."""
+    model = build_lex_model(tokens_per_sample=32, pos_emb="kerple_log", decoder_layers=1)
+    with torch.no_grad():
+        bias = model.decoder.position_bias[0]
+        bias.r1.fill_(2.0)
+        bias.r2.fill_(0.5)
+        attn = model.decoder.layers[0].self_attn
+        attn.q_proj.weight.mul_(0.05)  # small content term
+    tokens = random_tokens(model.decoder.dictionary, 8, 200, seed=3)
+    sums, counts = score_by_distance(model, tokens)
+    s = (sums[0].mean(0) / counts)[:64]
+    expected = -2.0 * torch.log1p(0.5 * torch.arange(64, dtype=torch.float64))
+    assert torch.allclose(s - s[0], expected - expected[0], atol=0.05)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_analysis_runs_for_every_scheme(scheme):
+    model = build_lex_model(tokens_per_sample=32, pos_emb=scheme, decoder_layers=2)
+    model.decoder.set_attention_window(AttentionWindow.bca(32))
+    tokens = random_tokens(model.decoder.dictionary, 2, 32 if scheme == "learned" else 80)
+    sums, counts = score_by_distance(model, tokens)
+    assert torch.isfinite(sums).all() and counts.sum() > 0
+    curve = cumulative_gradient(model, tokens[0])
+    assert curve["c"][-1].item() == pytest.approx(1.0) and (curve["s"] >= 0).all()
+
+
+# ---- receptive field on real text -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_model(trained, data_bin):
+    ckpt, _ = trained
+    model, dictionary = load_model(ckpt, data_bin)
+    return model, split_stream(data_bin, "test", dictionary)
+
+
+@pytest.mark.parametrize("window", [AttentionWindow("sliding", 16), AttentionWindow.bca(64)], ids=str)
+def test_erf_is_within_the_window_bound_on_real_text(real_model, window):
+    """Chi et al.: a model of R layers whose queries reach W - 1 back (BCA: l - 1) has a receptive field of at
+    most R (W - 1): the gradient is exactly zero farther away, so c reaches 1 there and ERF <= the bound."""
+    model, stream = real_model
+    model.decoder.set_attention_window(window)
+    try:
+        bound = theoretical_receptive_field(window, model.decoder.num_layers, 400)
+        assert bound == (4 * 15 if window.mode == "sliding" else 4 * 63)
+        for i in range(2):
+            curve = cumulative_gradient(model, stream[i * 401:(i + 1) * 401])
+            assert (curve["s"][bound + 1:] == 0).all() and (curve["s"][: bound + 1] > 0).any()
+            erf = effective_receptive_field(curve["c"])
+            assert erf <= bound <= window.size * model.decoder.num_layers * (2 if window.mode == "bca" else 1)
+    finally:
+        model.decoder.set_attention_window(AttentionWindow())
+    # full attention reaches past that bound on the same text
+    full = cumulative_gradient(model, stream[:401])
+    assert (full["s"][300:] > 0).any()
+
+
+def test_analysis_commands_end_to_end(trained, data_bin, tmp_path):
+    ckpt, _ = trained
+    lex = [sys.executable, "-m", "lex_plugin.cli"]
+    res = run_cli([*lex, "resolution", "--path", str(ckpt), str(data_bin), "--lengths", "64,128", "--texts", "4", "--bca",
+                   "--json", str(tmp_path / "res.json"), "--plot", str(tmp_path / "res.png")])
+    assert "| 128 | bca(32) | 4 |" in res.stdout
+    report = json.loads((tmp_path / "res.json").read_text())
+    assert set(report["lengths"]) == {"64", "128"} and len(report["lengths"]["128"]["R_layers"]) == 4
+    assert len(report["lengths"]["128"]["s"][0]) == 64  # BCA: distances 0 .. l - 1 only
+    rf = run_cli([*lex, "receptive-field", "--path", str(ckpt), str(data_bin), "--length", "256", "--segments", "2",
+                  "--sliding-window", "16", "--json", str(tmp_path / "rf.json"), "--plot", str(tmp_path / "rf.png")])
+    assert "| sliding(16) | 256 | 2 |" in rf.stdout
+    assert json.loads((tmp_path / "rf.json").read_text())["erf"] <= 60
+    dc = run_cli([*lex, "decay-curve", "--head-dim", "32", "--max-distance", "2048", "--plot", str(tmp_path / "dc.png")])
+    assert "| xpos |" in dc.stdout and "| rope |" in dc.stdout
+    for png in ("res.png", "rf.png", "dc.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import subprocess
+
+    bad = subprocess.run([*lex, "resolution", "--path", str(ckpt), str(data_bin), "--lengths", "64,x"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode != 0 and "--lengths takes integers" in bad.stderr
