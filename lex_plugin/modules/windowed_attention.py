@@ -193,9 +193,11 @@ def windowed_attention(
         kpm_w = key_padding_mask.unfold(1, 2 * c, c)  # (B, n-1, 2c)
     group = max(1, GROUP_TOKENS // c)
     outs = [out0]
-    bias = None  # (H, 1, c, 2c), the same for every window
+    bias = shared_mask = None  # the bias is (H, 1, c, 2c), the same for every window
     if isinstance(pos, DistanceBias):
         bias = pos(c, c, 0, 2 * c, q.device)[:, None]
+        if kpm_w is None:
+            shared_mask = biased_mask(bias, _block_mask(window, c, q.device), q.dtype)
     for g in range(0, n - 1, group):
         sl = slice(g, g + group)
         qg, kg = qw[:, :, sl], kw[:, :, sl]
@@ -209,6 +211,8 @@ def windowed_attention(
                 qg.reshape(*shape, c, dim), kg.reshape(*shape, 2 * c, dim), vg.reshape(*shape, 2 * c, dim),
                 attn_mask=causal_lower_right(c, 2 * c), dropout_p=dropout_p,
             ).view(bsz, heads, -1, c, dim)
+        elif shared_mask is not None:
+            out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=shared_mask, dropout_p=dropout_p)
         else:
             mask = _block_mask(window, c, q.device)  # (c, 2c), the same for every window
             if kpm_w is not None:

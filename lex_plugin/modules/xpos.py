@@ -32,7 +32,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["XPos", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
+__all__ = ["XPos", "apply_rotary_complex", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
 
 # The scale centre is rounded to this many positions: exact in the logits (only n - m matters), and the
 # exponent bound grows by at most CENTER_STEP / (2B).
@@ -65,6 +65,25 @@ def apply_rotary_scaled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
     return out.flatten(-2).to(x.dtype)
+
+
+def apply_rotary_complex(x: Tensor, rotation: Tensor) -> Tensor:
+    """``apply_rotary_scaled`` as one complex multiplication: pair (x0, x1) is x0 + i x1, times
+    cos + i sin. The same arithmetic (two products and a sum per output) in one kernel instead of six,
+    without the stacked copy, forward and backward.
+
+    Args:
+        x: (..., L, d) any float dtype.
+        rotation: (L, d/2) complex64, cos + i sin (already scaled).
+
+    Returns:
+        (..., L, d) in ``x.dtype``, computed in fp32.
+    """
+    xf = x.float()
+    if xf.stride(-1) != 1 or xf.storage_offset() % 2 or any(st % 2 for st in xf.stride()[:-1]):
+        xf = xf.contiguous()  # view_as_complex needs each pair adjacent and aligned in memory
+    z = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(z * rotation).flatten(-2).to(x.dtype)
 
 
 class XPos(nn.Module):
@@ -135,6 +154,15 @@ class XPos(nn.Module):
         for keys. One table per (center, downscale, device) covers positions 0 .. cap - 1 and is sliced;
         it grows geometrically, so a generation step reuses it instead of rebuilding N positions.
         """
+        cos, sin, _ = self._entry(start, length, center, downscale, device)
+        return cos[start : start + length], sin[start : start + length]
+
+    def complex_table(self, start: int, length: int, center: int, downscale: bool, device) -> Tensor:
+        """The same tables as one (length, d/2) complex64 tensor, cos + i sin (``apply_rotary_complex``)."""
+        return self._entry(start, length, center, downscale, device)[2][start : start + length]
+
+    def _entry(self, start: int, length: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor, Tensor]:
+        """The cached (cos, sin, cos + i sin) tables covering positions 0 .. >= start + length - 1."""
         if start < 0:
             raise ValueError(f"xPos positions start at 0, got start={start}")
         end = start + length
@@ -147,9 +175,9 @@ class XPos(nn.Module):
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
-        return hit[0][start:end], hit[1][start:end]
+        return hit
 
-    def _build(self, cap: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor]:
+    def _build(self, cap: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor, Tensor]:
         work = torch.device("cpu") if torch.device(device).type == "mps" else device
         n = torch.arange(cap, dtype=torch.float64, device=work)
         angle = n[:, None] * self._theta.to(work)[None, :]
@@ -160,7 +188,8 @@ class XPos(nn.Module):
                 exponent = -exponent
             scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
             cos, sin = cos * scale, sin * scale
-        return cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32)
+        cos, sin = cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32)
+        return cos, sin, torch.complex(cos, sin)
 
     def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, downscale: bool = False) -> Tensor:
         """Apply xPos to one tensor.
@@ -177,8 +206,7 @@ class XPos(nn.Module):
         length = x.size(-2)
         if center is None:
             center = start + length // 2
-        cos, sin = self.tables(start, length, center, downscale, x.device)
-        return apply_rotary_scaled(x, cos, sin)
+        return apply_rotary_complex(x, self.complex_table(start, length, center, downscale, x.device))
 
     def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
         """xPos on the queries and keys of one attention call.
