@@ -213,6 +213,19 @@ def test_full_attention_bias_is_never_length_squared(monkeypatch):
         assert max(sizes) == 128 * 256
 
 
+def test_bias_cache_keeps_small_blocks_only():
+    """A BCA-sized block is cached and reused (the same tensor, for every layer and window); a long-range
+    chunk of full attention is not kept, so memory held between calls stays bounded at any length."""
+    module = sys.modules["lex_plugin.modules.position_bias"]
+    bias = ALiBi(4)
+    small = bias(128, 128, 0, 256, "cpu")
+    assert bias(128, 128, 0, 256, "cpu") is small and len(bias._cache) == 1
+    rows = module.CACHE_ELEMENTS // (4 * 1024) + 1  # just over the bound
+    large = bias(1024, rows, 0, 1024 + rows, "cpu")
+    assert large.numel() > module.CACHE_ELEMENTS and len(bias._cache) == 1
+    assert torch.equal(large[:, 0, :2], torch.tensor(alibi_slopes(4))[:, None] * torch.tensor([-1024.0, -1023.0]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["alibi", "sandwich"])
 def test_bias_under_bca_is_finite_at_64k_in_half_precision(kind, dtype):

@@ -36,6 +36,11 @@ from torchscale.component.relative_position_bias import RelativePositionBias
 
 __all__ = ["ALiBi", "DistanceBias", "KerpleLog", "Sandwich", "T5Bias", "alibi_slopes"]
 
+# Block biases up to this many entries (16 MB in fp32) are cached. Larger ones come from chunked full
+# attention at long lengths: each chunk is asked for once per layer, in order, so an LRU cache of a few
+# would hold hundreds of MB and never hit; gathering them again is cheap next to the attention itself.
+CACHE_ELEMENTS = 2**22
+
 
 class DistanceBias(nn.Module):
     """Base of the additive relative biases: subclasses define ``distance_bias`` (one value per head and
@@ -43,8 +48,9 @@ class DistanceBias(nn.Module):
 
     Args:
         num_heads: H.
-        cache_size: parameter-free schemes keep this many recent block biases (every layer of a forward
-            pass and every window of BCA asks for the same ones); learnable schemes never cache.
+        cache_size: parameter-free schemes keep this many recent block biases of at most
+            ``CACHE_ELEMENTS`` entries (every layer of a forward pass and every window of BCA asks for the
+            same ones); learnable schemes never cache.
     """
 
     learnable = False
@@ -83,7 +89,7 @@ class DistanceBias(nn.Module):
         high = max(0, q_start + q_len - 1 - k_start)  # largest
         table = self.distance_bias(torch.arange(low, high + 1, device=device))  # (H, D)
         bias = table[:, (rel - low).clamp_(min=0)]
-        if not self.learnable:
+        if not self.learnable and bias.numel() <= CACHE_ELEMENTS:
             self._cache[key] = bias
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
