@@ -9,7 +9,7 @@ Finally it writes the tables (LeX Tables 2-5 in shape), the claims check, a ppl-
 a JSON of everything to WORK.
 
     python scripts/reproduce.py                                # ~1.5 h on 2 CPU cores, see RESULTS.md
-    python scripts/reproduce.py --work work/repro --max-update 500   # more tokens, ~2.5 h
+    python scripts/reproduce.py --work work/repro --max-update 500   # more tokens, ~2 h 20 min (est.)
     nohup python scripts/reproduce.py > repro.log 2>&1 &      # background; tail -f WORK/runs/*/train.log
 
 Every step leaves a stamp (a finished checkpoint, a JSON report); re-running skips what is done and
