@@ -13,7 +13,7 @@ from torchscale.component.relative_position_bias import RelativePositionBias
 from conftest import build_lex_model, random_tokens
 from lex_plugin.modules.absolute_positions import LearnedPositions, SinusoidalPositions
 from lex_plugin.modules.attention import LexSelfAttention
-from lex_plugin.modules.position_bias import ALiBi, KerpleLog, Sandwich, T5Bias, alibi_slopes
+from lex_plugin.modules.position_bias import CACHE_ELEMENTS, ALiBi, KerpleLog, Sandwich, T5Bias, alibi_slopes
 from lex_plugin.modules.windowed_attention import AttentionWindow, window_mask, windowed_attention
 
 SCHEMES = ["xpos", "rope", "alibi", "sandwich", "kerple_log", "t5", "sinusoidal", "learned", "none"]
@@ -216,13 +216,12 @@ def test_full_attention_bias_is_never_length_squared(monkeypatch):
 def test_bias_cache_keeps_small_blocks_only():
     """A BCA-sized block is cached and reused (the same tensor, for every layer and window); a long-range
     chunk of full attention is not kept, so memory held between calls stays bounded at any length."""
-    module = sys.modules["lex_plugin.modules.position_bias"]
     bias = ALiBi(4)
     small = bias(128, 128, 0, 256, "cpu")
     assert bias(128, 128, 0, 256, "cpu") is small and len(bias._cache) == 1
-    rows = module.CACHE_ELEMENTS // (4 * 1024) + 1  # just over the bound
+    rows = CACHE_ELEMENTS // (4 * 1024) + 1  # just over the bound
     large = bias(1024, rows, 0, 1024 + rows, "cpu")
-    assert large.numel() > module.CACHE_ELEMENTS and len(bias._cache) == 1
+    assert large.numel() > CACHE_ELEMENTS and len(bias._cache) == 1
     assert torch.equal(large[:, 0, :2], torch.tensor(alibi_slopes(4))[:, None] * torch.tensor([-1024.0, -1023.0]))
 
 
