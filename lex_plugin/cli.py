@@ -8,6 +8,18 @@ from pathlib import Path
 import click
 
 from .data.prepare import PrepareConfig, PrepareError, prepare
+from .modules.attention.window import selected_mode
+from .modules.positions.xpos import GAMMA, SCALE_BASE
+
+
+def _window_options(fn):
+    """--bca / --sliding-window W|l / --training-length l: the task's window flags, for every command."""
+    fn = click.option("--training-length", type=click.IntRange(min=1), default=None,
+                      help="the training length l that BCA halves and --sliding-window l means (default: the checkpoint's)")(fn)
+    fn = click.option("--sliding-window", default=None, metavar="W|l",
+                      help="attend the W most recent positions (an integer, or l: the training length)")(fn)
+    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")(fn)
+    return fn
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,25 +98,22 @@ def plot_cmd(reports, out, labels, protocol, title):
               help="the data-bin made by lex prepare (dictionary, BPE model)")
 @click.option("--prompt", "prompts", multiple=True, required=True, help="text to continue (repeat for several)")
 @click.option("--max-len", type=click.IntRange(min=1), default=50, show_default=True, help="tokens to generate")
-@click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")
-@click.option("--bca-block-size", type=int, default=None, help="the length l that BCA halves (default: the checkpoint's)")
-@click.option("--sliding-window", type=click.IntRange(min=1), default=None, help="attend the W most recent positions")
+@_window_options
 @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, help="0: greedy")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--beam", type=click.IntRange(min=1), default=1, show_default=True,
               help="> 1: fairseq's beam search (the prompt is then fed one token per step)")
 @click.option("--seed", type=int, default=None)
-def generate_cmd(checkpoint, data, prompts, max_len, bca, bca_block_size, sliding_window, temperature, top_k, top_p, beam, seed):
+def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, training_length, temperature, top_k, top_p,
+                 beam, seed):
     """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
     beam search)."""
     from .hub_interface import from_pretrained
 
-    if bca and sliding_window:
-        raise click.ClickException("choose one of --bca and --sliding-window.")
-    mode, size = ("bca", bca_block_size) if bca else ("sliding", sliding_window) if sliding_window else ("full", None)
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window=mode, window_size=size)
+        mode = selected_mode(bca, sliding_window)
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, mode, sliding_window, training_length)
         for prompt in prompts:
             if beam > 1:  # fairseq's length limits count the prompt too
                 prompt_len = len(hub.encode(prompt))
@@ -118,21 +127,10 @@ def generate_cmd(checkpoint, data, prompts, max_len, bca, bca_block_size, slidin
         raise click.ClickException(str(err)) from None
 
 
-def _window_options(fn):
-    """--bca / --bca-block-size / --sliding-window, as in lex generate."""
-    fn = click.option("--sliding-window", type=click.IntRange(min=1), default=None, help="attend the W most recent positions")(fn)
-    fn = click.option("--bca-block-size", type=int, default=None, help="the length l that BCA halves (default: the checkpoint's)")(fn)
-    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2)")(fn)
-    return fn
-
-
-def _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window):
+def _analysis_model(checkpoint, data, bca, sliding_window, training_length):
     from .analysis.report import load_model
 
-    if bca and sliding_window:
-        raise click.ClickException("choose one of --bca and --sliding-window.")
-    mode, size = ("bca", bca_block_size) if bca else ("sliding", sliding_window) if sliding_window else ("full", None)
-    return load_model(checkpoint, data, mode, size)
+    return load_model(checkpoint, data, selected_mode(bca, sliding_window), sliding_window, training_length)
 
 
 def _outputs(report, table, json_out, plot_out, plotter):
@@ -165,7 +163,7 @@ _PLOT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_
 @_window_options
 @_JSON
 @_PLOT
-def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, bca_block_size, sliding_window, json_out, plot_out):
+def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sliding_window, training_length, json_out, plot_out):
     """Attention resolution (LeX paper Eq. 4, Table 3): s[n] from the pre-softmax logits of each layer,
     averaged over texts and heads; R(s) per layer and averaged over layers."""
     from .analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
@@ -175,7 +173,7 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, bca
         sizes = [int(x) for x in parts if x.isdigit()]
         if not parts or len(sizes) != len(parts) or min(sizes) < 2:
             raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
-        model, dictionary = _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window)
+        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length)
         report = resolution_report(model, split_stream(data, split, dictionary), sizes, texts, batch_size)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -184,8 +182,8 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, bca
 
 @main.command("decay-curve")
 @click.option("--head-dim", type=int, default=64, show_default=True)
-@click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=0.4, show_default=True)
-@click.option("--scale-base", type=click.FloatRange(min=0, min_open=True), default=512.0, show_default=True)
+@click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=GAMMA, show_default=True)
+@click.option("--scale-base", type=click.FloatRange(min=0, min_open=True), default=SCALE_BASE, show_default=True)
 @click.option("--max-distance", type=click.IntRange(min=1), default=8192, show_default=True)
 @_JSON
 @_PLOT
@@ -209,13 +207,13 @@ def decay_curve_cmd(head_dim, gamma, scale_base, max_distance, json_out, plot_ou
 @_window_options
 @_JSON
 @_PLOT
-def receptive_field_cmd(checkpoint, data, length, segments, split, bca, bca_block_size, sliding_window, json_out, plot_out):
+def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_window, training_length, json_out, plot_out):
     """Receptive field (Chi et al., section 5.1): cumulative normalized gradient of the last token's loss
     with respect to the input embeddings, ERF = min{m : c_m > 0.99}, and the window's theoretical bound."""
     from .analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
 
     try:
-        model, dictionary = _analysis_model(checkpoint, data, bca, bca_block_size, sliding_window)
+        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length)
         report = receptive_field_report(model, split_stream(data, split, dictionary), length, segments)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None

@@ -24,7 +24,7 @@ from fairseq.hub_utils import GeneratorHubInterface
 from torch import Tensor
 
 from .data.prepare import BPE_MODEL, META_FILE
-from .modules.windowed_attention import AttentionWindow
+from .modules.attention.window import AttentionWindow, window_from_options
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +53,15 @@ class LexHubInterface(GeneratorHubInterface):
         """tokens_per_sample the checkpoint was trained with, or None."""
         return getattr(self.models[0], "training_length", None)
 
-    def set_window(self, mode: str = "full", size: Optional[int] = None) -> AttentionWindow:
-        """Attend with ``mode`` (``full``, ``bca``, ``sliding``) in every model; returns the window."""
-        window = AttentionWindow.for_model(mode, self.training_length, size)
+    @property
+    def window(self) -> AttentionWindow:
+        """The attention window every model uses when called without one (sample, score, continue_text)."""
+        return self.models[0].decoder.default_window
+
+    @window.setter
+    def window(self, window: AttentionWindow) -> None:
         for model in self.models:
-            model.decoder.set_attention_window(window)
-        return window
+            model.decoder.default_window = window
 
     def encode(self, sentence: str) -> torch.LongTensor:
         """Text -> token ids (ending with ``</s>``), as the corpus was prepared.
@@ -139,7 +142,8 @@ def from_pretrained(
     checkpoint_file: str = "checkpoint_best.pt",
     data_name_or_path: Union[str, Path] = ".",
     window: str = "full",
-    window_size: Optional[int] = None,
+    sliding_window: Optional[Union[int, str]] = None,
+    training_length: Optional[int] = None,
     **kwargs,
 ) -> LexHubInterface:
     """Load a LeX checkpoint for generation and scoring.
@@ -149,7 +153,8 @@ def from_pretrained(
         checkpoint_file: file name inside it.
         data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
-        window: ``full``, ``bca`` or ``sliding``; ``window_size`` overrides the training length.
+        window: ``full``, ``bca`` or ``sliding``; ``sliding_window``: W (an integer or ``l``, default l);
+            ``training_length``: l instead of the checkpoint's (``window_from_options``).
         kwargs: further fairseq overrides.
 
     Raises:
@@ -177,5 +182,5 @@ def from_pretrained(
         str(model_dir), checkpoint_file, str(data.resolve()), **overrides
     )
     hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
-    hub.set_window(window, window_size)
+    hub.window = window_from_options(window, sliding_window, training_length, hub.training_length)
     return hub

@@ -4,57 +4,27 @@ TorchScale-style reference (bmm + softmax with an L x L mask, ``torchscale.compo
 the same lex_lm weights throughout, one run.
 
     python scripts/bench_attention.py [--lengths 1024,...,32768] [--training-length 1024] [--arch lex_lm_tiny]
+    python scripts/bench_attention.py --baseline ../lex-before   # old / new / new/old columns
 
 Every (mode, L) runs in a fresh process: tokens/s of a batch-1 forward to the final hidden states (the
 output projection and its L x V logits cost the same in every mode and are left out) (best of the repeats after a warm-up)
 and the process's peak resident memory above its state just before the forward. The reference is skipped
-where its L x L attention weights alone would exceed --reference-limit-gb. Results are recorded in
-examples/lex_lm/BENCHMARKS.md.
+where its L x L attention weights alone would exceed --reference-limit-gb. With --baseline PATH, every
+(mode, L) is also measured by PATH's own copy of this script (its lex_plugin), right after this one's.
+Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lex_plugin.evaluation import benchmark  # noqa: E402
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def run_isolated(script: str, args) -> dict:
-    """Run ``script --one ...`` in a fresh Python process (clean peak memory); its last stdout line is JSON.
-    Returns {"skipped": reason} if it failed."""
-    proc = subprocess.run([sys.executable, script, "--one", *map(str, args)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"skipped": f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def build(arch: str, training_length: int):
-    import torch
-    from fairseq.data import Dictionary
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    import lex_plugin  # noqa: F401
-    from lex_plugin.models.lex_lm import LexLanguageModel
-
-    d = Dictionary()
-    for i in range(8192 - d.nspecial):
-        d.add_symbol(f"w{i}")
-    args = argparse.Namespace(arch=arch, tokens_per_sample=training_length, share_decoder_input_output_embed=True)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    torch.manual_seed(0)
-    task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
-    return LexLanguageModel.build_model(args, task).eval(), d
+VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols
 
 
 def use_reference_attention(model):
@@ -66,13 +36,13 @@ def use_reference_attention(model):
     for layer in model.decoder.layers:
         ours = layer.self_attn
         cfg = argparse.Namespace(multiway=False, layernorm_eps=1e-5, xpos_rel_pos=True,
-                                 xpos_scale_base=model.decoder.xpos.scale_base)
+                                 xpos_scale_base=model.decoder.positions[0].scale_base)
         ref = MultiheadAttention(cfg, ours.embed_dim, ours.num_heads, self_attention=True,
                                  subln=ours.inner_attn_ln is not None)
         ref.load_state_dict(ours.state_dict(), strict=False)
         ref.eval()
 
-        def forward(x, xpos=None, key_padding_mask=None, incremental_state=None, window=None, _ref=ref):
+        def forward(x, *args, _ref=ref, **kwargs):
             L = x.size(1)
             mask = torch.triu(torch.full((L, L), float("-inf"), dtype=x.dtype), 1)
             return _ref(x, x, x, attn_mask=mask)[0]
@@ -83,35 +53,34 @@ def use_reference_attention(model):
 def measure_one(mode: str, length: int, arch: str, training_length: int, repeats: int) -> dict:
     import torch
 
-    from lex_plugin.modules.windowed_attention import AttentionWindow
+    from lex_plugin.evaluation.length_eval import blockwise_forward
+    from lex_plugin.models.builder import build_random_lm
+    from lex_plugin.modules.attention import AttentionWindow
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
-    model, d = build(arch, training_length)
+    torch.set_num_threads(benchmark.thread_count())
+    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
+                               share_decoder_input_output_embed=True)
     if mode in ("bca", "bca_blockwise"):
-        model.decoder.set_attention_window(AttentionWindow.bca(training_length))
+        window = AttentionWindow.bca(training_length)
     elif mode == "sliding":
-        model.decoder.set_attention_window(AttentionWindow("sliding", training_length))
-    elif mode == "reference":
+        window = AttentionWindow.sliding(training_length)
+    else:
+        window = AttentionWindow.full()
+    if mode == "reference":
         use_reference_attention(model)
     tokens = torch.randint(d.nspecial, len(d), (1, length))
     run = lambda t: model(t, features_only=True)  # noqa: E731  (the L x V logits cost the same in every mode)
     if mode == "bca_blockwise":  # block by block through the bounded key/value cache (LeX Figure 3)
-        from lex_plugin.evaluation.length_eval import blockwise_forward
-
         def run(t):
             for _ in blockwise_forward(model, t, training_length // 2, features_only=True):
                 pass
 
-    with torch.no_grad():
+    with torch.no_grad(), model.decoder.use_window(window):
         run(tokens[:, : min(length, 256)])  # warm-up
-        base = rss_mb()
-        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run(tokens)
-            best = min(best, time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        base = benchmark.rss_mb()
+        peak_before = benchmark.peak_rss_mb()
+        best = benchmark.best_time(lambda: run(tokens), repeats)
+    peak = benchmark.peak_rss_mb()
     return {"mode": mode, "length": length, "tokens_per_s": length / best, "seconds": best,
             "peak_mb_above_start": max(peak, peak_before) - base}
 
@@ -125,12 +94,19 @@ def main():
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reference-limit-gb", type=float, default=12.0)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                   help="also measure every point with PATH/scripts/bench_attention.py (an older checkout)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "L"), help=argparse.SUPPRESS)
     args = p.parse_args()
 
     if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.repeats)))
+        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.repeats))
         return
+    if args.baseline is not None:
+        try:
+            benchmark.baseline_script(args.baseline, Path(__file__))
+        except FileNotFoundError as e:
+            p.error(str(e))
 
     lengths = [int(x) for x in args.lengths.split(",")]
     modes = args.modes.split(",")
@@ -141,27 +117,32 @@ def main():
                 heads = {"lex_lm_tiny": 4}.get(args.arch, 8)
                 gb = 3 * heads * L * L * 4 / 2**30  # weights, mask-added copy, softmax output (fp32)
                 if gb > args.reference_limit_gb:
-                    rows.append({"mode": mode, "length": L, "skipped": f"needs ~{gb:.0f} GB for L x L weights"})
+                    skipped = {"mode": mode, "length": L, "skipped": f"needs ~{gb:.0f} GB for L x L weights"}
+                    rows.append(dict(skipped, baseline=skipped) if args.baseline else skipped)
                     print(f"{mode:>9} L={L:>6}: skipped (~{gb:.0f} GB)", file=sys.stderr)
                     continue
-            row = {"mode": mode, "length": L, **run_isolated(__file__, [mode, L, "--arch", args.arch,
-                   "--training-length", args.training_length, "--repeats", args.repeats])}
-            rows.append(row)
-            if "skipped" in row:
-                continue
-            print(f"{mode:>9} L={L:>6}: {row['tokens_per_s']:>9,.0f} tok/s  peak +{row['peak_mb_above_start']:,.0f} MB",
-                  file=sys.stderr)
+            new, old = benchmark.measure(Path(__file__), [mode, L, "--arch", args.arch, "--training-length",
+                                                          args.training_length, "--repeats", args.repeats], args.baseline)
+            row = {"mode": mode, "length": L, **new}
+            rows.append(row if old is None else dict(row, baseline={"mode": mode, "length": L, **old}))
+            for tag, r in (("", new), (" (baseline)", old)):
+                if r is not None and "skipped" not in r:
+                    print(f"{mode:>9} L={L:>6}: {r['tokens_per_s']:>9,.0f} tok/s  peak +{r['peak_mb_above_start']:,.0f} MB{tag}",
+                          file=sys.stderr)
 
-    print(f"\n{args.arch}, training length l = {args.training_length}, batch 1, fp32, "
-          f"{os.environ.get('OMP_NUM_THREADS', os.cpu_count())} threads\n")
-    print("| L | " + " | ".join(f"{m} tok/s | {m} peak MB" for m in modes) + " |")
-    print("|---|" + "---|---|" * len(modes))
+    compare = args.baseline is not None
+    print(f"\n{args.arch}, training length l = {args.training_length}, batch 1, fp32, {benchmark.thread_count()} threads"
+          + (f"; old: {args.baseline}" if compare else "") + "\n")
+    columns = {m: [(f"{m} tok/s", "tokens_per_s", "{:,.0f}"), (f"{m} peak MB", "peak_mb_above_start", "{:,.0f}")] for m in modes}
+    header = ["L"] + [h for m in modes for h in benchmark.result_header(columns[m], compare)]
+    table = []
     for L in lengths:
-        cells = []
+        cells = [str(L)]
         for m in modes:
             r = next(r for r in rows if r["mode"] == m and r["length"] == L)
-            cells += ["-", r["skipped"]] if "skipped" in r else [f"{r['tokens_per_s']:,.0f}", f"{r['peak_mb_above_start']:,.0f}"]
-        print(f"| {L} | " + " | ".join(cells) + " |")
+            cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
+        table.append(cells)
+    print(benchmark.markdown_table(header, table))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
 

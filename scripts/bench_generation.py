@@ -3,61 +3,52 @@
 and with full attention (the cache keeps every position).
 
     python scripts/bench_generation.py [--contexts 1024,4096,16384,65536] [--training-length 1024]
+    python scripts/bench_generation.py --baseline ../lex-before   # old / new / new/old columns
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
 (median ms/token). Memory: the process's resident memory after the steps, and its peak, above the state
-before the context was fed. Results are recorded in examples/lex_lm/BENCHMARKS.md.
+before the context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
+this script (its lex_plugin), right after this one's. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
 import json
-import os
-import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_attention import run_isolated  # noqa: E402
+from lex_plugin.evaluation import benchmark  # noqa: E402
+
+VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols (as bench_attention.py)
 
 
 def measure_one(mode: str, context: int, arch: str, training_length: int, steps: int) -> dict:
     import torch
 
-    from bench_attention import build, rss_mb
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.modules.windowed_attention import AttentionWindow
+    from lex_plugin.models.builder import build_random_lm
+    from lex_plugin.modules.attention import AttentionWindow
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
-    model, d = build(arch, training_length)
-    if mode == "bca":
-        model.decoder.set_attention_window(AttentionWindow.bca(training_length))
+    torch.set_num_threads(benchmark.thread_count())
+    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
+                               share_decoder_input_output_embed=True)
+    window = AttentionWindow.bca(training_length) if mode == "bca" else AttentionWindow.full()
     tokens = torch.randint(d.nspecial, len(d), (1, context + steps))
     state: dict = {}
-    with torch.no_grad():
-        base = rss_mb()
+    with torch.no_grad(), model.decoder.use_window(window):
+        base = benchmark.rss_mb()
         for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):
             pass
-        times = []
-        for n in range(context + 1, context + steps + 1):
-            start = time.perf_counter()
-            model(tokens[:, :n], incremental_state=state)  # logits of one token, as in generation
-            times.append(time.perf_counter() - start)
-    cache = state_keys(model, state)
-    return {"mode": mode, "context": context, "ms_per_token": 1000 * statistics.median(times),
-            "rss_mb_above_start": rss_mb() - base,
-            "peak_mb_above_start": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
-            "cached_positions_per_layer": cache}
-
-
-def state_keys(model, state) -> int:
-    attn = model.decoder.layers[0].self_attn
-    return int(attn.get_incremental_state(state, "attn_state")["prev_key"].size(2))
+        # logits of one token per step, as in generation
+        ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
+                                          range(context + 1, context + steps + 1))
+    return {"mode": mode, "context": context, "ms_per_token": ms,
+            "rss_mb_above_start": benchmark.rss_mb() - base,
+            "peak_mb_above_start": benchmark.peak_rss_mb() - base,
+            "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
 
 
 def main():
@@ -68,33 +59,49 @@ def main():
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                   help="also measure every point with PATH/scripts/bench_generation.py (an older checkout)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps)))
+        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps))
         return
+    if args.baseline is not None:
+        try:
+            benchmark.baseline_script(args.baseline, Path(__file__))
+        except FileNotFoundError as e:
+            p.error(str(e))
     contexts = [int(x) for x in args.contexts.split(",")]
     modes = args.modes.split(",")
     rows = []
     for n in contexts:
         for mode in modes:
-            row = run_isolated(__file__, [mode, n, "--arch", args.arch, "--training-length", args.training_length,
-                                          "--steps", args.steps])
-            if "skipped" in row:
-                raise SystemExit(f"{mode} N={n}: {row['skipped']}")
-            rows.append(row)
-            print(f"{mode:>5} N={n:>6}: {row['ms_per_token']:7.2f} ms/token  rss +{row['rss_mb_above_start']:7.0f} MB  "
-                  f"peak +{row['peak_mb_above_start']:7.0f} MB  cache {row['cached_positions_per_layer']}", file=sys.stderr)
+            new, old = benchmark.measure(Path(__file__), [mode, n, "--arch", args.arch, "--training-length",
+                                                          args.training_length, "--steps", args.steps], args.baseline)
+            for tag, r in (("", new), ("baseline ", old)):
+                if r is not None and "skipped" in r:
+                    raise SystemExit(f"{tag}{mode} N={n}: {r['skipped']}")
+            rows.append(new if old is None else dict(new, baseline=old))
+            for tag, r in (("", new), (" (baseline)", old)):
+                if r is not None:
+                    print(f"{mode:>5} N={n:>6}: {r['ms_per_token']:7.2f} ms/token  rss +{r['rss_mb_above_start']:7.0f} MB  "
+                          f"peak +{r['peak_mb_above_start']:7.0f} MB  cache {r['cached_positions_per_layer']}{tag}",
+                          file=sys.stderr)
+    compare = args.baseline is not None
     print(f"\n{args.arch}, training length l = {args.training_length}, batch 1, fp32, "
-          f"{os.environ.get('OMP_NUM_THREADS', os.cpu_count())} threads, median of {args.steps} steps\n")
-    print("| context | " + " | ".join(f"{m} ms/token | {m} RSS MB | {m} cached keys/layer" for m in modes) + " |")
-    print("|---|" + "---|---|---|" * len(modes))
+          f"{benchmark.thread_count()} threads, median of {args.steps} steps"
+          + (f"; old: {args.baseline}" if compare else "") + "\n")
+    columns = {m: [(f"{m} ms/token", "ms_per_token", "{:.2f}"), (f"{m} RSS MB", "rss_mb_above_start", "{:,.0f}"),
+                   (f"{m} cached keys/layer", "cached_positions_per_layer", "{:,}")] for m in modes}
+    header = ["context"] + [h for m in modes for h in benchmark.result_header(columns[m], compare)]
+    table = []
     for n in contexts:
-        cells = []
+        cells = [f"{n:,}"]
         for m in modes:
             r = next(r for r in rows if r["mode"] == m and r["context"] == n)
-            cells += [f"{r['ms_per_token']:.2f}", f"{r['rss_mb_above_start']:,.0f}", f"{r['cached_positions_per_layer']:,}"]
-        print(f"| {n:,} | " + " | ".join(cells) + " |")
+            cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
+        table.append(cells)
+    print(benchmark.markdown_table(header, table))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
 

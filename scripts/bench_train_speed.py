@@ -8,8 +8,11 @@ second of fairseq's own ``train_inner`` log over the updates after warm-up, and 
 
     python scripts/bench_train_speed.py --data work/demo/data-bin [--updates 60] [--rounds 2]
     python scripts/bench_train_speed.py --schemes xpos,rope,alibi,sandwich,kerple_log,t5,sinusoidal,learned,none
+    python scripts/bench_train_speed.py --baseline ../lex-before   # old / new / new/old columns
 
-Results are recorded in examples/lex_lm/BENCHMARKS.md.
+With --baseline PATH every run is repeated right after itself with PATH's lex_plugin as --user-dir (under
+PYTHONPATH=PATH); the stock transformer_lm runs the same code on both sides, so its new/old ratio shows
+the noise of the machine. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
 import json
@@ -21,28 +24,45 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import List, Optional
 
 import click
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lex_plugin.evaluation import benchmark  # noqa: E402
+
 SIZE = ["--decoder-layers", "4", "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
 ARCHS = {
     "lex_lm_tiny": ["--user-dir", str(REPO / "lex_plugin"), "--arch", "lex_lm_tiny"],
     "transformer_lm (same size)": ["--arch", "transformer_lm", *SIZE, "--decoder-normalize-before", "--activation-fn", "gelu"],
 }
+WPS = [("train tokens/s (median)", "median_wps", "{:,.0f}")]
 
 
-def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sample: int, batch_size: int):
+def on_checkout(arch_args: List[str], checkout: Optional[Path]) -> List[str]:
+    """``arch_args`` with its ``--user-dir`` (if any) moved to CHECKOUT/lex_plugin; unchanged for None."""
+    if checkout is None:
+        return list(arch_args)
+    return [str(Path(checkout).resolve() / "lex_plugin") if i and arch_args[i - 1] == "--user-dir" else a
+            for i, a in enumerate(arch_args)]
+
+
+def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sample: int, batch_size: int,
+              checkout: Optional[Path] = None) -> List[float]:
+    """wps of every ``train_inner`` log line past ``warmup`` updates of one fairseq-train run (``checkout``:
+    with that checkout's lex_plugin)."""
     save = tempfile.mkdtemp(prefix="bench-")
     cmd = [
-        "fairseq-train", str(data), "--task", "language_modeling", *arch_args, "--share-decoder-input-output-embed",
+        "fairseq-train", str(data), "--task", "language_modeling", *on_checkout(arch_args, checkout),
+        "--share-decoder-input-output-embed",
         "--tokens-per-sample", str(tokens_per_sample), "--sample-break-mode", "none", "--batch-size", str(batch_size),
         "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
         "--max-update", str(updates), "--save-dir", save, "--no-save", "--disable-validation",
         "--log-format", "json", "--log-interval", "5", "--num-workers", "0", "--seed", "1",
     ]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=benchmark.checkout_env(checkout), cwd=REPO)
     shutil.rmtree(save, ignore_errors=True)
     if proc.returncode != 0:
         raise click.ClickException(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -59,24 +79,37 @@ def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sampl
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
-def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, json_out):
+@click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="PATH",
+              help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
+def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, json_out, baseline):
+    if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
+        raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS
     if schemes:
         archs = {s: [*ARCHS["lex_lm_tiny"], "--pos-emb", s] for s in schemes.split(",")}
-    wps = {name: [] for name in archs}
+    sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
+    wps = {side: {name: [] for name in archs} for side in sides}
     for r in range(rounds):
         for name, args in archs.items():
-            click.echo(f"round {r + 1}/{rounds}: {name} ...", err=True)
-            wps[name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size)
-    med = {name: statistics.median(v) for name, v in wps.items()}
-    ref = "xpos" if schemes and "xpos" in med else next(iter(med))
-    click.echo(f"\n| model | train tokens/s (median) | {ref} / this | intervals |\n|---|---|---|---|")
-    for name in archs:
-        click.echo(f"| {name} | {med[name]:,.0f} | {med[ref] / med[name]:.3f} | {len(wps[name])} |")
+            for side, checkout in sides.items():
+                click.echo(f"round {r + 1}/{rounds}: {name}{' (baseline)' if side == 'old' else ''} ...", err=True)
+                wps[side][name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size, checkout)
+    med = {side: {name: statistics.median(v) for name, v in runs.items()} for side, runs in wps.items()}
+    new = med["new"]
+    ref = "xpos" if schemes and "xpos" in new else next(iter(new))
+    compare = baseline is not None
+    header = ["model", *benchmark.result_header(WPS, compare), f"{ref} / this", "intervals"]
+    rows = [[name, *benchmark.result_cells({"median_wps": new[name]}, {"median_wps": med["old"][name]} if compare else None, WPS, compare),
+             f"{new[ref] / new[name]:.3f}", str(len(wps["new"][name]))] for name in archs]
+    click.echo("\n" + benchmark.markdown_table(header, rows))
     click.echo(f"\n(L={tokens_per_sample}, batch {batch_size}, {os.environ.get('OMP_NUM_THREADS', 'all')} threads, "
-               f"{rounds} alternating runs of {updates} updates, median over updates > {warmup})")
+               f"{rounds} alternating runs of {updates} updates, median over updates > {warmup}"
+               + (f"; old: {baseline}" if compare else "") + ")")
     if json_out:
-        json_out.write_text(json.dumps({"median_wps": med, "reference": ref, "samples": wps}, indent=2))
+        out = {"median_wps": new, "reference": ref, "samples": wps["new"]}
+        if compare:
+            out["baseline"] = {"path": str(baseline), "median_wps": med["old"], "samples": wps["old"]}
+        json_out.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

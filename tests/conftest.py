@@ -1,6 +1,5 @@
 """Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models."""
 
-import argparse
 import json
 import os
 import re
@@ -13,8 +12,7 @@ import torch
 from fairseq.data import Dictionary
 
 import lex_plugin  # noqa: F401  (registers lex_lm)
-from fairseq.models import ARCH_CONFIG_REGISTRY
-from lex_plugin.models.lex_lm import LexLanguageModel
+from lex_plugin.models.builder import build_random_lm
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("LEX_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -59,13 +57,9 @@ def make_dictionary(size: int = 100) -> Dictionary:
 
 
 def build_lex_model(arch: str = "lex_lm_tiny", dictionary: Dictionary = None, seed: int = 0, **overrides):
-    """A randomly initialised lex_lm in eval mode, fp32, built the way fairseq-train builds it."""
-    dictionary = dictionary or make_dictionary()
-    args = argparse.Namespace(arch=arch, tokens_per_sample=overrides.pop("tokens_per_sample", 32), **overrides)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(seed)
-    return LexLanguageModel.build_model(args, task).eval()
+    """A randomly initialised lex_lm in eval mode, fp32, built the way fairseq-train builds it (see
+    ``lex_plugin.models.builder.build_random_lm``; without ``dictionary``, ``make_dictionary()``'s)."""
+    return build_random_lm(arch, dictionary or make_dictionary(), seed=seed, **overrides)[0]
 
 
 def random_tokens(dictionary: Dictionary, bsz: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -111,3 +105,15 @@ def real_batches(data_bin):
     stream = torch.cat([ds[i].long() for i in range(len(ds))])
     n = stream.numel() // 65
     return stream[: n * 65].view(n, 65), d
+
+
+def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_options):
+    """Attention of queries and keys at positions 0 .. L-1 through the package's one path: the planner
+    and the executor (q, k, v (B, H, L, D) before any rotation; ``scheme`` a position scheme or None)."""
+    from lex_plugin.modules.attention import attend, plan
+    from lex_plugin.modules.positions import NoPositions
+
+    scheme = scheme if scheme is not None else NoPositions()
+    chunks = plan(window, 0, q.size(2), 0, has_bias=scheme.kind == "bias", padded=key_padding_mask is not None,
+                  batch_heads=q.size(0) * q.size(1), **plan_options)
+    return attend(q, k, v, chunks, window, scheme, 0, 0, False, key_padding_mask)

@@ -12,10 +12,10 @@ from conftest import REPO, build_lex_model, random_tokens, run_cli
 from lex_plugin.analysis import (attention_resolution, cumulative_gradient, effective_receptive_field,
                                  expectation_curve, score_by_distance, theoretical_receptive_field)
 from lex_plugin.analysis.report import load_model, split_stream
-from lex_plugin.modules.position_bias import alibi_slopes
-from lex_plugin.modules.windowed_attention import AttentionWindow
+from lex_plugin.modules.positions import POSITION_SCHEMES, alibi_slopes
+from lex_plugin.modules.attention import AttentionWindow
 
-SCHEMES = ["xpos", "rope", "alibi", "sandwich", "kerple_log", "t5", "sinusoidal", "learned", "none"]
+SCHEMES = list(POSITION_SCHEMES)
 
 
 # ---- R(s), Eq. 4 ----------------------------------------------------------------------------------------
@@ -64,12 +64,12 @@ def zero_queries(model):
     return model
 
 
-@pytest.mark.parametrize("window", [AttentionWindow(), AttentionWindow.bca(32), AttentionWindow("sliding", 24)], ids=str)
+@pytest.mark.parametrize("window", [AttentionWindow.full(), AttentionWindow.bca(32), AttentionWindow.sliding(24)], ids=str)
 def test_estimator_recovers_a_known_bias(window):
     """With q = 0 the logits are the ALiBi bias alone: the estimate must be -mean_h(m_h) n exactly, at every
     visible distance (BCA: < l; sliding: < W), in every layer."""
     model = zero_queries(build_lex_model(tokens_per_sample=32, pos_emb="alibi"))
-    model.decoder.set_attention_window(window)
+    model.decoder.default_window = window
     tokens = random_tokens(model.decoder.dictionary, 3, 150)
     sums, counts = score_by_distance(model, tokens)
     reach = {"full": 150, "bca": 32, "sliding": 24}[window.mode]
@@ -88,7 +88,7 @@ def test_estimator_recovers_a_known_bias_with_content_noise():
     """Random content logits average out: KERPLE's -r1 log(1 + r2 n) is recovered up to a constant."""
     model = build_lex_model(tokens_per_sample=32, pos_emb="kerple_log", decoder_layers=1)
     with torch.no_grad():
-        bias = model.decoder.position_bias[0]
+        bias = model.decoder.positions[0]
         bias.r1.fill_(2.0)
         bias.r2.fill_(0.5)
         attn = model.decoder.layers[0].self_attn
@@ -103,7 +103,7 @@ def test_estimator_recovers_a_known_bias_with_content_noise():
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_analysis_runs_for_every_scheme(scheme):
     model = build_lex_model(tokens_per_sample=32, pos_emb=scheme, decoder_layers=2)
-    model.decoder.set_attention_window(AttentionWindow.bca(32))
+    model.decoder.default_window = AttentionWindow.bca(32)
     tokens = random_tokens(model.decoder.dictionary, 2, 32 if scheme == "learned" else 80)
     sums, counts = score_by_distance(model, tokens)
     assert torch.isfinite(sums).all() and counts.sum() > 0
@@ -120,22 +120,20 @@ def real_model(trained, data_bin):
     return model, split_stream(data_bin, "test", dictionary)
 
 
-@pytest.mark.parametrize("window", [AttentionWindow("sliding", 16), AttentionWindow.bca(64)], ids=str)
+@pytest.mark.parametrize("window", [AttentionWindow.sliding(16), AttentionWindow.bca(64)], ids=str)
 def test_erf_is_within_the_window_bound_on_real_text(real_model, window):
     """Chi et al.: a model of R layers whose queries reach W - 1 back (BCA: l - 1) has a receptive field of at
     most R (W - 1): the gradient is exactly zero farther away, so c reaches 1 there and ERF <= the bound."""
     model, stream = real_model
-    model.decoder.set_attention_window(window)
-    try:
+    with model.decoder.use_window(window):
         bound = theoretical_receptive_field(window, model.decoder.num_layers, 400)
         assert bound == (4 * 15 if window.mode == "sliding" else 4 * 63)
         for i in range(2):
             curve = cumulative_gradient(model, stream[i * 401:(i + 1) * 401])
             assert (curve["s"][bound + 1:] == 0).all() and (curve["s"][: bound + 1] > 0).any()
             erf = effective_receptive_field(curve["c"])
-            assert erf <= bound <= window.size * model.decoder.num_layers * (2 if window.mode == "bca" else 1)
-    finally:
-        model.decoder.set_attention_window(AttentionWindow())
+            assert erf <= bound <= window.stride * model.decoder.num_layers * (2 if window.mode == "bca" else 1)
+    assert model.decoder.default_window == AttentionWindow.full()  # use_window restored it
     # full attention reaches past that bound on the same text
     full = cumulative_gradient(model, stream[:401])
     assert (full["s"][300:] > 0).any()

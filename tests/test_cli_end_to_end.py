@@ -97,7 +97,7 @@ def test_length_stratified_report_bca_sliding_and_plot(data_bin, trained, tmp_pa
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--bca", "--bca-block-size", "33"], "even"),
+        (["--bca", "--training-length", "33"], "even"),
         (["--sliding-window", "0"], "positive integer"),
         (["--eval-lengths", "64,abc"], "positive integers"),
         (["--bca", "--sliding-window", "64"], "choose one"),
@@ -119,7 +119,7 @@ def test_bca_without_training_length_is_explained(data_bin, trained, tmp_path):
     torch.save(state, stripped)
     proc = lex_eval(data_bin, stripped, "--tokens-per-sample", TRAIN_LEN, "--bca", check=False)
     assert proc.returncode != 0 and "records no tokens_per_sample" in proc.stderr, proc.stderr[-2000:]
-    ok = lex_eval(data_bin, stripped, "--tokens-per-sample", 2 * TRAIN_LEN, "--bca", "--bca-block-size", TRAIN_LEN)
+    ok = lex_eval(data_bin, stripped, "--tokens-per-sample", 2 * TRAIN_LEN, "--bca", "--training-length", TRAIN_LEN)
     assert "Perplexity" in ok.stdout + ok.stderr
 
 

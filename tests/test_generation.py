@@ -95,8 +95,8 @@ def test_bca_needs_a_training_length(trained, data_bin, tmp_path):
     torch.save(state, tmp_path / "no_length.pt")
     with pytest.raises(ValueError, match="records no tokens_per_sample"):
         LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca")
-    hub = LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca", window_size=TRAIN_LEN)
-    assert str(hub.models[0].decoder.attention_window) == f"bca({TRAIN_LEN // 2})"
+    hub = LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca", training_length=TRAIN_LEN)
+    assert str(hub.window) == f"bca({TRAIN_LEN // 2})"
 
 
 def test_lex_generate_cli(trained, data_bin):

@@ -9,7 +9,7 @@ from torchscale.component.multihead_attention import MultiheadAttention as Torch
 from conftest import build_lex_model, random_tokens
 from lex_plugin.models import UNBOUNDED_POSITIONS
 from lex_plugin.modules.attention import LexSelfAttention
-from lex_plugin.modules.xpos import XPos
+from lex_plugin.modules.positions import XPos
 
 
 def torchscale_attention(ours: LexSelfAttention, scale_base=512):
@@ -148,7 +148,7 @@ def test_half_leaves_position_math_in_fp32():
         ref, _ = model(tokens)
         model.to(torch.bfloat16)
         low, _ = model(tokens)
-    cos, _ = model.decoder.xpos.tables(0, 48, 24, False, "cpu")
+    cos, _ = model.decoder.positions[0].tables(0, 48, 24, False, "cpu")
     assert cos.dtype == torch.float32
     assert torch.isfinite(low).all()
     assert (low.float() - ref).abs().max() / ref.abs().max() < 0.05
@@ -165,6 +165,13 @@ def test_max_positions_is_not_the_training_length():
         (dict(decoder_embed_dim=100, decoder_attention_heads=3), "divisible"),
         (dict(decoder_embed_dim=96, decoder_attention_heads=32), "even"),
         (dict(decoder_layers=0), "positive"),
+        (dict(subln=True, deepnorm=True), "--subln .* and --deepnorm"),
+        (dict(subln=True, post_ln=True), "--subln .* and --post-ln"),
+        (dict(dropout=1.0), "--dropout"),
+        (dict(pos_emb="rope", xpos_scalar_zeta=True), "ablations"),
+        (dict(pos_emb="sandwich", sandwich_dim=7), "sandwich-dim"),
+        (dict(pos_emb="t5", t5_num_buckets=1), "t5-num-buckets"),
+        (dict(pos_emb="xpos", xpos_gamma=0.0), "xpos-gamma"),
     ],
 )
 def test_bad_configuration_is_rejected(overrides, match):
@@ -180,7 +187,22 @@ def test_presets():
         args = argparse.Namespace()
         ARCH_CONFIG_REGISTRY[arch](args)
         assert (args.decoder_layers, args.decoder_embed_dim, args.decoder_attention_heads) == (layers, dim, heads)
-        assert args.decoder_normalize_before and str(args.pos_emb) == "xpos"
+        assert not args.post_ln and not args.deepnorm and str(args.pos_emb) == "xpos"
     args = argparse.Namespace(decoder_layers=2)
     ARCH_CONFIG_REGISTRY["lex_lm_medium"](args)
     assert args.decoder_layers == 2 and args.decoder_ffn_embed_dim == 4096  # explicit values win
+
+
+@pytest.mark.parametrize("overrides,pre_ln", [({}, True), (dict(post_ln=True), False), (dict(deepnorm=True), False),
+                                              (dict(subln=True), True)])
+def test_layer_norm_placement_follows_the_options(overrides, pre_ln):
+    """--post-ln and --deepnorm give post-LN layers (and no final LayerNorm), the default and --subln pre-LN:
+    checked on the outputs, not on a flag: a post-LN layer's output has LayerNorm statistics."""
+    model = build_lex_model(**overrides)
+    layer = model.decoder.layers[0]
+    assert layer.normalize_before == pre_ln and (model.decoder.layer_norm is not None) == pre_ln
+    x = torch.randn(2, 8, layer.embed_dim) * 5 + 3
+    with torch.no_grad():
+        out = layer(x, model.decoder.position(0))
+    normed = torch.allclose(out.mean(-1), torch.zeros(2, 8), atol=1e-4) and torch.allclose(out.std(-1, unbiased=False), torch.ones(2, 8), atol=1e-2)
+    assert normed == (not pre_ln)

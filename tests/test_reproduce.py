@@ -1,17 +1,14 @@
-"""scripts/reproduce.py: the tables and claim verdicts from known reports, and one tiny resumable run on
-real text through fairseq-train, fairseq-eval-lm and lex resolution."""
+"""lex_plugin.evaluation.reproduce and scripts/reproduce.py: the tables and claim verdicts from known
+reports, the step commands, and one tiny resumable run on real text through fairseq-train,
+fairseq-eval-lm and lex resolution."""
 
-import importlib.util
 import json
 import sys
 
 import pytest
 
 from conftest import REPO, run_cli
-
-spec = importlib.util.spec_from_file_location("reproduce", REPO / "scripts" / "reproduce.py")
-reproduce = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(reproduce)
+from lex_plugin.evaluation import reproduce
 
 L = 32
 
@@ -65,6 +62,19 @@ def test_claims_fail_when_the_numbers_say_so():
 
 def test_missing_numbers_give_no_verdict():
     assert reproduce.check_claims({}, {}, L, LENGTHS) == []
+
+
+def test_commands_load_this_repository_plugin(tmp_path):
+    o = dict(arch="lex_lm_tiny", train_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+             eval_tokens=512, resolution_texts=2)
+    train = reproduce.train_command(tmp_path, tmp_path / "ckpt", ["--pos-emb", "xpos"], o)
+    evaluate = reproduce.eval_command(tmp_path, tmp_path / "c.pt", LENGTHS, ["full", "bca"], tmp_path / "r.json", o)
+    for cmd in (train, evaluate):
+        assert cmd[cmd.index("--user-dir") + 1] == REPO / "lex_plugin"
+    assert train[train.index("--max-update") + 1] == 3 and "--pos-emb" in train
+    assert evaluate[evaluate.index("--eval-windows") + 1] == "full,bca"
+    assert reproduce.resolution_command(tmp_path, tmp_path / "c.pt", [L], "bca", tmp_path / "o.json", o)[-1] == "--bca"
+    assert "--bca" not in reproduce.resolution_command(tmp_path, tmp_path / "c.pt", [L], "full", tmp_path / "o.json", o)
 
 
 def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):

@@ -1,15 +1,14 @@
 """BCA and sliding-window attention against naive attention with an explicit mask and global xPos."""
 
 import math
-import sys
 
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens
+from conftest import build_lex_model, random_tokens, run_attention
 from lex_plugin.modules.attention import LexSelfAttention
-from lex_plugin.modules.windowed_attention import AttentionWindow, window_mask, windowed_attention
-from lex_plugin.modules.xpos import XPos
+from lex_plugin.modules.attention import AttentionWindow
+from lex_plugin.modules.positions import XPos
 
 L_TRAIN = 32  # training length l: BCA blocks of 16
 
@@ -24,7 +23,7 @@ def naive_attention(q, k, v, allowed):
 
 def reference(q, k, v, window, xpos, pad=None):
     L = q.size(2)
-    allowed = window_mask(window, L)[None, None]
+    allowed = window.mask(L)[None, None]
     if pad is not None:
         allowed = allowed & ~pad[:, None, None, :]
         allowed = allowed | torch.eye(L, dtype=torch.bool)  # a pad query sees itself (as the module does)
@@ -32,16 +31,14 @@ def reference(q, k, v, window, xpos, pad=None):
     return naive_attention(qx, kx, v, allowed)
 
 
-WINDOWS = [AttentionWindow.bca(L_TRAIN), AttentionWindow("sliding", L_TRAIN)]
+WINDOWS = [AttentionWindow.bca(L_TRAIN), AttentionWindow.sliding(L_TRAIN)]
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("length", [L_TRAIN // 2, L_TRAIN, 3 * L_TRAIN + 5])
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
 @pytest.mark.parametrize("group_tokens", [8192, 2 * L_TRAIN // 2], ids=["one-group", "2-windows-per-group"])
-def test_window_matches_naive_masked_attention(window, length, padding, group_tokens, monkeypatch):
-    module = sys.modules["lex_plugin.modules.windowed_attention"]  # the package re-exports the function
-    monkeypatch.setattr(module, "GROUP_TOKENS", group_tokens)
+def test_window_matches_naive_masked_attention(window, length, padding, group_tokens):
     torch.manual_seed(length)
     B, H, D = 3, 2, 16
     q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
@@ -55,7 +52,7 @@ def test_window_matches_naive_masked_attention(window, length, padding, group_to
             pad[1, :cut] = True
             pad[2, : cut // 2] = True
     xpos = XPos(D)
-    got = windowed_attention(q, k, v, window, xpos, key_padding_mask=pad)
+    got = run_attention(q, k, v, window, xpos, key_padding_mask=pad, group_tokens=group_tokens)
     expected = reference(q, k, v, window, xpos, pad)
     real = torch.ones(B, length, dtype=torch.bool) if pad is None else ~pad
     diff = (got.double() - expected).abs().permute(0, 2, 1, 3)[real]
@@ -63,14 +60,14 @@ def test_window_matches_naive_masked_attention(window, length, padding, group_to
 
 
 def test_window_masks_follow_the_paper():
-    """Figure 3: block b sees block b-1 and itself causally; every query sees between w and 2w-1 keys
-    (block 0: causal); the sliding window sees exactly its W most recent positions."""
-    bca = window_mask(AttentionWindow.bca(8), 20)  # w = 4
+    """Figure 3: block b sees block b-1 and itself causally; every query past block 0 sees between w + 1
+    and 2w keys (block 0: causal); the sliding window sees exactly its W most recent positions."""
+    bca = AttentionWindow.bca(8).mask(20)  # w = 4
     seen = bca.sum(-1)
     assert seen[:4].tolist() == [1, 2, 3, 4]
     assert seen[4:].tolist() == [5, 6, 7, 8] * 4
     assert bca[9, 4] and not bca[9, 3] and bca[9, 9] and not bca[9, 10]
-    sw = window_mask(AttentionWindow("sliding", 5), 20)
+    sw = AttentionWindow.sliding(5).mask(20)
     assert sw.sum(-1).tolist() == [1, 2, 3, 4] + [5] * 16
 
 
@@ -79,11 +76,11 @@ def test_bca_is_full_attention_up_to_the_training_length():
     tokens = random_tokens(model.decoder.dictionary, 2, L_TRAIN)
     with torch.no_grad():
         full, _ = model(tokens)
-        model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+        model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
         bca, _ = model(tokens)
         longer = random_tokens(model.decoder.dictionary, 2, 4 * L_TRAIN)
         bca_long, _ = model(longer)
-        model.decoder.set_attention_window(AttentionWindow())
+        model.decoder.default_window = AttentionWindow.full()
         full_long, _ = model(longer)
     assert torch.equal(full, bca)
     assert torch.allclose(bca_long[:, :L_TRAIN], full_long[:, :L_TRAIN], atol=1e-5)
@@ -93,7 +90,7 @@ def test_bca_is_full_attention_up_to_the_training_length():
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 def test_prompt_then_token_by_token_equals_parallel_window(window):
     model = build_lex_model(tokens_per_sample=L_TRAIN)
-    model.decoder.set_attention_window(window)
+    model.decoder.default_window = window
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=3)
     with torch.no_grad():
         full, _ = model(tokens)
@@ -114,14 +111,15 @@ def test_bca_is_finite_at_64k_in_half_precision(dtype):
         out = attn(x, XPos(64), window=AttentionWindow.bca(512))
     assert out.dtype == dtype and torch.isfinite(out).all()
     # the same keys under global positions overflow in this dtype: zeta_min^(-L/2B) is astronomically large
-    assert XPos(64).rotate(x[:, :, :], 0, center=0, downscale=True).isinf().any()
+    assert XPos(64).rotate(x[:, :, :], 0, center=0, keys=True).isinf().any()
+    assert AttentionWindow.bca(512).span == 512 and AttentionWindow.sliding(7).span == 7
 
 
 @pytest.mark.parametrize(
     "make,match",
     [
         (lambda: AttentionWindow.bca(33), "even"),
-        (lambda: AttentionWindow("sliding", 0), "positive"),
+        (lambda: AttentionWindow.sliding(0), "positive"),
         (lambda: AttentionWindow("local", 4), "mode"),
     ],
 )
@@ -135,9 +133,9 @@ def test_generation_cache_is_bounded_and_exact(window):
     """Token by token over 3l + 7 tokens: the same logits as the parallel windowed forward, while every
     layer's cache holds at most l (BCA) or W (sliding) keys and the reported length keeps counting."""
     model = build_lex_model(tokens_per_sample=L_TRAIN)
-    model.decoder.set_attention_window(window)
+    model.decoder.default_window = window
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=11)
-    bound = L_TRAIN if window.mode == "bca" else window.size
+    bound = L_TRAIN if window.mode == "bca" else window.stride
     sizes = []
     with torch.no_grad():
         full, _ = model(tokens)
@@ -145,8 +143,7 @@ def test_generation_cache_is_bounded_and_exact(window):
         for t in range(1, tokens.size(1) + 1):
             steps.append(model.decoder(tokens[:, :t], incremental_state=state)[0])
             attn = model.decoder.layers[0].self_attn
-            saved = attn.get_incremental_state(state, "attn_state")
-            sizes.append(saved["prev_key"].size(2))
+            sizes.append(attn.cached_keys(state))
             assert attn.cached_length(state) == t
     # between calls the cache holds what the next query can see besides itself: at most l - 1 (or W - 1)
     assert max(sizes) == bound - 1
@@ -159,7 +156,7 @@ def test_changing_the_window_mid_generation_is_refused():
     state = {}
     with torch.no_grad():
         model.decoder(tokens[:, :5], incremental_state=state)
-        model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+        model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
         with pytest.raises(ValueError, match="new incremental state"):
             model.decoder(tokens[:, :6], incremental_state=state)
 
@@ -167,20 +164,27 @@ def test_changing_the_window_mid_generation_is_refused():
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 def test_blockwise_evaluation_equals_parallel(window):
     """The length evaluator's block-at-a-time pass (bounded cache, memory flat in L) scores exactly what
-    the parallel windowed forward scores, including a final sample shorter than the others."""
+    one parallel windowed forward scores, including a final sample shorter than the others."""
+    import torch.nn.functional as F
+
     from lex_plugin.evaluation.length_eval import evaluate_lengths
 
     model = build_lex_model(tokens_per_sample=L_TRAIN)
-    model.decoder.set_attention_window(window)
     d = model.decoder.dictionary
     stream = random_tokens(d, 1, 7 * L_TRAIN + 3, seed=21)[0]
+    length = 3 * L_TRAIN
     kwargs = dict(eos=d.eos(), pad=d.pad(), max_tokens=4 * L_TRAIN, training_length=L_TRAIN, progress=False)
-    parallel = evaluate_lengths(model, stream, [3 * L_TRAIN], str(window), **kwargs)[0]
-    blockwise = evaluate_lengths(model, stream, [3 * L_TRAIN], str(window), block=window.size, **kwargs)[0]
-    assert blockwise.tokens == parallel.tokens == stream.numel()
-    assert blockwise.nll == pytest.approx(parallel.nll, rel=1e-5)
-    for a, b in zip(blockwise.buckets, parallel.buckets):
-        assert a.nll == pytest.approx(b.nll, rel=1e-5)
+    blockwise = evaluate_lengths(model, stream, [length], window, **kwargs)[0]
+    source = torch.cat([stream.new_tensor([d.eos()]), stream[:-1]])
+    nll = 0.0
+    with torch.no_grad():
+        for start in range(0, stream.numel(), length):
+            src, tgt = source[start : start + length][None], stream[start : start + length][None]
+            logits = model(src, window=window)[0]
+            nll += float(F.cross_entropy(logits[0].double(), tgt[0], reduction="sum"))
+    assert blockwise.tokens == stream.numel()
+    assert blockwise.window == str(window)
+    assert blockwise.nll == pytest.approx(nll, rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -191,16 +195,16 @@ def test_blockwise_evaluation_equals_parallel(window):
 def test_other_rotary_schemes_work_under_windows_and_the_cache(overrides):
     """RoPE, the Table 4 ablations and NoPE go through the same windows and bounded cache as xPos."""
     model = build_lex_model(tokens_per_sample=L_TRAIN, **overrides)
-    model.decoder.set_attention_window(AttentionWindow.bca(L_TRAIN))
+    model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=13)
     with torch.no_grad():
         full, _ = model(tokens)
         state = {}
         steps = [model.decoder(tokens[:, :t], incremental_state=state)[0] for t in range(1, tokens.size(1) + 1)]
     assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
-    xpos = model.decoder.xpos
+    xpos = model.decoder.positions[0]
     if overrides.get("pos_emb") == "none":
-        assert xpos is None
+        assert xpos.kind == "none"
     else:
         assert xpos.use_scale == (overrides.get("pos_emb") != "rope")
         assert xpos.scalar_zeta == overrides.get("xpos_scalar_zeta", False)

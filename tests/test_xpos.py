@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchscale.component.xpos_relative_position import XPOS as TorchScaleXPOS
 
-from lex_plugin.modules.xpos import XPos
+from lex_plugin.modules.positions import XPos
 
 GAMMA, B = 0.4, 512
 
@@ -54,7 +54,7 @@ def test_matches_complex_reference(d, L):
     # per tensor, with the same centre as the reference
     center = L // 2
     assert rel_err(xpos.rotate(q, 0, center), complex_reference(q, 0, center, False, d)) <= 1e-6
-    assert rel_err(xpos.rotate(k, 0, center, downscale=True), complex_reference(k, 0, center, True, d)) <= 1e-6
+    assert rel_err(xpos.rotate(k, 0, center, keys=True), complex_reference(k, 0, center, True, d)) <= 1e-6
     # the logits (the quantity attention sees); the reference uses uncentred positions
     qx, kx = xpos(q, k, q_start=0)
     ours = qx @ kx.transpose(-1, -2)
@@ -69,7 +69,7 @@ def test_matches_torchscale_xpos(d, L):
     ours = XPos(d, scale_base=B, gamma=GAMMA)
     center = -((-L) // 2)  # TorchScale scales with positions -ceil(L/2) .. ; rotates with 0 .. L-1
     q_ts, k_ts = ts(q, offset=0, downscale=False), ts(k, offset=0, downscale=True)
-    q_us, k_us = ours.rotate(q, 0, center), ours.rotate(k, 0, center, downscale=True)
+    q_us, k_us = ours.rotate(q, 0, center), ours.rotate(k, 0, center, keys=True)
     assert rel_err(q_us, q_ts) <= 1e-5
     q_ex, k_ex = complex_reference(q, 0, center, False, d), complex_reference(k, 0, center, True, d)
     for us, ts_out, exact in ((k_us, k_ts, k_ex), (q_us @ k_us.transpose(-1, -2), q_ts @ k_ts.transpose(-1, -2), q_ex @ k_ex.transpose(-1, -2))):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..modules.windowed_attention import AttentionWindow
+from ..modules.attention.window import AttentionWindow
 
 __all__ = ["cumulative_gradient", "effective_receptive_field", "theoretical_receptive_field"]
 
@@ -75,7 +75,6 @@ def theoretical_receptive_field(window: AttentionWindow, layers: int, length: in
     """The farthest input (distance from the last) that can reach the last position through ``layers``
     layers: R (W - 1) for a sliding window W, R (l - 1) for BCA with blocks of l / 2 (a query sees back to
     the start of the previous block), L - 1 for full attention; capped at L - 1."""
-    if window.mode == "full":
+    if not window.bounded:
         return length - 1
-    per_layer = window.size - 1 if window.mode == "sliding" else 2 * window.size - 1
-    return min(length - 1, layers * per_layer)
+    return min(length - 1, layers * (window.span - 1))

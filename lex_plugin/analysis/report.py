@@ -6,37 +6,27 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from fairseq.data import data_utils
 from tqdm import tqdm
 
+from ..data.stream import split_stream  # re-exported: callers import it from here
 from .receptive_field import cumulative_gradient, effective_receptive_field, theoretical_receptive_field
 from .resolution import attention_resolution, expectation_curve, score_by_distance
 
 __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
 
 
-def load_model(checkpoint: Path, data: Path, window: str = "full", window_size: Optional[int] = None):
-    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) under ``window``."""
+def load_model(checkpoint: Path, data: Path, window: str = "full", sliding_window=None, training_length: Optional[int] = None):
+    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) with ``window``
+    (full, bca, sliding; ``sliding_window`` W or l, ``training_length`` l: ``window_from_options``) as
+    its default window."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window=window, window_size=window_size)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window, sliding_window, training_length)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)
     if torch.cuda.is_available():
         model = model.cuda()
     return model, hub.task.source_dictionary
-
-
-def split_stream(data: Path, split: str, dictionary) -> torch.Tensor:
-    """The whole split as one (T,) int64 stream (fairseq's --sample-break-mode none order).
-
-    Raises:
-        FileNotFoundError: no such split in the data-bin.
-    """
-    dataset = data_utils.load_indexed_dataset(str(data / split), dictionary)
-    if dataset is None:
-        raise FileNotFoundError(f"split {split!r} not found in {data}")
-    return torch.cat([dataset[i].long() for i in range(len(dataset))])
 
 
 def _segments(stream: torch.Tensor, length: int, count: int) -> List[torch.Tensor]:
@@ -77,7 +67,7 @@ def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], texts
         {"window": str, "lengths": {L: {"texts", "R", "R_layers", "s": per-layer lists}}}.
     """
     device = next(model.parameters()).device
-    out = {"window": str(model.decoder.attention_window), "lengths": {}}
+    out = {"window": str(model.decoder.default_window), "lengths": {}}
     for length in lengths:
         segments = _segments(stream, length, texts)
         sums = counts = None
@@ -146,7 +136,7 @@ def receptive_field_report(model, stream: torch.Tensor, length: int, segments: i
         s += cumulative_gradient(model, text.to(device))["s"].cpu()
     s /= len(texts)
     c = s.cumsum(0)
-    window = model.decoder.attention_window
+    window = model.decoder.default_window
     return {"window": str(window), "length": length, "segments": len(texts),
             "erf": effective_receptive_field(c), "theoretical": theoretical_receptive_field(window, model.decoder.num_layers, length),
             "s": s.tolist(), "c": c.tolist()}

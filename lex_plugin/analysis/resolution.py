@@ -10,20 +10,23 @@
   of q = k = (1, 0, 1, 0, ...): xPos with zeta_i of Eq. 12, RoPE with zeta = 1.
 * ``score_by_distance``: the estimate of s[n] from a model's pre-softmax logits a_ij = q_i . k_j / sqrt(d)
   (+ the position bias) of Eq. 5: the mean of a_{i, i-n} over every visible (query, key) pair at distance n,
-  over texts and heads, one curve per layer. Under BCA or a sliding window only visible pairs count,
-  with window-local positions, so any length works; logits are formed per chunk of queries.
+  over texts and heads, one curve per layer. The logits are the ones the attention executor feeds SDPA
+  (``capture_logits``), taken while the model runs block by block through its cache, so they follow any
+  window and any position scheme, and memory stays bounded at any length.
 """
 
-import math
-from typing import List
+from contextlib import contextmanager
+from functools import partial
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
-from ..modules.windowed_attention import AttentionWindow, relative_terms
-from ..modules.xpos import rope_theta, xpos_zeta
+from ..evaluation.length_eval import blockwise_forward
+from ..modules.attention.window import AttentionWindow
+from ..modules.positions.xpos import GAMMA, SCALE_BASE, rope_theta, xpos_zeta
 
-__all__ = ["attention_resolution", "expectation_curve", "score_by_distance"]
+__all__ = ["attention_resolution", "capture_logits", "expectation_curve", "score_by_distance"]
 
 CHUNK_ELEMENTS = 2**24  # logits per chunk of queries
 
@@ -43,7 +46,7 @@ def attention_resolution(s) -> float:
     return float((e[:-1] * (e[:-1] - e[1:])).sum() / e.sum() ** 2)
 
 
-def expectation_curve(head_dim: int, max_distance: int, gamma: float = 0.4, scale_base: float = 512.0,
+def expectation_curve(head_dim: int, max_distance: int, gamma: float = GAMMA, scale_base: float = SCALE_BASE,
                       rope: bool = False) -> Tensor:
     """g[n] for n = 0 .. max_distance (Eq. 10), float64, shape (max_distance + 1,).
 
@@ -61,50 +64,51 @@ def expectation_curve(head_dim: int, max_distance: int, gamma: float = 0.4, scal
     return curve.sum(-1)
 
 
+@contextmanager
+def capture_logits(model, callback: Callable[[int, Tensor, Tensor, Tensor], None]) -> Iterator[None]:
+    """Within the block, every attention layer of ``model`` hands its pre-softmax logits to
+    ``callback(layer, logits, distance, visible)`` (see ``modules.attention.executor.Observer``)."""
+    layers = model.decoder.layers
+    for index, layer in enumerate(layers):
+        layer.self_attn.observer = partial(callback, index)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.self_attn.observer = None
+
+
 @torch.no_grad()
-def score_by_distance(model, tokens: Tensor):
+def score_by_distance(model, tokens: Tensor, window: Optional[AttentionWindow] = None):
     """Sum and count of pre-softmax logits by distance, per layer and head, for one batch of texts.
 
     Args:
-        model: a lex_lm model (eval mode), under the attention window set on its decoder (full, BCA,
-            sliding): the forward that feeds each layer and the pairs counted both follow it.
+        model: a lex_lm model (eval mode).
         tokens: (B, L) int64 token ids (no padding).
+        window: the attention window (default: the decoder's default window); the forward that feeds each
+            layer and the pairs counted both follow it.
 
     Returns:
         (sums, counts): sums (layers, H, L) float64 of a_{i, i-n} over texts and queries; counts (L,) int64,
         the number of visible pairs at each distance over the batch.
     """
     decoder = model.decoder
-    window: AttentionWindow = decoder.attention_window
-    inputs: List[Tensor] = []
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
-             for layer in decoder.layers]
-    try:
-        decoder(tokens)
-    finally:
-        for h in hooks:
-            h.remove()
+    window = decoder.default_window if window is None else window
     bsz, length = tokens.shape
     heads = decoder.layers[0].self_attn.num_heads
     sums = torch.zeros(len(decoder.layers), heads, length, dtype=torch.float64)
     counts = torch.zeros(length, dtype=torch.float64)
-    chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
-    for index, (layer, x) in enumerate(zip(decoder.layers, inputs)):
-        attn = layer.self_attn
-        q, k = attn._heads(attn.q_proj(x)), attn._heads(attn.k_proj(x))
-        pos = decoder.relative_position(index)
-        for start in range(0, length, chunk):
-            end = min(length, start + chunk)
-            first = int(window.first_key(start))
-            qc, kc, bias = relative_terms(pos, q[:, :, start:end], k[:, :, first:end], start - first, 0)
-            logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # (B, H, T, S)
-            if bias is not None:
-                logits = logits + bias
-            query = torch.arange(start, end)[:, None]
-            key = torch.arange(first, end)[None, :]
-            visible = (key <= query) & (key >= window.first_key(query))
-            distance = (query - key)[visible]  # (K,)
-            sums[index].index_add_(1, distance, logits[:, :, visible].double().sum(0))
-            if index == 0:
-                counts.index_add_(0, distance, torch.full_like(distance, bsz, dtype=torch.float64))
+
+    def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
+        shape = logits.shape[2:]
+        seen = visible.expand(shape) if visible.dim() <= len(shape) else visible.reshape(-1, *shape)[0]
+        d = distance.expand(shape)[seen].cpu()
+        sums[layer].index_add_(1, d, logits[:, :, seen].double().sum(0).cpu())
+        if layer == 0:
+            counts.index_add_(0, d, torch.full(d.shape, float(bsz), dtype=torch.float64))
+
+    chunk = window.stride if window.bounded else max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
+    with capture_logits(model, observe):
+        for _ in blockwise_forward(model, tokens, min(chunk, length), window=window, features_only=True):
+            pass
     return sums, counts.long()

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from ..modules.attention.window import AttentionWindow
+
 __all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
 
 
@@ -127,13 +129,15 @@ def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Opti
 
 
 @torch.no_grad()
-def _token_nll(model, source: Tensor, target: Tensor, pad: int, block: Optional[int] = None) -> Tensor:
-    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding; with ``block``, computed
-    chunk by chunk through :func:`blockwise_forward` (memory flat in L, logits included)."""
+def _token_nll(model, source: Tensor, target: Tensor, pad: int, window: AttentionWindow) -> Tensor:
+    """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding. Under BCA or a sliding
+    window, computed block by block through :func:`blockwise_forward` (c = the window's stride; memory
+    flat in L, logits included); under full attention in one parallel forward."""
     nll = lambda logits, tgt: F.cross_entropy(logits.float().transpose(1, 2), tgt, ignore_index=pad, reduction="none")  # noqa: E731
-    if block is None or block >= source.size(1):
-        return nll(model(source)[0], target)
-    return torch.cat([nll(out, target[:, a:b]) for a, b, out in blockwise_forward(model, source, block)], dim=1)
+    if not window.bounded or window.stride >= source.size(1):
+        return nll(model(source, window=window)[0], target)
+    chunks = blockwise_forward(model, source, window.stride, window=window)
+    return torch.cat([nll(out, target[:, a:b]) for a, b, out in chunks], dim=1)
 
 
 def _pad_batch(rows: Sequence[Tensor], length: int, pad: int) -> Tensor:
@@ -147,26 +151,24 @@ def evaluate_lengths(
     model,
     stream: Tensor,
     lengths: Sequence[int],
-    window_name: str,
+    window: AttentionWindow,
     eos: int,
     pad: int,
     max_tokens: int = 32768,
     training_length: Optional[int] = None,
     device: Optional[torch.device] = None,
     progress: bool = True,
-    block: Optional[int] = None,
 ) -> List[LengthResult]:
     """Score ``stream`` (1-D int64, the whole split) cut into each of ``lengths``.
 
     Args:
-        model: a fairseq language model in eval mode (its attention window already set).
+        model: a lex_lm model in eval mode.
         stream: (T,) token ids.
         lengths: evaluation lengths L (tokens per sample).
-        window_name: label for the report (e.g. ``bca(128)``).
+        window: the attention window (its name labels the report, e.g. ``bca(128)``); BCA and sliding
+            windows run samples block by block through the bounded key/value cache (memory flat in L).
         max_tokens: batch size bound: max(1, max_tokens // L) samples per forward.
         training_length: l, for the position buckets.
-        block: run samples ``block`` positions at a time through a bounded key/value cache (for BCA or a
-            sliding window: memory flat in L); None for one parallel forward per sample.
 
     Returns:
         One ``LengthResult`` per length; ``tokens`` == T for every length.
@@ -175,14 +177,14 @@ def evaluate_lengths(
     results = []
     for length in lengths:
         edges = bucket_edges(length, training_length)
-        result = LengthResult(window_name, length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])])
+        result = LengthResult(str(window), length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])])
         batch_size = max(1, max_tokens // length)
         total = -(-stream.numel() // length)
-        bar = tqdm(total=total, desc=f"{window_name} L={length}", unit="sample", disable=not progress or None, leave=False)
+        bar = tqdm(total=total, desc=f"{window} L={length}", unit="sample", disable=not progress or None, leave=False)
         for batch in _batches(_samples(stream, length, eos), batch_size):
             source = _pad_batch([s for _, s, _ in batch], length, pad).to(device)
             target = _pad_batch([t for _, _, t in batch], length, pad).to(device)
-            nll = _token_nll(model, source, target, pad, block).double()
+            nll = _token_nll(model, source, target, pad, window).double()
             real = target.ne(pad)
             result.tokens += int(real.sum())
             result.nll += float(nll.sum())
@@ -200,20 +202,19 @@ def evaluate_fixed_target(
     model,
     stream: Tensor,
     lengths: Sequence[int],
-    window_name: str,
+    window: AttentionWindow,
     pad: int,
     target_tokens: int,
     max_windows: int = 64,
     max_tokens: int = 32768,
     device: Optional[torch.device] = None,
     progress: bool = True,
-    block: Optional[int] = None,
 ) -> List[LengthResult]:
     """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_windows`` windows, each
     scored with a context of every length L (the window's final L tokens), so only the context grows.
 
     Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
-    its full context. ``block`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is shorter
+    its full context. ``window`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is shorter
     than max(lengths) + target_tokens or if target_tokens exceeds the smallest length.
     """
     longest = max(lengths)
@@ -229,13 +230,13 @@ def evaluate_fixed_target(
     device = device or next(model.parameters()).device
     results = []
     for length in lengths:
-        result = LengthResult(window_name, length, protocol="fixed_target")
+        result = LengthResult(str(window), length, protocol="fixed_target")
         batch_size = max(1, max_tokens // length)
-        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {window_name} L={length}",
+        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {window} L={length}",
                           disable=not progress or None, leave=False):
             source = torch.stack([stream[e - length - 1 : e - 1] for e in batch]).to(device)
             target = torch.stack([stream[e - length : e] for e in batch]).to(device)
-            nll = _token_nll(model, source, target, pad, block)[:, -target_tokens:].double()
+            nll = _token_nll(model, source, target, pad, window)[:, -target_tokens:].double()
             result.tokens += nll.numel()
             result.nll += float(nll.sum())
         results.append(result)

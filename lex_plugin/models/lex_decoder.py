@@ -2,7 +2,8 @@
 
 import hashlib
 import math
-from typing import Any, Dict, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from fairseq.models import FairseqIncrementalDecoder
@@ -11,56 +12,44 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 
-from ..modules.absolute_positions import LearnedPositions, SinusoidalPositions
-from ..modules.attention import IncrementalState
+from ..modules.attention.self_attention import IncrementalState
+from ..modules.attention.window import AttentionWindow
 from ..modules.decoder_layer import LexDecoderLayer
-from ..modules.position_bias import ALiBi, KerpleLog, Sandwich, T5Bias
-from ..modules.windowed_attention import AttentionWindow, RelativePosition, is_right_padded
-from ..modules.xpos import XPos
+from ..modules.positions import PositionScheme, build_positions
 
-__all__ = ["LexDecoder", "UNBOUNDED_POSITIONS"]
+__all__ = ["LexDecoder", "UNBOUNDED_POSITIONS", "dictionary_digest", "is_right_padded"]
 
 # xPos has no position table, so the model itself takes any length. fairseq compares sample lengths
 # with max_positions() and *silently skips* longer samples in eval-lm; the model must never be what
 # caps them, so it reports a bound no corpus reaches.
 UNBOUNDED_POSITIONS = 2**30
 
-# --pos-emb: where each scheme acts
-ROTARY = ("xpos", "rope")  # rotate q and k inside attention
-BIASES = ("alibi", "sandwich", "kerple_log", "t5")  # add f_h(n - m) to the attention logits
-ABSOLUTE = ("sinusoidal", "learned")  # add a position vector to the token embeddings
-POS_EMB_SCHEMES = ROTARY + BIASES + ABSOLUTE + ("none",)
-
 
 class LexDecoder(FairseqIncrementalDecoder):
     """Decoder-only LeX Transformer configured by TorchScale's ``DecoderConfig``.
 
     Tokens are embedded (scaled by sqrt(C) unless ``no_scale_embedding``), plus an absolute position
-    vector for ``sinusoidal`` / ``learned``, optionally layer-normed, passed through ``decoder_layers``
-    blocks, final LayerNorm (pre-LN models) and the output projection. The position scheme
-    (``config.pos_emb``, one of ``POS_EMB_SCHEMES``):
+    vector for absolute schemes, optionally layer-normed, passed through ``decoder_layers`` blocks, final
+    LayerNorm (pre-LN models) and the output projection. The position scheme is ``config.pos_emb``, built
+    from the ``--pos-emb`` registry (``modules.positions``): one module shared by every layer, or one per
+    layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme.
 
-    * ``xpos`` (default, LeX Eq. 12), ``rope``: one shared :class:`XPos` rotates q and k in every layer
-      (its tables are built once per forward);
-    * ``alibi``, ``sandwich``, ``t5``: one shared bias module (T5's table is shared across layers, as in T5
-      and TorchScale); ``kerple_log``: one per layer (KERPLE's r1, r2 are per layer and head);
-    * ``sinusoidal``, ``learned``: absolute, added to the embeddings at positions 0, 1, ...;
-    * ``none``: NoPE.
+    The attention window (full, BCA, sliding) is an argument of ``forward``; ``default_window`` is used
+    when none is given (fairseq's own generator and scorer call ``forward`` without one), and
+    ``use_window`` scopes a temporary default.
 
     Args:
-        config: ``DecoderConfig``; also read: ``pos_emb``, ``xpos_gamma``, ``xpos_scalar_zeta``,
-            ``xpos_no_rotation``, ``sandwich_dim``, ``t5_num_buckets``, ``t5_max_distance``,
-            ``max_target_positions`` (learned table size), all set by the model builder.
+        config: ``DecoderConfig``; also read: ``pos_emb`` and its options (see ``lex_lm.build_decoder_config``).
         dictionary: fairseq ``Dictionary`` of the targets.
         embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
 
     Raises:
-        ValueError: an unknown ``pos_emb``, or ``learned`` without a table size.
+        ValueError: an unknown ``pos_emb`` or options it cannot take.
 
-    State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``embed_positions`` (learned),
-    ``layernorm_embedding``, ``layers.N.*`` (see :class:`LexDecoderLayer`), ``position_bias.N.*``
-    (KERPLE, T5), ``layer_norm``, ``output_projection``; and ``dictionary_digest`` (16 uint8, the MD5 of
-    the dictionary's symbols: a checkpoint names the vocabulary its ids index).
+    State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``layernorm_embedding``, ``layers.N.*``
+    (see :class:`LexDecoderLayer`), ``positions.N.*`` (KERPLE, T5, learned), ``layer_norm``,
+    ``output_projection``; and ``dictionary_digest`` (16 uint8, the MD5 of the dictionary's symbols: a
+    checkpoint names the vocabulary its ids index).
     """
 
     def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding):
@@ -74,15 +63,12 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.layernorm_embedding = LayerNorm(dim, eps=config.layernorm_eps) if config.layernorm_embedding else None
         self.dropout_module = nn.Dropout(config.dropout)
 
-        self.pos_emb = getattr(config, "pos_emb", "xpos" if config.xpos_rel_pos else "none")
-        if self.pos_emb not in POS_EMB_SCHEMES:
-            raise ValueError(f"--pos-emb must be one of {', '.join(POS_EMB_SCHEMES)}; got {self.pos_emb!r}.")
-        self.xpos = build_rotary(config, self.pos_emb)
-        self.position_bias = build_position_bias(config, self.pos_emb)
-        self.embed_positions = build_absolute_positions(config, self.pos_emb)
+        self.pos_emb = config.pos_emb
+        self.position_kind, self.positions = build_positions(config)
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
-        # Which keys each query attends: full causal for training; BCA or a sliding window at inference.
-        self.attention_window = AttentionWindow()
+        # Which keys each query attends when forward() is given no window: full causal unless set for
+        # evaluation (the task's --bca / --sliding-window, the hub's window).
+        self.default_window = AttentionWindow.full()
         self.num_layers = len(self.layers)
         self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
         # Which dictionary the token ids mean: saved with the weights, checked when a checkpoint is loaded.
@@ -116,6 +102,7 @@ class LexDecoder(FairseqIncrementalDecoder):
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
         src_lengths: Optional[Any] = None,
+        window: Optional[AttentionWindow] = None,
         **unused,
     ) -> Tuple[Tensor, Dict[str, Any]]:
         """Next-token logits.
@@ -126,17 +113,19 @@ class LexDecoder(FairseqIncrementalDecoder):
                 be passed at once).
             incremental_state: fairseq's key/value cache, or None for a parallel forward.
             features_only: return the final hidden states (B, T', C) instead of logits (B, T', V).
+            window: the attention window (default: ``default_window``).
 
         Returns:
             (logits or features, {"attn": [None], "inner_states": [(B, T', C), ...]}), T' the new positions.
         """
-        x, extra = self.extract_features(prev_output_tokens, incremental_state)
+        x, extra = self.extract_features(prev_output_tokens, incremental_state, window)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
 
     def extract_features(
-        self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None, **unused
+        self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None,
+        window: Optional[AttentionWindow] = None, **unused
     ) -> Tuple[Tensor, Dict[str, Any]]:
         """Final hidden states (B, T', C) of the positions not yet cached, and fairseq's extras.
 
@@ -155,47 +144,49 @@ class LexDecoder(FairseqIncrementalDecoder):
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(past, tokens.size(1), x.device).to(x.dtype)
+        if self.position_kind == "absolute":
+            x = x + self.positions[0].embed(past, tokens.size(1), x.device).to(x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)
         inner_states = [x]
+        window = self.default_window if window is None else window
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.relative_position(i), padding_mask, incremental_state, self.attention_window)
+            x = layer(x, self.position(i), padding_mask, incremental_state, window)
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
 
-    def relative_position(self, layer: int) -> RelativePosition:
-        """What layer ``layer``'s attention takes: the shared ``XPos``, its bias module, or None."""
-        if self.xpos is not None:
-            return self.xpos
-        if self.position_bias is not None:
-            return self.position_bias[layer if len(self.position_bias) > 1 else 0]
-        return None
+    def position(self, layer: int) -> PositionScheme:
+        """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes)."""
+        return self.positions[layer if len(self.positions) > 1 else 0]
 
-    def set_attention_window(self, window: AttentionWindow) -> None:
-        """Attend with ``window`` from now on (``AttentionWindow.bca(l)``, ``AttentionWindow("sliding", W)``
-        or the default ``AttentionWindow()``, full causal)."""
-        self.attention_window = window
+    @contextmanager
+    def use_window(self, window: AttentionWindow) -> Iterator[AttentionWindow]:
+        """Within the block, ``forward`` without a window attends with ``window``; the previous default
+        comes back afterwards, also on errors."""
+        previous = self.default_window
+        self.default_window = window
+        try:
+            yield window
+        finally:
+            self.default_window = previous
 
     def output_layer(self, features: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V) logits."""
         return self.output_projection(features)
 
     def max_positions(self) -> int:
-        """The learned table size for ``learned``; otherwise unbounded, not the training length: every
-        other scheme takes any length (see ``UNBOUNDED_POSITIONS``)."""
-        if isinstance(self.embed_positions, LearnedPositions):
-            return self.embed_positions.num_positions
-        return UNBOUNDED_POSITIONS
+        """The scheme's limit (the learned table size); otherwise unbounded, not the training length:
+        every other scheme takes any length (see ``UNBOUNDED_POSITIONS``)."""
+        return self.positions[0].max_positions or UNBOUNDED_POSITIONS
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
-        """Accept TorchScale-trained weights: drop the per-layer ``self_attn.xpos.scale`` buffers
-        (recomputed here in fp32, never stored) and fairseq's sinusoidal ``_float_tensor``; reject an
-        absolute position table unless this model is ``--pos-emb learned``.
+        """Accept TorchScale-trained weights and earlier lex_lm checkpoints: drop the per-layer
+        ``self_attn.xpos.scale`` buffers (recomputed here in fp32, never stored) and fairseq's sinusoidal
+        ``_float_tensor``; rename ``position_bias.N`` and a learned ``embed_positions`` table to
+        ``positions.N``; reject an absolute position table unless this model is ``--pos-emb learned``.
 
         Raises:
             ValueError: a learned position table in the checkpoint of a model without one.
@@ -205,16 +196,18 @@ class LexDecoder(FairseqIncrementalDecoder):
             del state_dict[key]
         # checkpoints from before the digest (and TorchScale's) cannot be checked: take this dictionary's
         state_dict.setdefault(prefix + "dictionary_digest", self.dictionary_digest.clone())
-        if isinstance(self.embed_positions, LearnedPositions):
-            return state_dict
+        for key in [k for k in state_dict if k.startswith(prefix + "position_bias.")]:
+            state_dict[prefix + "positions." + key[len(prefix + "position_bias."):]] = state_dict.pop(key)
         learned = [k for k in state_dict if k.startswith(prefix + "embed_positions.") and k.endswith("weight")]
-        if learned:
+        if learned and self.pos_emb != "learned":
             raise ValueError(
                 f"checkpoint has an absolute position table ({learned[0]}) but this model is --pos-emb {self.pos_emb}. "
                 "Build it with --pos-emb learned, or train the TorchScale model with --no-token-positional-embeddings."
             )
         for key in [k for k in state_dict if k.startswith(prefix + "embed_positions.")]:
-            del state_dict[key]
+            value = state_dict.pop(key)
+            if key in learned:
+                state_dict[prefix + "positions.0.weight"] = value
         return state_dict
 
 
@@ -224,50 +217,12 @@ def dictionary_digest(dictionary) -> Tensor:
     return torch.tensor(list(md5), dtype=torch.uint8)
 
 
-def build_rotary(config: DecoderConfig, pos_emb: str) -> Optional[XPos]:
-    """The shared ``XPos`` for ``xpos`` / ``rope`` (with the Table 4 ablation flags), else None."""
-    if pos_emb not in ROTARY:
-        return None
-    return XPos(
-        config.decoder_embed_dim // config.decoder_attention_heads,
-        scale_base=config.xpos_scale_base,
-        gamma=getattr(config, "xpos_gamma", 0.4),
-        use_scale=pos_emb == "xpos",
-        scalar_zeta=getattr(config, "xpos_scalar_zeta", False),
-        rotation=not getattr(config, "xpos_no_rotation", False),
-    )
-
-
-def build_position_bias(config: DecoderConfig, pos_emb: str) -> Optional[nn.ModuleList]:
-    """The bias modules of ``alibi`` / ``sandwich`` / ``t5`` (one, shared) or ``kerple_log`` (one per layer)."""
-    heads = config.decoder_attention_heads
-    if pos_emb == "alibi":
-        return nn.ModuleList([ALiBi(heads)])
-    if pos_emb == "sandwich":
-        return nn.ModuleList([Sandwich(heads, getattr(config, "sandwich_dim", 128))])
-    if pos_emb == "t5":
-        return nn.ModuleList([T5Bias(heads, getattr(config, "t5_num_buckets", 32), getattr(config, "t5_max_distance", 128))])
-    if pos_emb == "kerple_log":
-        return nn.ModuleList(KerpleLog(heads) for _ in range(config.decoder_layers))
-    return None
-
-
-def build_absolute_positions(config: DecoderConfig, pos_emb: str) -> Optional[nn.Module]:
-    """``SinusoidalPositions`` or ``LearnedPositions`` (``max_target_positions`` rows), else None.
-
-    Raises:
-        ValueError: ``learned`` without a table size.
-    """
-    if pos_emb == "sinusoidal":
-        return SinusoidalPositions(config.decoder_embed_dim)
-    if pos_emb == "learned":
-        size = getattr(config, "max_target_positions", None)
-        if not size:
-            raise ValueError("--pos-emb learned needs a table size: --max-target-positions (or --tokens-per-sample).")
-        return LearnedPositions(int(size), config.decoder_embed_dim)
-    return None
-
-
 def build_embedding(dictionary, embed_dim: int) -> nn.Embedding:
     """fairseq's token embedding: N(0, C ** -0.5), padding row zero. Shape (len(dictionary), C)."""
     return Embedding(len(dictionary), embed_dim, dictionary.pad())
+
+
+def is_right_padded(key_padding_mask: Tensor) -> bool:
+    """True when every (B, L) row is [real ..., real, pad ..., pad]: causality alone then hides the pads."""
+    m = key_padding_mask.to(torch.int8)
+    return bool((m[:, 1:] >= m[:, :-1]).all())

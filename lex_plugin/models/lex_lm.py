@@ -3,7 +3,9 @@
 Configuration uses TorchScale's ``DecoderConfig`` vocabulary (``decoder_embed_dim``, ``subln``,
 ``deepnorm``, ``xpos_scale_base`` ...); the dataclass below is its fairseq face, as in fairseq's
 ``models/transformer_lm.py``. Boolean options are off unless passed (fairseq turns dataclass booleans
-into ``store_true`` flags); the ``lex_lm_*`` presets are pre-LN, as TorchScale's LM example forces.
+into ``store_true`` flags). Layers are pre-LN (TorchScale's LM default) unless ``--post-ln`` or
+``--deepnorm`` (DeepNet is post-LN by definition); ``--subln`` (Magneto) is pre-LN and refuses both.
+Every default lives in this dataclass (the xPos constants in ``modules.positions.xpos``).
 """
 
 from dataclasses import dataclass, field
@@ -16,9 +18,12 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
-from .lex_decoder import POS_EMB_SCHEMES, ROTARY, LexDecoder, build_embedding
+from ..modules.positions import POSITION_SCHEMES, validate_position_config
+from ..modules.positions.biases import SANDWICH_DIM, T5_MAX_DISTANCE, T5_NUM_BUCKETS
+from ..modules.positions.xpos import GAMMA, SCALE_BASE, THETA_BASE
+from .lex_decoder import LexDecoder, build_embedding
 
-POS_EMB_CHOICES = ChoiceEnum(list(POS_EMB_SCHEMES))
+POS_EMB_CHOICES = ChoiceEnum(list(POSITION_SCHEMES))
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 
@@ -30,24 +35,22 @@ class LexLanguageModelConfig(FairseqDataclass):
 
     pos_emb: POS_EMB_CHOICES = field(
         default="xpos",
-        metadata={
-            "help": "position scheme: xpos (LeX, Eq. 12), rope (xPos with zeta = 1), alibi, sandwich, kerple_log, t5 "
-            "(relative biases), sinusoidal, learned (absolute, added to the embeddings) or none (NoPE)"
-        },
+        metadata={"help": "position scheme: " + "; ".join(f"{n} ({spec.summary})" for n, spec in POSITION_SCHEMES.items())},
     )
-    xpos_scale_base: float = field(default=512.0, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
+    xpos_scale_base: float = field(default=SCALE_BASE, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
     xpos_gamma: float = field(
-        default=0.4, metadata={"help": "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"}
+        default=GAMMA, metadata={"help": "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"}
     )
+    rope_theta: float = field(default=THETA_BASE, metadata={"help": "RoPE / xPos base of theta_i = base^(-2i/d)"})
     xpos_scalar_zeta: bool = field(
         default=False, metadata={"help": "ablation (LeX Table 4): one zeta = gamma/(1 + gamma) for every pair"}
     )
     xpos_no_rotation: bool = field(
         default=False, metadata={"help": "ablation (LeX Table 4): theta = 0, decay only, no rotation"}
     )
-    sandwich_dim: int = field(default=128, metadata={"help": "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"})
-    t5_num_buckets: int = field(default=32, metadata={"help": "T5 bias: number of distance buckets"})
-    t5_max_distance: int = field(default=128, metadata={"help": "T5 bias: distances from here on share the last bucket"})
+    sandwich_dim: int = field(default=SANDWICH_DIM, metadata={"help": "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"})
+    t5_num_buckets: int = field(default=T5_NUM_BUCKETS, metadata={"help": "T5 bias: number of distance buckets"})
+    t5_max_distance: int = field(default=T5_MAX_DISTANCE, metadata={"help": "T5 bias: distances from here on share the last bucket"})
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "--pos-emb learned: rows of the position table (default: --tokens-per-sample)"}
     )
@@ -55,11 +58,9 @@ class LexLanguageModelConfig(FairseqDataclass):
     decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
     decoder_layers: int = field(default=6, metadata={"help": "number of decoder layers"})
     decoder_attention_heads: int = field(default=8, metadata={"help": "number of attention heads"})
-    decoder_normalize_before: bool = field(
-        default=False, metadata={"help": "pre-LN (the lex_lm_* presets set it; --deepnorm turns it off)"}
-    )
-    subln: bool = field(default=False, metadata={"help": "Magneto sub-LayerNorm (TorchScale subln)"})
-    deepnorm: bool = field(default=False, metadata={"help": "DeepNet post-LN residual scaling"})
+    post_ln: bool = field(default=False, metadata={"help": "post-LN layers (LayerNorm after each residual); default pre-LN"})
+    subln: bool = field(default=False, metadata={"help": "Magneto sub-LayerNorm (TorchScale subln; pre-LN)"})
+    deepnorm: bool = field(default=False, metadata={"help": "DeepNet: post-LN with residual scaling (2N)^(1/4)"})
     activation_fn: ACTIVATION_CHOICES = field(default="gelu", metadata={"help": "FFN activation"})
     dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention probabilities"})
@@ -82,7 +83,7 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         decoder_attention_heads=cfg.decoder_attention_heads,
         decoder_ffn_embed_dim=cfg.decoder_ffn_embed_dim,
         decoder_layers=cfg.decoder_layers,
-        decoder_normalize_before=cfg.decoder_normalize_before,
+        decoder_normalize_before=not (cfg.post_ln or cfg.deepnorm),
         activation_fn=str(cfg.activation_fn),
         dropout=cfg.dropout,
         drop_path_rate=cfg.drop_path_rate,
@@ -101,6 +102,7 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     # not DecoderConfig fields (TorchScale has xPos with gamma = 0.4 only)
     config.pos_emb = str(cfg.pos_emb)
     config.xpos_gamma = cfg.xpos_gamma
+    config.rope_theta = cfg.rope_theta
     config.xpos_scalar_zeta = cfg.xpos_scalar_zeta
     config.xpos_no_rotation = cfg.xpos_no_rotation
     config.sandwich_dim = cfg.sandwich_dim
@@ -111,11 +113,12 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
 
 
 def check_config(cfg) -> None:
-    """Reject configurations that cannot build, with the option to change.
+    """Reject configurations that cannot build or that contradict themselves, naming the options.
 
     Raises:
-        ValueError: C not divisible by heads, odd head dimension under xPos / RoPE, non-positive sizes,
-            an odd ``--sandwich-dim``.
+        ValueError: non-positive sizes, C not divisible by heads, ``--subln`` with ``--deepnorm`` or
+            ``--post-ln``, dropout outside [0, 1), and whatever the position scheme refuses
+            (``SchemeSpec.validate``: an odd head dimension for rotary schemes, an odd ``--sandwich-dim`` ...).
     """
     for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
         if getattr(cfg, name) <= 0:
@@ -125,14 +128,24 @@ def check_config(cfg) -> None:
             f"--decoder-embed-dim ({cfg.decoder_embed_dim}) must be divisible by --decoder-attention-heads "
             f"({cfg.decoder_attention_heads})."
         )
-    head_dim = cfg.decoder_embed_dim // cfg.decoder_attention_heads
-    if str(cfg.pos_emb) in ROTARY and head_dim % 2 != 0:
-        raise ValueError(
-            f"xPos rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
-            f"--decoder-attention-heads = {head_dim}) must be even."
-        )
-    if str(cfg.pos_emb) == "sandwich" and (cfg.sandwich_dim <= 0 or cfg.sandwich_dim % 2):
-        raise ValueError(f"--sandwich-dim must be positive and even, got {cfg.sandwich_dim}.")
+    if cfg.subln and (cfg.deepnorm or cfg.post_ln):
+        other = "--deepnorm" if cfg.deepnorm else "--post-ln"
+        raise ValueError(f"--subln (Magneto, pre-LN) and {other} (post-LN) exclude each other: choose one.")
+    for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path_rate"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(cfg, name)}.")
+    validate_position_config(_PositionOptions(cfg))
+
+
+class _PositionOptions:
+    """A model config seen by a scheme's validation: its fields plus ``max_target_positions`` resolved."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+        self.max_target_positions = safe_getattr(cfg, "max_target_positions", None) or safe_getattr(cfg, "tokens_per_sample", None)
+
+    def __getattr__(self, name):
+        return getattr(self._cfg, name)
 
 
 @register_model("lex_lm", dataclass=LexLanguageModelConfig)
@@ -141,13 +154,15 @@ class LexLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
-                        window="full", window_size=None, **kwargs):
+                        window="full", sliding_window=None, training_length=None, **kwargs):
         """A :class:`~lex_plugin.hub_interface.LexHubInterface` (sample, score, continue_text) for a
         checkpoint and the data-bin ``lex prepare`` made (its tokenization and BPE are applied to text).
-        ``window``: full, bca or sliding (``window_size`` overrides the checkpoint's training length)."""
+        ``window``: full, bca or sliding (``sliding_window`` W or ``l``; ``training_length`` overrides
+        the checkpoint's l)."""
         from ..hub_interface import from_pretrained
 
-        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, window_size, **kwargs)
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, sliding_window,
+                               training_length, **kwargs)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint was trained with this model's dictionary.
@@ -189,11 +204,10 @@ def _set(args, name, value):
 
 
 def lex_lm_architecture(args):
-    """Defaults shared by every preset; explicit command-line values win."""
+    """Defaults shared by every preset (the dataclass's); explicit command-line values win."""
     for name, dc_field in LexLanguageModelConfig.__dataclass_fields__.items():
         if name != "tokens_per_sample":
             _set(args, name, dc_field.default)
-    args.decoder_normalize_before = not args.deepnorm  # pre-LN unless DeepNet (TorchScale's rule)
 
 
 def _preset(name, layers, dim, heads, ffn, dropout):

@@ -1,16 +1,12 @@
-"""Components of the LeX Transformer (TorchScale's component split): position schemes (xPos and the
-baselines), attention with BCA / sliding windows, the decoder layer."""
+"""Components of the LeX Transformer (TorchScale's component split): position schemes (``positions``),
+attention (``attention``: window, planner, executor, cache), the decoder layer."""
 
-from .absolute_positions import LearnedPositions, SinusoidalPositions
-from .attention import LexSelfAttention
+from .attention import AttentionWindow, LexSelfAttention, window_from_options
 from .decoder_layer import LexDecoderLayer
 from .drop_path import DropPath
-from .position_bias import ALiBi, DistanceBias, KerpleLog, Sandwich, T5Bias, alibi_slopes
-from .windowed_attention import AttentionWindow, windowed_attention
-from .xpos import XPos, apply_rotary_scaled, rope_theta, xpos_zeta
+from .positions import POSITION_SCHEMES, PositionScheme, XPos
 
 __all__ = [
-    "ALiBi", "AttentionWindow", "DistanceBias", "DropPath", "KerpleLog", "LearnedPositions", "LexDecoderLayer",
-    "LexSelfAttention", "Sandwich", "SinusoidalPositions", "T5Bias", "XPos", "alibi_slopes", "apply_rotary_scaled",
-    "rope_theta", "windowed_attention", "xpos_zeta",
+    "AttentionWindow", "DropPath", "LexDecoderLayer", "LexSelfAttention", "POSITION_SCHEMES", "PositionScheme", "XPos",
+    "window_from_options",
 ]

@@ -8,9 +8,10 @@ from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 from torchscale.component.feedforward_network import FeedForwardNetwork
 
-from .attention import FULL, IncrementalState, LexSelfAttention
+from .attention.self_attention import FULL, NOPE, IncrementalState, LexSelfAttention
+from .attention.window import AttentionWindow
 from .drop_path import DropPath
-from .windowed_attention import AttentionWindow, RelativePosition
+from .positions.scheme import PositionScheme
 
 __all__ = ["LexDecoderLayer"]
 
@@ -65,7 +66,7 @@ class LexDecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        pos: RelativePosition = None,
+        position: PositionScheme = NOPE,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         window: AttentionWindow = FULL,
@@ -74,7 +75,7 @@ class LexDecoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, pos, key_padding_mask, incremental_state, window)
+        x = self.self_attn(x, position, key_padding_mask, incremental_state, window)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

@@ -10,10 +10,12 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .scheme import PositionScheme, SchemeSpec, register_position_scheme
+
 __all__ = ["LearnedPositions", "SinusoidalPositions"]
 
 
-class SinusoidalPositions(nn.Module):
+class SinusoidalPositions(PositionScheme):
     """Vaswani et al. (2017), in fairseq's layout: row n = [sin(n w_0) .. sin(n w_{h-1}), cos(n w_0) ..
     cos(n w_{h-1})] (a zero column appended for odd C), w_i = 10000^(-i / (h - 1)), h = C // 2.
 
@@ -23,6 +25,8 @@ class SinusoidalPositions(nn.Module):
     Args:
         embed_dim: C (>= 4).
     """
+
+    kind = "absolute"
 
     def __init__(self, embed_dim: int):
         super().__init__()
@@ -41,7 +45,7 @@ class SinusoidalPositions(nn.Module):
             table = torch.cat([table, torch.zeros(cap, 1, dtype=torch.float64)], dim=1)
         return table.to(device=device, dtype=torch.float32)
 
-    def forward(self, start: int, length: int, device) -> Tensor:
+    def embed(self, start: int, length: int, device) -> Tensor:
         """Rows for positions start .. start + length - 1: (length, C) fp32 on ``device``."""
         end = start + length
         if self._table.size(0) < end or self._table.device != torch.device(device):
@@ -52,7 +56,7 @@ class SinusoidalPositions(nn.Module):
         return f"embed_dim={self.embed_dim}"
 
 
-class LearnedPositions(nn.Module):
+class LearnedPositions(PositionScheme):
     """A learned (P, C) table, one row per position 0 .. P - 1 (GPT-2 / fairseq ``learned`` positions),
     initialised N(0, C^-0.5). State-dict name ``weight``.
 
@@ -60,20 +64,23 @@ class LearnedPositions(nn.Module):
         num_positions: P, the longest sequence the model can take (default: the training length).
         embed_dim: C.
 
-    Raises (forward):
+    Raises (embed):
         ValueError: a position >= P. The table has nothing there; evaluate at <= P tokens or use a
             scheme that extrapolates.
     """
+
+    kind = "absolute"
 
     def __init__(self, num_positions: int, embed_dim: int):
         super().__init__()
         if num_positions <= 0:
             raise ValueError(f"learned positions need a positive table size, got {num_positions} (--max-target-positions).")
         self.num_positions = num_positions
+        self.max_positions = num_positions
         self.weight = nn.Parameter(torch.empty(num_positions, embed_dim))
         nn.init.normal_(self.weight, mean=0.0, std=embed_dim**-0.5)
 
-    def forward(self, start: int, length: int, device) -> Tensor:
+    def embed(self, start: int, length: int, device) -> Tensor:
         """Rows for positions start .. start + length - 1: (length, C), the parameter's dtype."""
         end = start + length
         if end > self.num_positions:
@@ -86,3 +93,27 @@ class LearnedPositions(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_positions={self.num_positions}, embed_dim={self.weight.size(1)}"
+
+
+def _validate_sinusoidal(config) -> None:
+    if config.decoder_embed_dim < 4:
+        raise ValueError(f"--pos-emb sinusoidal needs --decoder-embed-dim >= 4, got {config.decoder_embed_dim}.")
+
+
+def _learned_size(config) -> int:
+    size = getattr(config, "max_target_positions", None)
+    if not size:
+        raise ValueError("--pos-emb learned needs a table size: --max-target-positions (or --tokens-per-sample).")
+    return int(size)
+
+
+register_position_scheme(SchemeSpec(
+    "sinusoidal", "absolute", "sin/cos of n w_i added to the token embeddings", "Vaswani et al. 2017, section 3.5",
+    lambda config, layer: SinusoidalPositions(config.decoder_embed_dim), validate=_validate_sinusoidal,
+))
+register_position_scheme(SchemeSpec(
+    "learned", "absolute", "a learned row per position 0 .. P-1 (P = --max-target-positions, default l); no extrapolation",
+    "Radford et al. 2019 (GPT-2); fairseq's learned positions",
+    lambda config, layer: LearnedPositions(_learned_size(config), config.decoder_embed_dim),
+    validate=lambda config: _learned_size(config) and None, extrapolates=False,
+))

@@ -20,32 +20,47 @@ Numerics (the module's contract):
   queries get zeta ** ((n - c) / B), keys zeta ** (-(m - c) / B). The logit is unchanged in exact
   arithmetic (only n - m matters), and the exponents stay within +-(key span) / (2B) instead of growing
   with the absolute position. TorchScale's ``XPOS`` centres the same way.
-* Tables live in a small per-module LRU cache keyed by (centre, direction, device), each covering
-  positions 0 .. cap - 1 and sliced: one table serves every layer of a forward pass (the decoder owns one
-  ``XPos`` and hands it to each layer) and every step of a generation. They are plain tensors,
-  not buffers: they are never saved in checkpoints and never cast by ``model.half()``.
+* Tables live in a small per-module LRU cache keyed by (centre, direction, device), each covering a
+  range of positions that grows geometrically and is sliced: one table serves every layer of a forward
+  pass (the decoder owns one ``XPos`` and hands it to each layer) and every step of a generation. They
+  are plain tensors, not buffers: never saved in checkpoints, never cast by ``model.half()``.
+* Keys cached during generation are stored rotated at a centre c (``rotate(..., keys=True)``); when
+  new positions move more than ``max_centre_offset(dtype)`` past c, the cache moves its centre and
+  multiplies the stored keys by ``rescale_keys(c, c')`` = zeta^((c' - c)/B), one (d,) factor.
 """
 
 from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .scheme import PositionScheme, SchemeSpec, head_dim, register_position_scheme
 
 __all__ = ["XPos", "apply_rotary_complex", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
+
+# Largest |exponent| of zeta^(+-(n - c)/B) allowed in a stored key or query, by dtype: e^60 stays far
+# inside fp32 / bf16 (e^88); fp16 ends at 65504 = e^11, and keys themselves may be ~e^5 large.
+MAX_LOG_SCALE = {torch.float16: 5.0}
+DEFAULT_MAX_LOG_SCALE = 60.0
+
+# The defaults of LeX Eq. 12 (gamma, B) and RoPE's base; the model config reads them from here.
+GAMMA = 0.4
+SCALE_BASE = 512.0
+THETA_BASE = 10000.0
 
 # The scale centre is rounded to this many positions: exact in the logits (only n - m matters), and the
 # exponent bound grows by at most CENTER_STEP / (2B).
 CENTER_STEP = 256
 
 
-def rope_theta(head_dim: int, theta_base: float = 10000.0, dtype=torch.float64) -> Tensor:
+def rope_theta(head_dim: int, theta_base: float = THETA_BASE, dtype=torch.float64) -> Tensor:
     """RoPE angle per pair: theta_i = theta_base ** (-2i / d), shape (d/2,). (Eq. 8; Su et al. 2021)."""
     i = torch.arange(head_dim // 2, dtype=torch.float64)
     return (theta_base ** (-2.0 * i / head_dim)).to(dtype)
 
 
-def xpos_zeta(head_dim: int, gamma: float = 0.4, dtype=torch.float64) -> Tensor:
+def xpos_zeta(head_dim: int, gamma: float = GAMMA, dtype=torch.float64) -> Tensor:
     """xPos decay per pair: zeta_i = (2i/d + gamma) / (1 + gamma), shape (d/2,), values in (0, 1). (Eq. 12)."""
     i = torch.arange(head_dim // 2, dtype=torch.float64)
     return ((2.0 * i / head_dim + gamma) / (1.0 + gamma)).to(dtype)
@@ -86,8 +101,8 @@ def apply_rotary_complex(x: Tensor, rotation: Tensor) -> Tensor:
     return torch.view_as_real(z * rotation).flatten(-2).to(x.dtype)
 
 
-class XPos(nn.Module):
-    """xPos applied to queries and keys of one attention call (LeX paper Eq. 12, Algorithm 1).
+class XPos(PositionScheme):
+    """xPos applied to queries and keys (LeX paper Eq. 12, Algorithm 1); RoPE with ``use_scale=False``.
 
     Args:
         head_dim: d, the per-head dimension; must be even (pairs are rotated).
@@ -103,12 +118,14 @@ class XPos(nn.Module):
         ValueError: odd ``head_dim``, non-positive ``scale_base`` or ``gamma``.
     """
 
+    kind = "rotary"
+
     def __init__(
         self,
         head_dim: int,
-        scale_base: float = 512.0,
-        gamma: float = 0.4,
-        theta_base: float = 10000.0,
+        scale_base: float = SCALE_BASE,
+        gamma: float = GAMMA,
+        theta_base: float = THETA_BASE,
         use_scale: bool = True,
         scalar_zeta: bool = False,
         rotation: bool = True,
@@ -137,7 +154,7 @@ class XPos(nn.Module):
         if scalar_zeta:
             zeta = torch.full_like(zeta, gamma / (1.0 + gamma))
         self._log_zeta = torch.log(zeta)  # (d/2,) float64, CPU
-        self._cache: "OrderedDict[tuple, Tuple[Tensor, Tensor]]" = OrderedDict()
+        self._cache: "OrderedDict[tuple, Tuple[int, Tensor]]" = OrderedDict()
         self._cache_size = cache_size
 
     def extra_repr(self) -> str:
@@ -147,66 +164,83 @@ class XPos(nn.Module):
             f"rotation={self.rotation}"
         )
 
-    def tables(self, start: int, length: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor]:
-        """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32.
+    def tables(self, start: int, length: int, center: int, keys: bool, device) -> Tuple[Tensor, Tensor]:
+        """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32, both
+        multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` for keys."""
+        table = self.complex_table(start, length, center, keys, device)
+        return table.real, table.imag
 
-        Both are multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` (``downscale``)
-        for keys. One table per (center, downscale, device) covers positions 0 .. cap - 1 and is sliced;
-        it grows geometrically, so a generation step reuses it instead of rebuilding N positions.
+    def complex_table(self, start: int, length: int, center: int, keys: bool, device) -> Tensor:
+        """The same tables as one (length, d/2) complex64 tensor, cos + i sin (``apply_rotary_complex``).
+
+        One table per (center, direction, device) covers a range of positions and is sliced; a request
+        outside it rebuilds it over a range at least twice as long, so consecutive generation steps
+        rebuild O(log n) times. Angles and scales are formed in float64.
+
+        Raises:
+            ValueError: a negative ``start``.
         """
-        cos, sin, _ = self._entry(start, length, center, downscale, device)
-        return cos[start : start + length], sin[start : start + length]
-
-    def complex_table(self, start: int, length: int, center: int, downscale: bool, device) -> Tensor:
-        """The same tables as one (length, d/2) complex64 tensor, cos + i sin (``apply_rotary_complex``)."""
-        return self._entry(start, length, center, downscale, device)[2][start : start + length]
-
-    def _entry(self, start: int, length: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor, Tensor]:
-        """The cached (cos, sin, cos + i sin) tables covering positions 0 .. >= start + length - 1."""
         if start < 0:
             raise ValueError(f"xPos positions start at 0, got start={start}")
-        end = start + length
-        key = (center, downscale, str(device))
+        if not self.use_scale:
+            center = 0  # RoPE: one table whatever the centre
+        key = (center, keys, str(device))
         hit = self._cache.get(key)
-        if hit is None or hit[0].size(0) < end:
-            cap = max(end, 2 * hit[0].size(0) if hit is not None else 0, 256)
-            hit = self._build(cap, center, downscale, device)
+        if hit is None or start < hit[0] or start + length > hit[0] + hit[1].size(0):
+            size = max(length, 256, 2 * hit[1].size(0) if hit is not None else 0)
+            low = start if hit is None or start < hit[0] else hit[0]
+            size = max(size, start + length - low)
+            hit = (low, self._build(low, size, center, keys, device))
             self._cache[key] = hit
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
-        return hit
+        return hit[1][start - hit[0] : start - hit[0] + length]
 
-    def _build(self, cap: int, center: int, downscale: bool, device) -> Tuple[Tensor, Tensor, Tensor]:
+    def _build(self, low: int, size: int, center: int, keys: bool, device) -> Tensor:
         work = torch.device("cpu") if torch.device(device).type == "mps" else device
-        n = torch.arange(cap, dtype=torch.float64, device=work)
+        n = torch.arange(low, low + size, dtype=torch.float64, device=work)
         angle = n[:, None] * self._theta.to(work)[None, :]
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.use_scale:
             exponent = (n - center)[:, None] / self.scale_base
-            if downscale:
+            if keys:
                 exponent = -exponent
             scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
             cos, sin = cos * scale, sin * scale
-        cos, sin = cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32)
-        return cos, sin, torch.complex(cos, sin)
+        return torch.complex(cos.float(), sin.float()).to(device)
 
-    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, downscale: bool = False) -> Tensor:
-        """Apply xPos to one tensor.
+    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, keys: bool = False) -> Tensor:
+        """Apply xPos to queries (``keys=False``: zeta^((n - center)/B)) or keys (``keys=True``:
+        zeta^(-(m - center)/B)).
 
         Args:
-            x: (..., L, d) queries (``downscale=False``) or keys (``downscale=True``).
+            x: (..., L, d) any float dtype.
             start: position of x[..., 0, :].
             center: the centre c of the scale exponent; defaults to start + L // 2. Queries and keys
                 that are multiplied together must use the same centre.
 
         Returns:
-            Tensor of x's shape and dtype.
+            Tensor of x's shape and dtype (computed in fp32).
         """
         length = x.size(-2)
         if center is None:
             center = start + length // 2
-        return apply_rotary_complex(x, self.complex_table(start, length, center, downscale, x.device))
+        return apply_rotary_complex(x, self.complex_table(start, length, center, keys, x.device))
+
+    def rescale_keys(self, old_center: int, new_center: int, device) -> Optional[Tensor]:
+        """(d,) fp32 factor zeta^((new - old)/B) per dimension (pairs repeated), or None for RoPE."""
+        if not self.use_scale or old_center == new_center:
+            return None
+        factor = torch.exp((new_center - old_center) / self.scale_base * self._log_zeta)  # (d/2,) float64
+        return factor.repeat_interleave(2).float().to(device)
+
+    def max_center_offset(self, dtype) -> Optional[int]:
+        """Positions a stored query or key may lie from its centre with |log scale| <= MAX_LOG_SCALE[dtype]."""
+        if not self.use_scale:
+            return None
+        bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
+        return max(CENTER_STEP, int(bound * self.scale_base / float(-self._log_zeta.min())))
 
     def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
         """xPos on the queries and keys of one attention call.
@@ -218,7 +252,39 @@ class XPos(nn.Module):
         Returns:
             (q', k') with q' . k'_m = sum_i Re[(q e^{i n theta}) conj(k e^{i m theta})] zeta_i^((n - m)/B),
             in the input dtypes. The shared centre is the middle of the key span, rounded down to a
-            multiple of CENTER_STEP so that consecutive generation steps share one cached table.
+            multiple of CENTER_STEP so that consecutive calls share one cached table.
         """
         center = (k_start + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
         return self.rotate(q, q_start, center, False), self.rotate(k, k_start, center, True)
+
+
+def _xpos_options(config) -> dict:
+    return dict(scale_base=config.xpos_scale_base, gamma=config.xpos_gamma, theta_base=config.rope_theta,
+                scalar_zeta=config.xpos_scalar_zeta, rotation=not config.xpos_no_rotation)
+
+
+def _validate_rotary(config) -> None:
+    d = head_dim(config)
+    if d % 2:
+        raise ValueError(
+            f"--pos-emb {config.pos_emb} rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
+            f"--decoder-attention-heads = {d}) must be even."
+        )
+    if config.xpos_scale_base <= 0 or config.xpos_gamma <= 0 or config.rope_theta <= 0:
+        raise ValueError(
+            f"--xpos-scale-base ({config.xpos_scale_base}), --xpos-gamma ({config.xpos_gamma}) and --rope-theta "
+            f"({config.rope_theta}) must be > 0."
+        )
+    if config.pos_emb == "rope" and (config.xpos_scalar_zeta or config.xpos_no_rotation):
+        raise ValueError("--xpos-scalar-zeta / --xpos-no-rotation are xPos ablations: use them with --pos-emb xpos.")
+
+
+register_position_scheme(SchemeSpec(
+    "xpos", "rotary", "rotation n theta_i of RoPE, queries scaled by zeta_i^(n/B), keys by zeta_i^(-m/B) (default)",
+    "Sun et al. 2023 (LeX), Eq. 12, Algorithm 1",
+    lambda config, layer: XPos(head_dim(config), use_scale=True, **_xpos_options(config)), validate=_validate_rotary,
+))
+register_position_scheme(SchemeSpec(
+    "rope", "rotary", "rotation of query/key pairs by n theta_i (xPos with zeta = 1)", "Su et al. 2021 (RoFormer), Eq. 34",
+    lambda config, layer: XPos(head_dim(config), use_scale=False, **_xpos_options(config)), validate=_validate_rotary,
+))

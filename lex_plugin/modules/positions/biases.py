@@ -1,4 +1,5 @@
-"""Relative position biases added to the attention logits: ALiBi, Sandwich, KERPLE (log), T5.
+"""Relative position biases added to the attention logits: ALiBi, Sandwich, smoothed Sandwich, KERPLE
+(log and power), T5.
 
 Every scheme here is a function of the distance r = n - m >= 0 between a query at n and a key at m
 (causal attention never looks ahead), one value per head:
@@ -20,8 +21,12 @@ Schemes (``--pos-emb``):
 * ``sandwich``: Chi et al. (receptive-field paper, Eq. 6 and Appendix E): with sinusoidal p_n of
   dimension d_bar (default 128, base 10000), p_n . p_m = sum_k cos((n - m) w_k), w_k = 10000^(-2k/d_bar);
   f_h(r) = (p_n . p_m - d_bar / 2) / rho_h with compression ratios rho_h = 8h / H, h = 1 .. H.
+* ``smoothed_sandwich``: the log curve Chi et al. fit to Sandwich's bias (receptive-field paper,
+  section 6.2, Figure 9, Table 3 "Smoothed"): f(r) = -0.825 log(1 + r) - 0.8, the same for every head.
 * ``kerple_log``: Chi et al. (KERPLE, NeurIPS 2022), the logarithmic kernel
   f_h(r) = -r1_h log(1 + r2_h r), r1, r2 > 0 learnable per head (clamped at ``min_value``).
+* ``kerple_power``: KERPLE's power kernel f_h(r) = -r1_h r^(r2_h), r1 > 0 and 0 < r2 <= 2 learnable per
+  head (KERPLE's c - r1 |m - n|^r2 without the constant c, which softmax ignores).
 * ``t5``: Raffel et al. (2020): a learnable scalar per head and log-spaced distance bucket
   (``num_buckets`` = 32, ``max_distance`` = 128, causal buckets), TorchScale's ``RelativePositionBias``.
 """
@@ -34,17 +39,24 @@ import torch
 from torch import Tensor, nn
 from torchscale.component.relative_position_bias import RelativePositionBias
 
-__all__ = ["ALiBi", "DistanceBias", "KerpleLog", "Sandwich", "T5Bias", "alibi_slopes"]
+from .scheme import PositionScheme, SchemeSpec, register_position_scheme
+
+__all__ = ["ALiBi", "DistanceBias", "KerpleLog", "KerplePower", "Sandwich", "SmoothedSandwich", "T5Bias", "alibi_slopes"]
 
 # Block biases up to this many entries (16 MB in fp32) are cached. Larger ones come from chunked full
 # attention at long lengths: each chunk is asked for once per layer, in order, so an LRU cache of a few
 # would hold hundreds of MB and never hit; gathering them again is cheap next to the attention itself.
 CACHE_ELEMENTS = 2**22
 
+# Defaults of the schemes' options (the model config reads them from here).
+SANDWICH_DIM = 128
+T5_NUM_BUCKETS = 32
+T5_MAX_DISTANCE = 128
 
-class DistanceBias(nn.Module):
+
+class DistanceBias(PositionScheme):
     """Base of the additive relative biases: subclasses define ``distance_bias`` (one value per head and
-    distance); ``forward`` gathers the (H, Tq, Tk) block bias from it.
+    distance); ``bias`` gathers the (H, Tq, Tk) block bias from it.
 
     Args:
         num_heads: H.
@@ -53,6 +65,7 @@ class DistanceBias(nn.Module):
             same ones); learnable schemes never cache.
     """
 
+    kind = "bias"
     learnable = False
 
     def __init__(self, num_heads: int, cache_size: int = 8):
@@ -67,7 +80,7 @@ class DistanceBias(nn.Module):
         """f_h(r) for r = ``distance``: (D,) int64 >= 0 -> (H, D) fp32."""
         raise NotImplementedError
 
-    def forward(self, q_start: int, q_len: int, k_start: int, k_len: int, device) -> Tensor:
+    def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device) -> Tensor:
         """Bias of queries at q_start .. q_start + q_len - 1 against keys at k_start .. k_start + k_len - 1.
 
         Only distances n - m matter, so the positions may be absolute or local to a window. Entries with
@@ -142,7 +155,7 @@ class Sandwich(DistanceBias):
         ValueError: d_bar odd or not positive.
     """
 
-    def __init__(self, num_heads: int, dim: int = 128, base: float = 10000.0):
+    def __init__(self, num_heads: int, dim: int = SANDWICH_DIM, base: float = 10000.0):
         super().__init__(num_heads)
         if dim <= 0 or dim % 2:
             raise ValueError(f"Sandwich's d_bar must be positive and even, got {dim} (--sandwich-dim).")
@@ -185,6 +198,47 @@ class KerpleLog(DistanceBias):
         return f"num_heads={self.num_heads}, min_value={self.min_value}"
 
 
+class SmoothedSandwich(DistanceBias):
+    """Smoothed Sandwich (Chi et al., receptive-field paper, section 6.2, Figure 9 and Table 3 "Smoothed"):
+    the least-squares log fit of Sandwich's temporal bias, f(r) = -0.825 log(1 + r) - 0.8, one curve for
+    every head; parameter-free. Computed in float64, returned fp32."""
+
+    SLOPE, OFFSET = 0.825, 0.8
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        curve = (-self.SLOPE * torch.log1p(distance.double()) - self.OFFSET).float()  # (D,)
+        return curve[None, :].expand(self.num_heads, -1)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+class KerplePower(DistanceBias):
+    """KERPLE's power kernel (Chi et al., NeurIPS 2022, section 3.2): f_h(r) = -r1_h r^(r2_h) with learnable
+    r1 > 0 and 0 < r2 <= 2 per head: parameters ``r1``, ``r2`` of shape (H,), initialised uniform in (0, 2)
+    and (0, 1) as in KERPLE's code, clamped to [min_value, inf) and [min_value, 2] when used. r^(r2) is
+    formed as exp(r2 log r) with r = 0 mapped to 0, so gradients stay finite at distance 0. Computed in fp32.
+    """
+
+    learnable = True
+
+    def __init__(self, num_heads: int, min_value: float = 1e-2):
+        super().__init__(num_heads)
+        self.min_value = min_value
+        self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
+        self.r2 = nn.Parameter(torch.rand(num_heads))
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        r1 = self.r1.float().clamp(min=self.min_value)
+        r2 = self.r2.float().clamp(min=self.min_value, max=2.0)
+        r = distance.float()[None, :]
+        power = torch.exp(r2[:, None] * torch.log(r.clamp(min=1.0)))  # log(1) = 0 at r = 0: finite gradients
+        return torch.where(r > 0, -r1[:, None] * power, torch.zeros_like(power))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, min_value={self.min_value}"
+
+
 class T5Bias(DistanceBias):
     """T5's relative position bias (Raffel et al., 2020, section 2.1): one learnable scalar per head and
     distance bucket; exact buckets for r < num_buckets / 2, log-spaced up to ``max_distance``, the last
@@ -194,7 +248,7 @@ class T5Bias(DistanceBias):
 
     learnable = True
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, num_heads: int, num_buckets: int = T5_NUM_BUCKETS, max_distance: int = T5_MAX_DISTANCE):
         super().__init__(num_heads)
         if num_buckets < 2 or max_distance < num_buckets // 2:
             raise ValueError(
@@ -212,3 +266,43 @@ class T5Bias(DistanceBias):
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         return self.t5.relative_attention_bias(self.buckets(distance)).float().t()
+
+
+def _heads(config) -> int:
+    return config.decoder_attention_heads
+
+
+def _validate_sandwich(config) -> None:
+    if config.sandwich_dim <= 0 or config.sandwich_dim % 2:
+        raise ValueError(f"--sandwich-dim must be positive and even, got {config.sandwich_dim}.")
+
+
+def _validate_t5(config) -> None:
+    if config.t5_num_buckets < 2 or config.t5_max_distance < config.t5_num_buckets // 2:
+        raise ValueError(
+            f"--t5-num-buckets must be >= 2 and --t5-max-distance >= buckets / 2; got {config.t5_num_buckets}, "
+            f"{config.t5_max_distance}."
+        )
+
+
+for _spec in (
+    SchemeSpec("alibi", "bias", "-m_h (n - m), geometric head slopes m_h", "Press et al. 2022 (ALiBi), section 3",
+               lambda config, layer: ALiBi(_heads(config))),
+    SchemeSpec("sandwich", "bias", "(p_n . p_m - d_bar/2) / rho_h from d_bar-dim sinusoids (--sandwich-dim)",
+               "Chi et al. 2023 (receptive field), Eq. 6, Appendix E",
+               lambda config, layer: Sandwich(_heads(config), config.sandwich_dim), validate=_validate_sandwich),
+    SchemeSpec("smoothed_sandwich", "bias", "-0.825 log(1 + |n - m|) - 0.8, every head",
+               "Chi et al. 2023 (receptive field), section 6.2, Table 3 'Smoothed'",
+               lambda config, layer: SmoothedSandwich(_heads(config))),
+    SchemeSpec("kerple_log", "bias", "-r1_h log(1 + r2_h (n - m)), learnable r1, r2 > 0 per layer and head",
+               "Chi et al. 2022 (KERPLE), section 3.2, logarithmic variant",
+               lambda config, layer: KerpleLog(_heads(config)), per_layer=True),
+    SchemeSpec("kerple_power", "bias", "-r1_h (n - m)^r2_h, learnable r1 > 0, 0 < r2 <= 2 per layer and head",
+               "Chi et al. 2022 (KERPLE), section 3.2, power variant",
+               lambda config, layer: KerplePower(_heads(config)), per_layer=True),
+    SchemeSpec("t5", "bias", "learned scalar per head and log-spaced distance bucket (--t5-num-buckets, --t5-max-distance)",
+               "Raffel et al. 2020 (T5), section 2.1",
+               lambda config, layer: T5Bias(_heads(config), config.t5_num_buckets, config.t5_max_distance),
+               validate=_validate_t5),
+):
+    register_position_scheme(_spec)

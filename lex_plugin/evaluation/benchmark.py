@@ -1,0 +1,185 @@
+"""The harness of the benchmark scripts (``scripts/bench_*.py``): memory of this process, one measurement in
+a fresh process, timing, markdown tables, and the comparison with a baseline checkout.
+
+A script measures one point with ``SCRIPT --one ARGS...`` in a fresh Python process (so the peak memory is
+that point's alone), which prints its result as JSON on its last stdout line (:func:`emit`); the parent
+collects them with :func:`run_isolated`. With a baseline checkout (an older version of this repository
+whose scripts take the same ``--one`` arguments), :func:`measure` runs every point twice, this checkout's
+script then the baseline's ``BASELINE/scripts/SCRIPT`` under ``PYTHONPATH=BASELINE``, so drift on a shared
+machine hits both; :func:`result_header` and :func:`result_cells` give the table old / new / new/old columns.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "Column", "baseline_script", "best_time", "checkout_env", "emit", "markdown_table", "measure", "median_time",
+    "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "thread_count", "time_calls",
+]
+
+# A table column of a result dict: (header label, key in the result, format of the value).
+Column = Tuple[str, str, str]
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MiB (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory since it started, in MiB (``ru_maxrss``, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def thread_count() -> int:
+    """The intra-op threads a measurement uses: ``OMP_NUM_THREADS``, else every core."""
+    return int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
+
+
+def time_calls(fn: Callable, args: Iterable) -> List[float]:
+    """Wall seconds of ``fn(a)`` for each ``a`` of ``args``, in order."""
+    times = []
+    for a in args:
+        start = time.perf_counter()
+        fn(a)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest wall time in seconds of ``repeats`` (>= 1) calls of ``fn()``."""
+    return min(time_calls(lambda _: fn(), range(max(1, repeats))))
+
+
+def median_time(fn: Callable, args: Iterable) -> float:
+    """The median wall time in seconds of ``fn(a)`` over ``args`` (at least one)."""
+    return statistics.median(time_calls(fn, args))
+
+
+def emit(result: dict) -> None:
+    """Print ``result`` as the JSON line :func:`run_isolated` reads (the last line of stdout)."""
+    print(json.dumps(result), flush=True)
+
+
+def baseline_script(checkout: Path, script: Path) -> Path:
+    """``CHECKOUT/scripts/<name of script>``, the baseline's version of a bench script.
+
+    Raises:
+        FileNotFoundError: the checkout has no such script.
+    """
+    path = Path(checkout) / "scripts" / Path(script).name
+    if not path.is_file():
+        raise FileNotFoundError(f"baseline checkout {checkout} has no {path.relative_to(checkout)}")
+    return path
+
+
+def checkout_env(checkout: Optional[Path]) -> Dict[str, str]:
+    """The environment of a process that must import ``lex_plugin`` from ``checkout``: this one's, with
+    ``checkout`` first on PYTHONPATH and this interpreter's scripts first on PATH; ``checkout`` None: this
+    process's environment with only PATH changed."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(checkout).resolve()), os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_isolated(script: Path, args: Sequence, checkout: Optional[Path] = None) -> dict:
+    """Run ``script --one ARGS...`` in a fresh Python process (a clean peak memory) and return the JSON of
+    its last stdout line.
+
+    Args:
+        script: the bench script (this checkout's).
+        args: the arguments after ``--one`` (converted with ``str``).
+        checkout: a baseline checkout: run ``CHECKOUT/scripts/<script's name>`` instead, under
+            ``PYTHONPATH=CHECKOUT`` (see :func:`checkout_env`).
+
+    Returns:
+        The measurement, or ``{"skipped": reason}`` when the process failed or printed no JSON.
+    """
+    path = Path(script) if checkout is None else baseline_script(checkout, script)
+    proc = subprocess.run([sys.executable, str(path), "--one", *map(str, args)], capture_output=True, text=True,
+                          env=checkout_env(checkout))
+    if proc.returncode != 0:
+        return {"skipped": f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"}
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"skipped": "failed: no JSON result on the last line of its output"}
+
+
+def measure(script: Path, args: Sequence, baseline: Optional[Path] = None) -> Tuple[dict, Optional[dict]]:
+    """One point measured with :func:`run_isolated`: this checkout's script, then (with ``baseline``) the
+    baseline checkout's on the same arguments.
+
+    Returns:
+        (new, old): the two results; old is None without a baseline.
+    """
+    new = run_isolated(script, args)
+    return new, (run_isolated(script, args, checkout=baseline) if baseline is not None else None)
+
+
+def ratio(new: Optional[float], old: Optional[float]) -> str:
+    """``new / old`` to two decimals, "-" when either is missing or not positive (a memory delta of 0 or
+    below says nothing as a ratio)."""
+    if new is None or old is None or new <= 0 or old <= 0:
+        return "-"
+    return f"{new / old:.2f}"
+
+
+def _shown(value: float, fmt: str) -> float:
+    """``value`` rounded as the table shows it (``fmt``), so that ratios of numbers below the table's
+    resolution read "-" instead of noise."""
+    return float(fmt.format(value).replace(",", ""))
+
+
+def result_header(columns: Sequence[Column], baseline: bool) -> List[str]:
+    """Header labels of ``columns``; with ``baseline``, three per column: ``LABEL old``, ``LABEL new``,
+    ``LABEL new/old``."""
+    if not baseline:
+        return [label for label, _, _ in columns]
+    return [f"{label} {part}" for label, _, _ in columns for part in ("old", "new", "new/old")]
+
+
+def _cells(result: dict, columns: Sequence[Column]) -> List[str]:
+    if "skipped" in result:
+        return ["-"] * (len(columns) - 1) + [result["skipped"]]
+    return [fmt.format(result[key]) for _, key, fmt in columns]
+
+
+def result_cells(new: dict, old: Optional[dict], columns: Sequence[Column], baseline: bool) -> List[str]:
+    """The cells of one result under :func:`result_header`'s labels.
+
+    Args:
+        new, old: this checkout's and the baseline's result dicts (old ignored without ``baseline``). A
+            ``{"skipped": reason}`` result shows "-" in its cells but the last, which holds the reason.
+        columns: (label, key, format) per value, e.g. ``("full tok/s", "tokens_per_s", "{:,.0f}")``.
+        baseline: three cells per column (old, new, new/old) instead of one. The ratio is that of the
+            values as shown (rounded by the column's format); see :func:`ratio`.
+    """
+    new_cells = _cells(new, columns)
+    if not baseline:
+        return new_cells
+    old = old if old is not None else {"skipped": "not measured"}
+    old_cells = _cells(old, columns)
+    out = []
+    for i, (_, key, fmt) in enumerate(columns):
+        both = "skipped" not in new and "skipped" not in old
+        r = ratio(_shown(new[key], fmt), _shown(old[key], fmt)) if both else "-"
+        out += [old_cells[i], new_cells[i], r]
+    return out
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table: ``| a | b |``, ``|---|---|``, then one line per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""Attention: the window vocabulary, one planner, one SDPA executor, the key/value cache, and the
+self-attention layer that puts them together."""
+
+from .executor import Observer, attend, see_self
+from .kv_cache import KeyValueCache
+from .planner import Chunk, plan
+from .self_attention import LexSelfAttention
+from .window import AttentionWindow, window_from_options
+
+__all__ = [
+    "AttentionWindow", "Chunk", "KeyValueCache", "LexSelfAttention", "Observer", "attend", "plan", "see_self",
+    "window_from_options",
+]

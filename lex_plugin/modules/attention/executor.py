@@ -1,0 +1,156 @@
+"""The attention executor: runs the chunks of :func:`~.planner.plan` on SDPA, with the position scheme.
+
+For each chunk it (1) rotates queries and keys with the scheme unless they already are (a generation
+cache stores rotated keys), (2) asks the scheme for its additive bias, (3) builds SDPA's mask, the
+cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused kernels), or an explicit
+boolean / float mask, and (4) calls ``F.scaled_dot_product_attention``. With an ``observer`` it also hands
+the pre-softmax logits it would feed SDPA to the observer (the analysis tools read them from here, so
+they follow any change to attention).
+
+Rotation of un-rotated inputs uses positions local to the chunk: a dense chunk rotates queries and keys
+at their own positions with one centre (the middle of its keys, ``XPos.forward``); a windows chunk
+rotates every window at local positions (queries c .. 2c - 1, keys 0 .. 2c - 1), so one (2c, d/2) table
+serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32, bf16
+and fp16. In exact arithmetic this equals global positions (the logit depends only on n - m).
+"""
+
+import math
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
+
+from ..positions.scheme import PositionScheme
+from ..positions.xpos import CENTER_STEP
+from .planner import Chunk
+from .window import AttentionWindow
+
+__all__ = ["Observer", "attend", "see_self"]
+
+# observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
+Observer = Callable[[Tensor, Tensor, Tensor], None]
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    chunks: List[Chunk],
+    window: AttentionWindow,
+    scheme: PositionScheme,
+    q_start: int,
+    k_start: int,
+    rotated: bool = False,
+    key_padding_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    observer: Optional[Observer] = None,
+) -> Tensor:
+    """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
+
+    Args:
+        q: (B, H, T, D) queries at positions q_start .. q_start + T - 1.
+        k, v: (B, H, S, D) keys and values at positions k_start .. q_start + T - 1.
+        chunks: ``plan(window, q_start, T, k_start, ...)``.
+        window: the window the plan was made for (explicit masks are built from it).
+        scheme: the position scheme (rotation and / or bias; a no-op for NoPE and absolute schemes).
+        rotated: q and k already carry the scheme's rotation (cached generation); else each chunk rotates.
+        key_padding_mask: (B, S) bool, True at padding, or None. A padded query still sees itself
+            (``see_self``), so no softmax row is empty; those rows are ignored by the loss.
+        dropout_p: attention dropout.
+        observer: called once per chunk (per window for windows chunks) with the fp32 pre-softmax
+            logits, the distances n - m and the visibility mask.
+
+    Returns:
+        (B, H, T, D) in q's dtype.
+    """
+    outs = [
+        (_windows if chunk.windows else _dense)(q, k, v, chunk, window, scheme, q_start, k_start, rotated,
+                                                key_padding_mask, dropout_p, observer)
+        for chunk in chunks
+    ]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _rotate_pair(scheme: PositionScheme, q: Tensor, k: Tensor, q_pos: int, k_pos: int):
+    if scheme.kind != "rotary":
+        return q, k
+    center = (k_pos + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
+    return scheme.rotate(q, q_pos, center, keys=False), scheme.rotate(k, k_pos, center, keys=True)
+
+
+def _observe(observer: Optional[Observer], q: Tensor, k: Tensor, bias: Optional[Tensor], distance: Tensor, visible: Tensor):
+    if observer is None:
+        return
+    logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.size(-1))
+    if bias is not None:
+        logits = logits + bias
+    observer(logits, distance, visible)
+
+
+def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer) -> Tensor:
+    qc, kc, vc = q[:, :, chunk.q0 : chunk.q1], k[:, :, chunk.k0 : chunk.k1], v[:, :, chunk.k0 : chunk.k1]
+    q_pos, k_pos = q_start + chunk.q0, k_start + chunk.k0
+    tq, tk = qc.size(2), kc.size(2)
+    if not rotated:
+        qc, kc = _rotate_pair(scheme, qc, kc, q_pos, k_pos)
+    bias = scheme.bias(q_pos, tq, k_pos, tk, q.device)
+    query = torch.arange(q_pos, q_pos + tq, device=q.device)[:, None]
+    key = torch.arange(k_pos, k_pos + tk, device=q.device)[None, :]
+    allowed = None
+    if chunk.mask == "explicit" or bias is not None or observer is not None:
+        allowed = window.allowed(query, key)  # (Tq, Tk)
+        if kpm is not None and chunk.mask == "explicit":
+            allowed = see_self(allowed[None, None] & ~kpm[:, None, None, chunk.k0 : chunk.k1], offset=q_pos - k_pos)
+    _observe(observer, qc, kc, bias, query - key, allowed if allowed is not None else None)
+    is_causal, mask = False, None
+    if bias is not None:
+        mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
+    elif chunk.mask == "explicit":
+        mask = allowed
+    elif chunk.mask == "causal":
+        if tq == tk:
+            is_causal = True
+        else:
+            mask = causal_lower_right(tq, tk)
+    return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def _windows(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer) -> Tensor:
+    n, c = chunk.windows, chunk.stride
+    bsz, heads, _, dim = q.shape
+    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))  # (B, H, n, c, D)
+    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)  # (B, H, n, 2c, D) views
+    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    if not rotated:
+        qw, kw = _rotate_pair(scheme, qw, kw, c, 0)  # window-local positions
+    bias = scheme.bias(c, c, 0, 2 * c, q.device)  # (H, c, 2c): only distances matter
+    query = torch.arange(c, 2 * c, device=q.device)[:, None]
+    key = torch.arange(0, 2 * c, device=q.device)[None, :]
+    allowed = window.allowed(query, key)  # (c, 2c) in local positions
+    if kpm is not None and chunk.mask == "explicit":
+        kpm_w = kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)  # (B, n, 2c)
+        allowed = see_self(allowed[None, None] & ~kpm_w[:, None, :, None, :], offset=c)  # (B, 1, n, c, 2c)
+    if observer is not None:
+        _observe(observer, qw, kw, None if bias is None else bias[:, None], query - key, allowed)
+    if chunk.mask == "causal":
+        # BCA's (c, 2c) mask is causal aligned to the lower right: SDPA's fused kernels take it as is
+        shape = (bsz, heads * n)
+        out = F.scaled_dot_product_attention(
+            qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c, dim), vw.reshape(*shape, 2 * c, dim),
+            attn_mask=causal_lower_right(c, 2 * c), dropout_p=dropout_p,
+        ).view(bsz, heads, n, c, dim)
+    else:
+        mask = allowed if bias is None else bias[:, None].masked_fill(~allowed, float("-inf")).to(q.dtype)
+        out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
+    return out.flatten(2, 3)
+
+
+def see_self(allowed: Tensor, offset: int = 0) -> Tensor:
+    """Let query t of a (..., T, S) boolean mask see key t + offset (its own position), in place, so that
+    masking padded keys never leaves a softmax row empty (pad rows then give finite values the loss
+    ignores). Returns ``allowed``."""
+    rows = torch.arange(allowed.size(-2), device=allowed.device)
+    allowed[..., rows, rows + offset] = True
+    return allowed

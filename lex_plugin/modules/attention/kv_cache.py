@@ -1,0 +1,126 @@
+"""The key/value cache of one attention layer: preallocated, grown geometrically, trimmed to the window.
+
+Keys are stored *rotated* by the position scheme at the cache's centre (xPos: zeta^(-(m - c)/B), RoPE:
+the rotation alone), so a generation step rotates one query and one key, never the whole cache. The
+cache moves its centre when new positions get too far from it (``XPos.max_center_offset``): the stored
+keys are multiplied by one (d,) factor (``rescale_keys``), which only shrinks them, so every stored
+value stays finite at any length.
+
+Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
+keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
+attention): O(1) amortised per token, no copy of the whole cache per step. Under BCA or a sliding window
+the cache drops keys no later query can see (``drop_before``), so it holds at most l or W positions.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["KeyValueCache"]
+
+MIN_CAPACITY = 64
+
+
+class KeyValueCache:
+    """Keys (rotated at ``center``), values and padding of positions start .. end - 1 of one layer.
+
+    Attributes:
+        start: position of the first held key; ``end``: one past the last.
+        center: the centre the stored keys are rotated at.
+        window: the window the cache was filled under (a cache is never reused across windows).
+    """
+
+    def __init__(self, window: str):
+        self.window = window
+        self.start = 0
+        self.center = 0
+        self._k: Optional[Tensor] = None  # (B, H, cap, D)
+        self._v: Optional[Tensor] = None
+        self._pad: Optional[Tensor] = None  # (B, cap) bool, allocated on the first padded key
+        self._offset = 0  # buffer row of position ``start``
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Number of positions held."""
+        return self._length
+
+    @property
+    def end(self) -> int:
+        """Positions processed so far (one past the last held)."""
+        return self.start + self._length
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated (0 before the first append)."""
+        return 0 if self._k is None else self._k.size(2)
+
+    def _reserve(self, extra: int, like: Tensor) -> None:
+        need = self._length + extra
+        if self._k is not None and self._offset + need <= self._k.size(2):
+            return
+        bsz, heads, _, dim = like.shape
+        cap = self.capacity
+        if self._k is not None and need <= cap // 2:
+            new_cap = cap  # bounded window: move the live rows to the front
+        else:
+            new_cap = max(MIN_CAPACITY, 2 * need, 2 * cap)
+        k = like.new_empty(bsz, heads, new_cap, dim)
+        v = like.new_empty(bsz, heads, new_cap, dim)
+        pad = None if self._pad is None else torch.zeros(bsz, new_cap, dtype=torch.bool, device=like.device)
+        if self._k is not None and self._length:
+            live = slice(self._offset, self._offset + self._length)
+            k[:, :, : self._length] = self._k[:, :, live]
+            v[:, :, : self._length] = self._v[:, :, live]
+            if pad is not None:
+                pad[:, : self._length] = self._pad[:, live]
+        self._k, self._v, self._pad, self._offset = k, v, pad, 0
+
+    def append(self, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, start: Optional[int] = None) -> None:
+        """Store keys ``k`` (already rotated at ``center``) and values ``v``, both (B, H, T, D), for the
+        next T positions (or, on an empty cache, for positions ``start`` ..), with (B, T) padding or None."""
+        if start is not None:
+            if self._length:
+                raise ValueError("only an empty cache takes a start position.")
+            self.start = start
+        tokens = k.size(2)
+        self._reserve(tokens, k)
+        rows = slice(self._offset + self._length, self._offset + self._length + tokens)
+        self._k[:, :, rows] = k
+        self._v[:, :, rows] = v
+        if key_padding_mask is not None and bool(key_padding_mask.any()) and self._pad is None:
+            self._pad = torch.zeros(k.size(0), self.capacity, dtype=torch.bool, device=k.device)
+        if self._pad is not None:
+            self._pad[:, rows] = False if key_padding_mask is None else key_padding_mask
+        self._length += tokens
+
+    def view(self) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """(keys (B, H, length, D), values, padding (B, length) or None): views, no copy."""
+        live = slice(self._offset, self._offset + self._length)
+        pad = None if self._pad is None else self._pad[:, live]
+        return self._k[:, :, live], self._v[:, :, live], pad
+
+    def drop_before(self, position: int) -> None:
+        """Forget keys at positions < ``position`` (no copy)."""
+        drop = min(self._length, position - self.start)
+        if drop > 0:
+            self._offset += drop
+            self._length -= drop
+            self.start += drop
+
+    def recenter(self, center: int, factor: Optional[Tensor]) -> None:
+        """Move the centre to ``center``, multiplying the stored keys by ``factor`` ((D,) fp32, or None
+        for schemes whose keys do not depend on it); the product is formed in fp32."""
+        if factor is not None and self._length:
+            live = self._k[:, :, self._offset : self._offset + self._length]
+            live.copy_(live.float() * factor)
+        self.center = center
+
+    def reorder(self, order: Tensor) -> None:
+        """Select batch rows ``order`` (beam search)."""
+        if self._k is None:
+            return
+        self._k, self._v = self._k.index_select(0, order), self._v.index_select(0, order)
+        if self._pad is not None:
+            self._pad = self._pad.index_select(0, order)

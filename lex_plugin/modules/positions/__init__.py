@@ -1,0 +1,22 @@
+"""Position schemes (``--pos-emb``): one protocol (:class:`PositionScheme`), one registry
+(``POSITION_SCHEMES``); each module below registers its schemes when imported."""
+
+from .scheme import (
+    KINDS, POSITION_SCHEMES, NoPositions, PositionScheme, SchemeSpec, build_positions, get_scheme,
+    register_position_scheme, scheme_table, validate_position_config,
+)
+from .xpos import XPos, apply_rotary_complex, apply_rotary_scaled, rope_theta, xpos_zeta
+from .biases import ALiBi, DistanceBias, KerpleLog, KerplePower, Sandwich, SmoothedSandwich, T5Bias, alibi_slopes
+from .absolute import LearnedPositions, SinusoidalPositions
+
+register_position_scheme(SchemeSpec(
+    "none", "none", "no position information (NoPE): causal masking alone orders tokens",
+    "Kazemnejad et al. 2023 (NoPE)", lambda config, layer: NoPositions(),
+))
+
+__all__ = [
+    "ALiBi", "DistanceBias", "KINDS", "KerpleLog", "KerplePower", "LearnedPositions", "NoPositions",
+    "POSITION_SCHEMES", "PositionScheme", "Sandwich", "SchemeSpec", "SinusoidalPositions", "SmoothedSandwich",
+    "T5Bias", "XPos", "alibi_slopes", "apply_rotary_complex", "apply_rotary_scaled", "build_positions",
+    "get_scheme", "register_position_scheme", "rope_theta", "scheme_table", "validate_position_config", "xpos_zeta",
+]

@@ -1,0 +1,163 @@
+"""The position-scheme protocol and the ``--pos-emb`` registry.
+
+A position scheme tells attention where tokens are. Whatever it is, it acts through at most three hooks,
+all with positions given as integers (absolute, or local to a window: only differences matter for the
+relative kinds):
+
+* ``rotate(x, start, center, keys)``: a rotation (and scale) of queries or keys (``rotary``: xPos, RoPE);
+* ``bias(q_start, q_len, k_start, k_len, device)``: an additive (H, Tq, Tk) logit bias (``bias``: ALiBi,
+  Sandwich, KERPLE, T5);
+* ``embed(start, length, device)``: a vector added to the token embeddings (``absolute``: sinusoidal,
+  learned).
+
+The attention executor calls the first two for every chunk it runs, the decoder the third; nothing else
+in the package asks which scheme it has. ``POSITION_SCHEMES`` maps each ``--pos-emb`` name to a
+:class:`SchemeSpec` (how to build it from the model config, how to validate the config, its kind, one
+line of help and its source); the choice list of ``--pos-emb``, the model builder, config validation,
+the test parametrisation and the README's table all read it. Adding a scheme is one module with a
+``register_position_scheme(SchemeSpec(...))`` call, imported by ``positions/__init__.py``.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+from torch import Tensor, nn
+
+__all__ = [
+    "KINDS", "POSITION_SCHEMES", "NoPositions", "PositionScheme", "SchemeSpec", "build_positions", "get_scheme",
+    "register_position_scheme", "scheme_table", "validate_position_config",
+]
+
+KINDS = ("rotary", "bias", "absolute", "none")
+
+
+class PositionScheme(nn.Module):
+    """Base of every position scheme: the three hooks, each a no-op here.
+
+    Class attributes:
+        kind: one of ``KINDS``.
+        max_positions: the longest sequence the scheme can place (None: any length).
+    """
+
+    kind = "none"
+    max_positions: Optional[int] = None
+
+    def rotate(self, x: Tensor, start: int, center: int, keys: bool) -> Tensor:
+        """Queries (``keys=False``) or keys (``keys=True``) x of shape (..., T, d) at positions
+        start .. start + T - 1, transformed; ``center`` is a position shared by the queries and keys that
+        will be multiplied together (schemes with a position-dependent scale express it relative to the
+        center). Returns x unchanged here; same shape and dtype."""
+        return x
+
+    def rescale_keys(self, old_center: int, new_center: int, device) -> Optional[Tensor]:
+        """The (d,) fp32 factor that turns keys rotated at ``old_center`` into keys rotated at
+        ``new_center``, or None when keys do not depend on the center (everything but xPos)."""
+        return None
+
+    def max_center_offset(self, dtype) -> Optional[int]:
+        """How far (in positions) a query or key may lie from the center it is rotated at before its
+        scale leaves ``dtype``'s safe range; None when unbounded (no scale)."""
+        return None
+
+    def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device) -> Optional[Tensor]:
+        """(H, q_len, k_len) fp32 bias of queries at q_start .. against keys at k_start .., or None."""
+        return None
+
+    def embed(self, start: int, length: int, device) -> Optional[Tensor]:
+        """(length, C) vectors to add to the token embeddings at positions start .., or None."""
+        return None
+
+
+class NoPositions(PositionScheme):
+    """NoPE: no position information at all (causal masking alone orders the tokens)."""
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    """One ``--pos-emb`` entry.
+
+    Attributes:
+        name: the ``--pos-emb`` value.
+        kind: ``rotary``, ``bias``, ``absolute`` or ``none``.
+        summary: one line for ``--help`` and the README's table.
+        source: paper, section, equation.
+        build: (config, layer index) -> :class:`PositionScheme`. ``config`` is the TorchScale
+            ``DecoderConfig`` with the plugin's fields; see ``lex_lm.build_decoder_config``.
+        per_layer: one module per layer (KERPLE's parameters are per layer) instead of one shared.
+        validate: config -> None, raising ValueError naming the option to change.
+        extrapolates: False when positions past the training length have no representation (learned).
+    """
+
+    name: str
+    kind: str
+    summary: str
+    source: str
+    build: Callable[[object, int], PositionScheme]
+    per_layer: bool = False
+    validate: Optional[Callable[[object], None]] = None
+    extrapolates: bool = True
+
+
+POSITION_SCHEMES: Dict[str, SchemeSpec] = {}
+
+
+def register_position_scheme(spec: SchemeSpec) -> SchemeSpec:
+    """Add ``spec`` to ``POSITION_SCHEMES``.
+
+    Raises:
+        ValueError: a name registered twice or an unknown kind.
+    """
+    if spec.name in POSITION_SCHEMES:
+        raise ValueError(f"position scheme {spec.name!r} is registered twice.")
+    if spec.kind not in KINDS:
+        raise ValueError(f"position scheme kind must be one of {KINDS}, got {spec.kind!r}.")
+    POSITION_SCHEMES[spec.name] = spec
+    return spec
+
+
+def get_scheme(name: str) -> SchemeSpec:
+    """The spec of ``--pos-emb name``.
+
+    Raises:
+        ValueError: an unknown name, listing the registered ones.
+    """
+    try:
+        return POSITION_SCHEMES[str(name)]
+    except KeyError:
+        raise ValueError(f"--pos-emb must be one of {', '.join(POSITION_SCHEMES)}; got {name!r}.") from None
+
+
+def head_dim(config) -> int:
+    """d = C / H of a config (``decoder_embed_dim``, ``decoder_attention_heads``)."""
+    return config.decoder_embed_dim // config.decoder_attention_heads
+
+
+def validate_position_config(config) -> None:
+    """Run the chosen scheme's validation on a model config (``pos_emb`` and its options).
+
+    Raises:
+        ValueError: unknown scheme, or options the scheme cannot take.
+    """
+    spec = get_scheme(config.pos_emb)
+    if spec.validate is not None:
+        spec.validate(config)
+
+
+def build_positions(config) -> Tuple[str, nn.ModuleList]:
+    """The decoder's position modules: (kind, ModuleList of one shared scheme, or one per layer).
+
+    Raises:
+        ValueError: as :func:`validate_position_config`.
+    """
+    spec = get_scheme(config.pos_emb)
+    validate_position_config(config)
+    count = config.decoder_layers if spec.per_layer else 1
+    return spec.kind, nn.ModuleList(spec.build(config, i) for i in range(count))
+
+
+def scheme_table() -> str:
+    """The Markdown table of registered schemes (name, kind, what it does, source): the README's."""
+    lines = ["| `--pos-emb` | kind | what it does | source |", "|---|---|---|---|"]
+    for spec in POSITION_SCHEMES.values():
+        lines.append(f"| `{spec.name}` | {spec.kind} | {spec.summary} | {spec.source} |")
+    return "\n".join(lines)
