@@ -15,8 +15,9 @@ are fairseq's (beam search, sampling), which feed the prompt one token per step.
 
 import json
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Iterator, List, Optional, Union
 
 import torch
 from fairseq import hub_utils
@@ -62,6 +63,20 @@ class LexHubInterface(GeneratorHubInterface):
     def window(self, window: AttentionWindow) -> None:
         for model in self.models:
             model.decoder.default_window = window
+
+    def window_for(self, mode: str = "full", sliding_window=None, training_length: Optional[int] = None) -> AttentionWindow:
+        """The window ``mode`` for this checkpoint (``window_from_options``; ValueError as there)."""
+        return window_from_options(mode, sliding_window, training_length, self.training_length)
+
+    @contextmanager
+    def use_window(self, window: AttentionWindow) -> Iterator[AttentionWindow]:
+        """Within the block every model attends with ``window``; the previous window comes back after."""
+        previous = self.window
+        self.window = window
+        try:
+            yield window
+        finally:
+            self.window = previous
 
     def encode(self, sentence: str) -> torch.LongTensor:
         """Text -> token ids (ending with ``</s>``), as the corpus was prepared.

@@ -29,8 +29,7 @@ def test_text_round_trips_through_the_corpus_tokenization(hub):
 def test_greedy_generation_equals_the_parallel_argmax(hub, mode):
     """Prompt in one pass, then 3l tokens one at a time through the (bounded) cache: every generated token
     is the argmax of an independent parallel forward over the same sequence under the same window."""
-    hub.set_window(mode)
-    try:
+    with hub.use_window(hub.window_for(mode)):
         generated = hub.continue_tokens(PROMPT, max_len=3 * TRAIN_LEN, temperature=0)
         prompt = hub.encode(PROMPT)[:-1]
         sequence = torch.cat([prompt.new_tensor([hub.src_dict.eos()]), prompt, generated])
@@ -40,8 +39,7 @@ def test_greedy_generation_equals_the_parallel_argmax(hub, mode):
         predicted = logits[0, prompt.numel() : -1].argmax(-1)
         assert generated.numel() == 3 * TRAIN_LEN
         assert torch.equal(predicted, generated)
-    finally:
-        hub.set_window("full")
+    assert str(hub.window) == "full"
 
 
 def test_sampling_is_seeded_and_filtered(hub):
@@ -60,8 +58,7 @@ def test_filter_logits_top_k_and_top_p():
 
 
 def test_fairseq_sample_and_score_with_bca(hub):
-    hub.set_window("bca")
-    try:
+    with hub.use_window(hub.window_for("bca")):
         prompt_len = len(hub.encode(PROMPT))  # fairseq's length limits count the prompt
         text = hub.sample(PROMPT, beam=2, max_len_b=prompt_len + 12, min_len=prompt_len + 1)
         assert text.startswith(PROMPT) and len(text) > len(PROMPT)
@@ -77,8 +74,6 @@ def test_fairseq_sample_and_score_with_bca(hub):
         # fairseq's LM scoring strips the sentence's final </s> before scoring
         assert scored["positional_scores"].numel() == tokens.numel() - 1
         assert torch.allclose(scored["positional_scores"], expected[:-1], atol=1e-4)
-    finally:
-        hub.set_window("full")
 
 
 def test_bad_prompts_are_explained(hub):

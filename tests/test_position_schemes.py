@@ -13,7 +13,7 @@ from conftest import build_lex_model, random_tokens, run_attention
 from lex_plugin.modules.attention import AttentionWindow, LexSelfAttention
 from lex_plugin.modules.positions import (
     POSITION_SCHEMES, ALiBi, KerpleLog, KerplePower, LearnedPositions, Sandwich, SinusoidalPositions, SmoothedSandwich,
-    T5Bias, alibi_slopes, scheme_table,
+    T5Bias, XPos, alibi_slopes, scheme_table,
 )
 from lex_plugin.modules.positions.biases import CACHE_ELEMENTS
 
@@ -365,8 +365,9 @@ def test_kerple_power_is_minus_r1_distance_to_the_r2_with_its_constraints():
     assert torch.allclose(got[:, causal], expected[:, causal], rtol=1e-6, atol=1e-5)
 
 
-def reference_bias(kind: str, scheme, length: int) -> torch.Tensor:
-    """float64 (H, L, L) bias from the papers' formulas and the scheme's own parameters (for gradients)."""
+def reference_bias(kind: str, scheme, length: int, params) -> torch.Tensor:
+    """float64 (H, L, L) bias from the papers' formulas, with ``params`` (float64 leaves holding the
+    scheme's parameters: KERPLE's r1, r2; T5's (buckets, H) table)."""
     r, _ = _distances(0, length, 0, length)
     r = r.clamp(min=0)
     heads = scheme.num_heads
@@ -379,12 +380,18 @@ def reference_bias(kind: str, scheme, length: int) -> torch.Tensor:
     if kind == "smoothed_sandwich":
         return (-0.825 * torch.log1p(r) - 0.8).expand(heads, -1, -1)
     if kind == "kerple_log":
-        return -scheme.r1.double()[:, None, None] * torch.log1p(scheme.r2.double()[:, None, None] * r)
+        r1, r2 = params
+        return -r1[:, None, None] * torch.log1p(r2[:, None, None] * r)
     if kind == "kerple_power":
-        power = torch.where(r > 0, r.clamp(min=1) ** scheme.r2.double()[:, None, None], torch.zeros_like(r))
-        return -scheme.r1.double()[:, None, None] * power
+        r1, r2 = params
+        power = torch.where(r > 0, r.clamp(min=1) ** r2[:, None, None], torch.zeros_like(r))
+        return -r1[:, None, None] * power
     assert kind == "t5"
-    return scheme.t5.compute_bias(length, length)[0].double()  # TorchScale's own T5 computation
+    # TorchScale's own causal bucketing of the relative position m - n, then a lookup in the table
+    buckets = RelativePositionBias._relative_position_bucket(
+        -r.long(), bidirectional=False, num_buckets=scheme.t5.num_buckets, max_distance=scheme.t5.max_distance)
+    (table,) = params
+    return table[buckets].permute(2, 0, 1)
 
 
 @pytest.mark.parametrize("kind", BIAS_SCHEMES + ["xpos"])
@@ -419,12 +426,7 @@ def test_training_gradients_match_a_float64_reference(kind):
         ref_params = []
     else:
         ref_params = [p.detach().double().requires_grad_() for p in params]
-        saved = [p.data for p in params]
-        for p, r in zip(params, ref_params):
-            p.data = r  # the formula reads the scheme's parameters: give it float64 leaves
-        bias = reference_bias(kind, scheme, L)
-        for p, data in zip(params, saved):
-            p.data = data
+        bias = reference_bias(kind, scheme, L, ref_params)
         logits = q64 @ k64.transpose(-1, -2) / math.sqrt(D) + bias
     expected = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1) @ v64
     want = torch.autograd.grad(expected, [q64, k64, v64, *ref_params], grad_out.double(), allow_unused=True)

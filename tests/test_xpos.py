@@ -195,3 +195,16 @@ def test_odd_head_dim_is_rejected(bad):
 def test_bad_xpos_parameters_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         XPos(64, **kwargs)
+
+
+def test_tables_at_far_positions_stay_small():
+    """A generation step at position 10^6 builds a table from there on, not 10^6 rows; values match a
+    table built for that range alone."""
+    xpos = XPos(64)
+    row = xpos.complex_table(10**6, 1, 10**6, True, "cpu")
+    assert row.shape == (1, 32)
+    (low, table), = xpos._cache.values()
+    assert low == 10**6 and table.size(0) <= 2 * 4096
+    far = xpos.complex_table(10**6 + 5000, 1, 10**6, True, "cpu")
+    ref = XPos(64).complex_table(10**6 + 5000, 1, 10**6, True, "cpu")
+    assert torch.equal(far, ref)

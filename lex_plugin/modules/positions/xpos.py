@@ -52,6 +52,8 @@ THETA_BASE = 10000.0
 # The scale centre is rounded to this many positions: exact in the logits (only n - m matters), and the
 # exponent bound grows by at most CENTER_STEP / (2B).
 CENTER_STEP = 256
+# Rows of a freshly built table at least (generation steps slice it for this many positions).
+TABLE_ROWS = 4096
 
 
 def rope_theta(head_dim: int, theta_base: float = THETA_BASE, dtype=torch.float64) -> Tensor:
@@ -174,8 +176,9 @@ class XPos(PositionScheme):
         """The same tables as one (length, d/2) complex64 tensor, cos + i sin (``apply_rotary_complex``).
 
         One table per (center, direction, device) covers a range of positions and is sliced; a request
-        outside it rebuilds it over a range at least twice as long, so consecutive generation steps
-        rebuild O(log n) times. Angles and scales are formed in float64.
+        outside it rebuilds it from the requested start over max(2 * length, TABLE_ROWS) positions, so
+        consecutive generation steps rebuild once every TABLE_ROWS steps and memory does not grow with
+        the position. Angles and scales are formed in float64.
 
         Raises:
             ValueError: a negative ``start``.
@@ -187,10 +190,8 @@ class XPos(PositionScheme):
         key = (center, keys, str(device))
         hit = self._cache.get(key)
         if hit is None or start < hit[0] or start + length > hit[0] + hit[1].size(0):
-            size = max(length, 256, 2 * hit[1].size(0) if hit is not None else 0)
-            low = start if hit is None or start < hit[0] else hit[0]
-            size = max(size, start + length - low)
-            hit = (low, self._build(low, size, center, keys, device))
+            # a table from here on, with room for what follows (generation steps): memory stays bounded
+            hit = (start, self._build(start, max(2 * length, TABLE_ROWS), center, keys, device))
             self._cache[key] = hit
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
