@@ -101,7 +101,7 @@ def score_by_distance(model, tokens: Tensor, window: Optional[AttentionWindow] =
 
     def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
         shape = logits.shape[2:]
-        seen = visible.expand(shape) if visible.dim() <= len(shape) else visible.reshape(-1, *shape)[0]
+        seen = visible.expand(shape)  # (..., Tq, Tk): no padding here, so no batch dimension
         d = distance.expand(shape)[seen].cpu()
         sums[layer].index_add_(1, d, logits[:, :, seen].double().sum(0).cpu())
         if layer == 0:

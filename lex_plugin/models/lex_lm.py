@@ -18,7 +18,7 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
-from ..modules.positions import POSITION_SCHEMES, validate_position_config
+from ..modules.positions import POSITION_SCHEMES
 from ..modules.positions.biases import SANDWICH_DIM, T5_MAX_DISTANCE, T5_NUM_BUCKETS
 from ..modules.positions.xpos import GAMMA, SCALE_BASE, THETA_BASE
 from .lex_decoder import LexDecoder, build_embedding
@@ -115,10 +115,12 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
 def check_config(cfg) -> None:
     """Reject configurations that cannot build or that contradict themselves, naming the options.
 
+    What the position scheme refuses (``SchemeSpec.validate``: an odd head dimension for rotary schemes,
+    an odd ``--sandwich-dim`` ...) is checked once, when the decoder builds its positions.
+
     Raises:
         ValueError: non-positive sizes, C not divisible by heads, ``--subln`` with ``--deepnorm`` or
-            ``--post-ln``, dropout outside [0, 1), and whatever the position scheme refuses
-            (``SchemeSpec.validate``: an odd head dimension for rotary schemes, an odd ``--sandwich-dim`` ...).
+            ``--post-ln``, dropout outside [0, 1).
     """
     for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
         if getattr(cfg, name) <= 0:
@@ -134,18 +136,6 @@ def check_config(cfg) -> None:
     for name in ("dropout", "attention_dropout", "activation_dropout", "drop_path_rate"):
         if not 0.0 <= getattr(cfg, name) < 1.0:
             raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(cfg, name)}.")
-    validate_position_config(_PositionOptions(cfg))
-
-
-class _PositionOptions:
-    """A model config seen by a scheme's validation: its fields plus ``max_target_positions`` resolved."""
-
-    def __init__(self, cfg):
-        self._cfg = cfg
-        self.max_target_positions = safe_getattr(cfg, "max_target_positions", None) or safe_getattr(cfg, "tokens_per_sample", None)
-
-    def __getattr__(self, name):
-        return getattr(self._cfg, name)
 
 
 @register_model("lex_lm", dataclass=LexLanguageModelConfig)

@@ -81,6 +81,7 @@ def _rotate_pair(scheme: PositionScheme, q: Tensor, k: Tensor, q_pos: int, k_pos
 
 
 def _observe(observer: Optional[Observer], q: Tensor, k: Tensor, bias: Optional[Tensor], distance: Tensor, visible: Tensor):
+    """Hand the fp32 pre-softmax logits of one chunk to ``observer`` (nothing without one)."""
     if observer is None:
         return
     logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.size(-1))
@@ -96,14 +97,14 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
     if not rotated:
         qc, kc = _rotate_pair(scheme, qc, kc, q_pos, k_pos)
     bias = scheme.bias(q_pos, tq, k_pos, tk, q.device)
-    query = torch.arange(q_pos, q_pos + tq, device=q.device)[:, None]
-    key = torch.arange(k_pos, k_pos + tk, device=q.device)[None, :]
     allowed = None
     if chunk.mask == "explicit" or bias is not None or observer is not None:
+        query = torch.arange(q_pos, q_pos + tq, device=q.device)[:, None]
+        key = torch.arange(k_pos, k_pos + tk, device=q.device)[None, :]
         allowed = window.allowed(query, key)  # (Tq, Tk)
         if kpm is not None and chunk.mask == "explicit":
             allowed = see_self(allowed[None, None] & ~kpm[:, None, None, chunk.k0 : chunk.k1], offset=q_pos - k_pos)
-    _observe(observer, qc, kc, bias, query - key, allowed if allowed is not None else None)
+        _observe(observer, qc, kc, bias, query - key, allowed)
     is_causal, mask = False, None
     if bias is not None:
         mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
@@ -126,13 +127,13 @@ def _windows(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, k
     if not rotated:
         qw, kw = _rotate_pair(scheme, qw, kw, c, 0)  # window-local positions
     bias = scheme.bias(c, c, 0, 2 * c, q.device)  # (H, c, 2c): only distances matter
-    query = torch.arange(c, 2 * c, device=q.device)[:, None]
-    key = torch.arange(0, 2 * c, device=q.device)[None, :]
-    allowed = window.allowed(query, key)  # (c, 2c) in local positions
-    if kpm is not None and chunk.mask == "explicit":
-        kpm_w = kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)  # (B, n, 2c)
-        allowed = see_self(allowed[None, None] & ~kpm_w[:, None, :, None, :], offset=c)  # (B, 1, n, c, 2c)
-    if observer is not None:
+    if chunk.mask == "explicit" or observer is not None:
+        query = torch.arange(c, 2 * c, device=q.device)[:, None]
+        key = torch.arange(0, 2 * c, device=q.device)[None, :]
+        allowed = window.allowed(query, key)  # (c, 2c) in local positions
+        if kpm is not None and chunk.mask == "explicit":
+            kpm_w = kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)  # (B, n, 2c)
+            allowed = see_self(allowed[None, None] & ~kpm_w[:, None, :, None, :], offset=c)  # (B, 1, n, c, 2c)
         _observe(observer, qw, kw, None if bias is None else bias[:, None], query - key, allowed)
     if chunk.mask == "causal":
         # BCA's (c, 2c) mask is causal aligned to the lower right: SDPA's fused kernels take it as is

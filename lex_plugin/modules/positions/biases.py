@@ -213,20 +213,13 @@ class SmoothedSandwich(DistanceBias):
         return f"num_heads={self.num_heads}"
 
 
-class KerplePower(DistanceBias):
+class KerplePower(KerpleLog):
     """KERPLE's power kernel (Chi et al., NeurIPS 2022, section 3.2): f_h(r) = -r1_h r^(r2_h) with learnable
     r1 > 0 and 0 < r2 <= 2 per head: parameters ``r1``, ``r2`` of shape (H,), initialised uniform in (0, 2)
     and (0, 1) as in KERPLE's code, clamped to [min_value, inf) and [min_value, 2] when used. r^(r2) is
     formed as exp(r2 log r) with r = 0 mapped to 0, so gradients stay finite at distance 0. Computed in fp32.
+    Parameters and initialisation are :class:`KerpleLog`'s.
     """
-
-    learnable = True
-
-    def __init__(self, num_heads: int, min_value: float = 1e-2):
-        super().__init__(num_heads)
-        self.min_value = min_value
-        self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
-        self.r2 = nn.Parameter(torch.rand(num_heads))
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         r1 = self.r1.float().clamp(min=self.min_value)
@@ -234,9 +227,6 @@ class KerplePower(DistanceBias):
         r = distance.float()[None, :]
         power = torch.exp(r2[:, None] * torch.log(r.clamp(min=1.0)))  # log(1) = 0 at r = 0: finite gradients
         return torch.where(r > 0, -r1[:, None] * power, torch.zeros_like(power))
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, min_value={self.min_value}"
 
 
 class T5Bias(DistanceBias):
