@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -44,15 +45,26 @@ def main():
 @click.option("--max-docs", type=click.IntRange(min=1), default=None, help="first N documents of each split")
 @click.option("--max-chars-per-doc", type=click.IntRange(min=1), default=None,
               help="truncate each document to N characters (quick slices)")
+@click.option("--like", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              metavar="DATA_BIN", help="reuse DATA_BIN's Moses settings, spm.model and dict.txt (to evaluate a model "
+                                       "trained on DATA_BIN on new text; any splits, e.g. --splits test)")
 @click.option("--force", is_flag=True, help="replace DEST if it exists")
-def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, documents, max_docs, max_chars_per_doc, force):
+@click.pass_context
+def prepare_cmd(ctx, src, dest, splits, bpe, vocab_size, lang, workers, documents, max_docs, max_chars_per_doc, like,
+                force):
     """Turn SRC/{train,valid,test}/*.txt (one document per file, or WikiText articles with --documents
     wikitext) into a fairseq data-bin at DEST.
 
     Moses normalisation and tokenisation (sacremoses, no XML escaping), SentencePiece BPE learned on the
     train split, then fairseq-preprocess --only-source. Documents are separated by an empty line, so
-    --sample-break-mode complete_doc works.
+    --sample-break-mode complete_doc works. With --like DATA_BIN nothing is learned: DATA_BIN's
+    tokenizer settings, BPE model and dictionary encode the text.
     """
+    if like is not None:
+        given = [f"--{name.replace('_', '-')}" for name in ("bpe", "vocab_size", "lang")
+                 if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} cannot be combined with --like: they come from {like}.")
     cfg = PrepareConfig(
         splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
         lang=lang,
@@ -62,6 +74,7 @@ def prepare_cmd(src, dest, splits, bpe, vocab_size, lang, workers, documents, ma
         documents=documents,
         max_docs=max_docs,
         max_chars_per_doc=max_chars_per_doc,
+        like=like,
     )
     try:
         meta = prepare(src, dest, cfg, force=force)
@@ -218,6 +231,46 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     _outputs(report, format_receptive_field(report), json_out, plot_out, plot_receptive_field)
+
+
+@main.command("score")
+@_CKPT
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the data-bin the model was trained on (its spm.model, dict.txt and lex_prepare.json encode the text)")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_window_options
+@_JSON
+def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, json_out):
+    """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
+    ([0, l), [l, 2l), [2l, 4l) ...), under any window. No binarising: the text is encoded as lex prepare
+    encodes a corpus; long documents run through the key/value cache, never truncated."""
+    from .analysis.report import write_json
+    from .evaluation.documents import format_scores
+    from .hub_interface import from_pretrained
+
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, selected_mode(bca, sliding_window),
+                              sliding_window, training_length)
+        scores = []
+        for path in files:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path} is not UTF-8; convert it (e.g. iconv -f latin1 -t utf-8).") from None
+            scores.append(hub.score_document(text, name=path.name))
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    tokens = sum(s.tokens for s in scores)
+    nll = sum(s.nll for s in scores)
+    click.echo(format_scores(scores, hub.training_length))
+    overall = 2 ** (nll / tokens / math.log(2))
+    click.echo(f"\n{len(scores)} documents, {tokens:,} tokens, window {hub.window}: ppl {overall:.2f}")
+    report = {"checkpoint": str(checkpoint), "data": str(data), "window": str(hub.window),
+              "training_length": hub.training_length, "tokens": tokens, "ppl": overall,
+              "documents": [s.to_dict() for s in scores]}
+    write_json(report, json_out)
+    if json_out:
+        click.echo(f"JSON -> {json_out}")
 
 
 @main.command("user-dir")

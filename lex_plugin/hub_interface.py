@@ -5,6 +5,7 @@
     lm.continue_text("It was a dark and stormy night", max_len=100, top_p=0.9, seed=1)
     lm.sample("It was a dark and stormy night", beam=4, max_len_b=50)     # fairseq's generator
     lm.score("It was a dark and stormy night.")["positional_scores"]
+    lm.score_document(open("book.txt").read()).ppl                              # a whole document, any length
 
 Text goes through exactly what ``lex prepare`` did (Moses normalisation and tokenization, the corpus'
 SentencePiece model from ``lex_prepare.json`` in the data-bin). ``continue_text`` runs the prompt in one
@@ -93,6 +94,21 @@ class LexHubInterface(GeneratorHubInterface):
         if not known:
             raise ValueError(f"none of the symbols of {sentence[:60]!r} is in the model's dictionary.")
         return tokens
+
+    def score_document(self, text: str, name: str = "document"):
+        """Score a raw document under :attr:`window`: encoded as ``lex prepare`` encodes a corpus, run
+        whole through the key/value cache (never truncated).
+
+        Returns:
+            ``evaluation.documents.DocumentScore`` (tokens, loss in bits, ppl, buckets at multiples of l).
+
+        Raises:
+            ValueError: no text, or more tokens than the model's ``max_positions()``.
+        """
+        from .evaluation.documents import encode_document, score_tokens
+
+        tokens = encode_document(self, text)
+        return score_tokens(self.models[0], tokens, self.window, self.src_dict.eos(), name, self.training_length)
 
     def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
         """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the

@@ -7,6 +7,11 @@ Input: a directory with one sub-directory per split (``train``, ``valid``, ``tes
 (``spm.model``) and ``lex_prepare.json`` describing how the text was processed (read back by the hub
 interface to tokenize prompts the same way).
 
+With ``like`` (``lex prepare SRC DEST --like DATA_BIN``) nothing is learned: the text goes through
+DATA_BIN's Moses settings and ``spm.model`` and is binarised against its ``dict.txt``
+(``fairseq-preprocess --srcdict``), so a model trained on DATA_BIN can score the new corpus; any subset of
+the splits may be given (e.g. only ``test``).
+
 Text layout handed to fairseq: one line per paragraph (blank-line separated block, internal line
 breaks joined), so each paragraph ends with ``</s>``; one empty line between documents, so
 ``--sample-break-mode complete_doc`` sees document boundaries.
@@ -20,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -30,6 +35,7 @@ from tqdm import tqdm
 logger = logging.getLogger(__name__)
 
 META_FILE = "lex_prepare.json"
+DICT_FILE = "dict.txt"
 TEXT_SUFFIXES = (".txt", ".raw", ".tokens")  # .raw / .tokens: WikiText's own file names
 BPE_MODEL = "spm.model"
 
@@ -51,6 +57,32 @@ class PrepareConfig:
     max_docs: Optional[int] = None  # per split, for slices
     max_chars_per_doc: Optional[int] = None  # truncate documents, for slices
     spm_input_sentences: int = 2_000_000
+    like: Optional[Path] = None  # a data-bin whose Moses settings, spm.model and dict.txt are reused
+
+
+def load_like(data_bin: Path) -> dict:
+    """The ``lex_prepare.json`` of a data-bin to prepare new text like, after checking that it holds
+    what reuse needs (``dict.txt``, and ``spm.model`` when it used BPE).
+
+    Raises:
+        PrepareError: DATA_BIN is not a directory made by ``lex prepare``, or lacks one of those files.
+    """
+    data_bin = Path(data_bin)
+    meta_file = data_bin / META_FILE
+    if not meta_file.is_file():
+        raise PrepareError(
+            f"--like {data_bin}: no {META_FILE} there, so how its text was tokenized is unknown. Give a data-bin "
+            "made by lex prepare (it writes lex_prepare.json, spm.model and dict.txt)."
+        )
+    meta = json.loads(meta_file.read_text())
+    needed = [DICT_FILE] + ([meta.get("bpe_model") or BPE_MODEL] if meta.get("bpe") == "sentencepiece" else [])
+    missing = [name for name in needed if not (data_bin / name).is_file()]
+    if missing:
+        raise PrepareError(
+            f"--like {data_bin} lacks {', '.join(missing)}: the new text must be encoded with the very BPE model "
+            "and dictionary the model was trained with. Copy them back from the original data-bin."
+        )
+    return meta
 
 
 def read_split(split_dir: Path) -> List[Tuple[str, str]]:
@@ -212,8 +244,11 @@ def encode_bpe(model_file: Path, documents: List[List[str]]) -> List[List[str]]:
     return [[" ".join(pieces) for pieces in sp.encode(lines, out_type=str)] if lines else [] for lines in documents]
 
 
-def run_preprocess(text_files: Dict[str, Path], destdir: Path, cfg: PrepareConfig, log_file: Path) -> None:
-    """``fairseq-preprocess --only-source`` on the text files (same interpreter, output to ``log_file``).
+def run_preprocess(
+    text_files: Dict[str, Path], destdir: Path, cfg: PrepareConfig, log_file: Path, srcdict: Optional[Path] = None
+) -> None:
+    """``fairseq-preprocess --only-source`` on the text files (same interpreter, output to ``log_file``);
+    with ``srcdict``, against that dictionary (``--srcdict``) instead of one built from the train text.
 
     Raises:
         PrepareError: fairseq-preprocess failed (its log is quoted).
@@ -223,7 +258,9 @@ def run_preprocess(text_files: Dict[str, Path], destdir: Path, cfg: PrepareConfi
     for split, flag in (("train", "--trainpref"), ("valid", "--validpref"), ("test", "--testpref")):
         if split in text_files:
             cmd += [flag, str(text_files[split])]
-    if cfg.bpe == "none":
+    if srcdict is not None:
+        cmd += ["--srcdict", str(srcdict)]
+    elif cfg.bpe == "none":
         cmd += ["--nwordssrc", str(cfg.vocab_size)]
     with open(log_file, "w") as log:
         log.write(" ".join(cmd) + "\n")
@@ -245,13 +282,23 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
 
     Raises:
         PrepareError: bad input (missing split, no documents, non-UTF-8 file, ``dest`` exists without
-            ``force``, vocabulary too large, train split absent while BPE needs it).
+            ``force``, vocabulary too large, train split absent while BPE needs it, a ``like`` data-bin
+            without ``lex_prepare.json``, ``dict.txt`` or its ``spm.model``).
     """
     src, dest = Path(src), Path(dest)
+    like = load_like(cfg.like) if cfg.like is not None else None
+    if like is not None:  # nothing is learned: the data-bin's settings replace the learning options
+        cfg = replace(cfg, lang=like.get("lang", cfg.lang), bpe=like.get("bpe", cfg.bpe),
+                      vocab_size=like.get("vocab_size", cfg.vocab_size))
     if cfg.bpe not in ("sentencepiece", "none"):
         raise PrepareError(f"--bpe must be 'sentencepiece' or 'none', got {cfg.bpe!r}.")
-    if "train" not in cfg.splits:
-        raise PrepareError("the splits must include 'train' (the dictionary and the BPE are learned on it).")
+    if not cfg.splits:
+        raise PrepareError("no split given: --splits takes some of train,valid,test.")
+    if like is None and "train" not in cfg.splits:
+        raise PrepareError(
+            "the splits must include 'train' (the dictionary and the BPE are learned on it), or reuse another "
+            "data-bin's with --like DATA_BIN."
+        )
     unknown = [s for s in cfg.splits if s not in ("train", "valid", "test")]
     if unknown:
         raise PrepareError(f"unknown split(s) {unknown}; use train, valid, test.")
@@ -279,9 +326,15 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
             "max_chars_per_doc": cfg.max_chars_per_doc,
             "max_docs": cfg.max_docs,
             "documents": cfg.documents,
+            "like": None if like is None else str(Path(cfg.like).resolve()),
             "splits": {},
         }
-        if cfg.bpe == "sentencepiece":
+        if like is not None and cfg.bpe == "sentencepiece":
+            shutil.copyfile(Path(cfg.like) / (like.get("bpe_model") or BPE_MODEL), stage / BPE_MODEL)
+            tokenized = {
+                s: encode_bpe(stage / BPE_MODEL, d) for s, d in tqdm(tokenized.items(), desc="bpe", disable=None)
+            }
+        elif cfg.bpe == "sentencepiece":
             write_text(work / "train.tok", tokenized["train"])
             logger.info("training SentencePiece BPE (vocabulary %d) on the train split", cfg.vocab_size)
             train_sentencepiece(work / "train.tok", stage / Path(BPE_MODEL).stem, cfg)
@@ -297,7 +350,8 @@ def prepare(src: Path, dest: Path, cfg: PrepareConfig, force: bool = False) -> d
                 "lines": lines,
                 "tokens": sum(len(line.split()) for d in documents for line in d),
             }
-        run_preprocess(text_files, stage / "bin", cfg, stage / "preprocess.log")
+        srcdict = None if like is None else Path(cfg.like) / DICT_FILE
+        run_preprocess(text_files, stage / "bin", cfg, stage / "preprocess.log", srcdict)
         for item in (stage / "bin").iterdir():
             item.replace(stage / item.name)
         (stage / "bin").rmdir()

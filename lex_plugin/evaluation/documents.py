@@ -1,0 +1,120 @@
+"""Scoring raw documents (``lex score``, ``LexHubInterface.score_document``): no data-bin for the text.
+
+A document is encoded exactly as ``lex prepare`` encodes a corpus (paragraphs, Moses, the data-bin's
+SentencePiece model, ``</s>`` after each paragraph) and scored whole: source ``</s>`` + tokens[:-1],
+target tokens, as the first sample of a stream in :mod:`.length_eval`. It runs block by block through
+the key/value cache (:func:`~.length_eval.blockwise_forward`), so under BCA or a sliding window memory
+stays flat however long the document is, and nothing is truncated: a document longer than the model's
+positions (learned absolute embeddings) is refused.
+
+Losses are reported in bits per token (ppl = 2 ** loss), overall and per position bucket with edges at
+multiples of the training length l ([0, l), [l, 2l), [2l, 4l), ...: :func:`~.length_eval.bucket_edges`).
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.prepare import paragraphs
+from ..modules.attention.window import AttentionWindow
+from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges
+
+__all__ = ["DocumentScore", "encode_document", "score_tokens", "format_scores"]
+
+FULL_BLOCK = 1024  # positions per forward under full attention (the cache holds all earlier ones)
+
+
+@dataclass
+class DocumentScore(_Scored):
+    """Scores of one document: ``loss`` in bits per token over all ``tokens``, and per bucket."""
+
+    name: str
+    window: str
+    tokens: int = 0
+    nll: float = 0.0
+    buckets: List[Bucket] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields, with loss and ppl for the document and each bucket."""
+        return {
+            "name": self.name, "window": self.window, "tokens": self.tokens, "loss": self.loss, "ppl": self.ppl,
+            "buckets": [dict(start=b.start, end=b.end, tokens=b.tokens, loss=b.loss, ppl=b.ppl) for b in self.buckets],
+        }
+
+
+def encode_document(hub, text: str) -> Tensor:
+    """(T,) int64 ids of ``text`` as ``lex prepare`` writes a document: each non-empty paragraph
+    (blank-line separated) tokenized, BPE-encoded and followed by ``</s>``.
+
+    Raises:
+        ValueError: the text has no paragraph with a token.
+    """
+    pieces = []
+    for paragraph in paragraphs(text):
+        tokenized = hub.tokenize(paragraph)
+        if tokenized.strip():
+            pieces.append(hub.binarize(hub.apply_bpe(tokenized)).long())
+    if not pieces:
+        raise ValueError("the document holds no text to score.")
+    return torch.cat(pieces)
+
+
+@torch.no_grad()
+def score_tokens(
+    model,
+    tokens: Tensor,
+    window: AttentionWindow,
+    eos: int,
+    name: str = "",
+    training_length: Optional[int] = None,
+) -> DocumentScore:
+    """Score a whole document of ``tokens`` (T,) with ``model`` under ``window``.
+
+    The document is fed in blocks (the window's stride, or ``FULL_BLOCK`` under full attention) through
+    the key/value cache; the logits of one block at a time exist, never T x V.
+
+    Returns:
+        A :class:`DocumentScore` with T scored tokens and buckets at multiples of ``training_length``.
+
+    Raises:
+        ValueError: T exceeds ``model.max_positions()`` (say which model and how long), or T = 0.
+    """
+    length = tokens.numel()
+    if length == 0:
+        raise ValueError(f"document {name!r} is empty.")
+    if length > model.max_positions():
+        raise ValueError(
+            f"document {name!r} has {length:,} tokens, more than this model's max_positions() = {model.max_positions():,} "
+            "(learned absolute positions end there); it would have to be truncated. Score a shorter text or a model "
+            "with relative positions."
+        )
+    device = next(model.parameters()).device
+    target = tokens.to(device)[None]
+    source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
+    block = window.stride if window.bounded else FULL_BLOCK
+    nll = torch.cat([
+        F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
+        for a, b, out in blockwise_forward(model, source, block, window=window)
+    ])
+    edges = bucket_edges(length, training_length)
+    buckets = [Bucket(a, b, b - a, float(nll[a:b].sum())) for a, b in zip(edges[:-1], edges[1:])]
+    return DocumentScore(name, str(window), length, float(nll.sum()), buckets)
+
+
+def format_scores(scores: Sequence[DocumentScore], training_length: Optional[int] = None) -> str:
+    """Markdown tables: one row per document (tokens, loss in bits, ppl), then the loss per position
+    bucket of each document (rows only where a document reaches past l)."""
+    lines = ["| document | window | tokens | x l | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
+    for s in scores:
+        ratio = f"{s.tokens / training_length:.3g}" if training_length else "-"
+        lines.append(f"| {s.name} | {s.window} | {s.tokens:,} | {ratio} | {s.loss:.4f} | {s.ppl:.2f} |")
+    bucketed = [s for s in scores if len(s.buckets) > 1]
+    if bucketed:
+        lines += ["", "| document | window | positions | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
+        for s in bucketed:
+            for b in s.buckets:
+                lines.append(f"| {s.name} | {s.window} | {b.start}-{b.end - 1} | {b.tokens:,} | {b.loss:.4f} | {b.ppl:.2f} |")
+    return "\n".join(lines)
