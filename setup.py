@@ -11,6 +11,10 @@ Install with `make install` (see README.md), not with a bare `pip install .`:
 * fairseq comes as fairseq-fixed==0.12.3.1 (fairseq 0.12.2 with Python 3.11 fixes); plain
   fairseq==0.12.2 does not import on Python 3.11.
 * numpy<2: fairseq 0.12's --sample-break-mode eos crashes on numpy 2.
+* tensorboardX is what fairseq's --tensorboard-logdir writes with (no TensorFlow, no torch pin).
+* fairscale (extra ``fsdp``) is fairseq's FSDP implementation (--ddp-backend fully_sharded); optional.
+  torchscale 0.3.0 pins fairscale==0.4.0, which pip reports as a conflict: only torchscale's config and
+  components are used here, which do not import fairscale.
 * apex is optional and never from PyPI (the PyPI "apex" is an unrelated package): build it from
   NVIDIA's source on GPU machines; fairseq then uses its fused Adam and LayerNorm.
 """
@@ -32,7 +36,12 @@ setup(
         "click",
         "matplotlib",
         "tqdm",
+        "tensorboardX",  # fairseq-train --tensorboard-logdir
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        "test": ["pytest"],
+        # fairseq-train --ddp-backend fully_sharded (FSDP); scripts/install.sh installs it unless EXTRAS says otherwise
+        "fsdp": ["fairscale==0.4.13"],
+    },
     entry_points={"console_scripts": ["lex=lex_plugin.cli:main"]},
 )

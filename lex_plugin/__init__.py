@@ -6,10 +6,15 @@ registers the ``lex_lm`` model and its ``lex_lm_*`` architectures.
 
 __version__ = "0.1.0"
 
-from . import checkpoints, models, optim, tasks  # noqa: F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
+from . import logs
+
+logs.silence_known_warnings()  # before fairseq is imported (its imports trigger some of them)
+
+from . import checkpoints, models  # noqa: E402, optim, tasks  # noqa: F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
 from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
 from .models import LexLanguageModel
 
 checkpoints.install()  # clear errors for truncated / corrupt checkpoints
+logs.repair_fairseq_logging()  # fairseq-eval-lm & co.: undo the DEBUG root logger fairseq's wav2vec import sets
 
 __all__ = ["LexLanguageModel"]

@@ -3,6 +3,8 @@
 #   VENV=.venv            where the environment lives
 #   TORCH_SPEC=torch==2.13.0   what to install when the venv has no torch yet (a GPU user may point
 #                         this at a CUDA build, or pre-install torch in the venv: it is kept as is)
+#   EXTRAS=test,fsdp      setup.py extras to install (test: pytest; fsdp: fairscale for
+#                         --ddp-backend fully_sharded); EXTRAS=test leaves fairscale out
 # The installed torch is pinned as a pip constraint for every later step and checked at the end:
 # an install must never change it.
 set -euo pipefail
@@ -10,6 +12,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 PY=${PYTHON:-python3}
+EXTRAS=${EXTRAS-test,fsdp}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@"; }
@@ -24,7 +27,7 @@ constraints="$VENV/torch-constraint.txt"
 echo "torch==$before" > "$constraints"
 echo "[install] torch $before (pinned: $constraints)"
 
-pip install -q -c "$constraints" -e ".[test]"
+pip install -q -c "$constraints" -e ".[$EXTRAS]"
 # torchscale's own pins (timm -> torchvision) would replace torch: take the package alone.
 pip install -q --no-deps torchscale==0.3.0
 
@@ -33,5 +36,5 @@ if [ "$after" != "$before" ]; then
   echo "[install] ERROR: torch changed from $before to $after during the install" >&2
   exit 1
 fi
-"$VENV/bin/python" -c 'import fairseq, torchscale.architecture.config, sacremoses, sentencepiece, click, matplotlib, lex_plugin' 2>/dev/null
+"$VENV/bin/python" -c 'import fairseq, torchscale.architecture.config, sacremoses, sentencepiece, click, matplotlib, tensorboardX, lex_plugin' 2>/dev/null
 echo "[install] ok: torch $after, $("$VENV/bin/python" -c 'import fairseq; print("fairseq", fairseq.__version__)' 2>/dev/null)"

@@ -1,7 +1,12 @@
 """Everyday workflow: a new corpus prepared like the training data-bin, raw-text scoring with `lex score`."""
 
 import json
+import os
+import re
+import struct
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +149,144 @@ def test_documents_past_learned_positions_are_refused_not_truncated():
     with pytest.raises(ValueError, match="max_positions"):
         score_tokens(model, tokens, AttentionWindow.full(), eos=2)
     assert score_tokens(model, tokens[:64], AttentionWindow.full(), eos=2).tokens == 64
+
+
+# ---- fairseq integration: readable output, TensorBoard, hydra, FSDP -----------------------------------
+
+FAIRSEQ_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (INFO|WARNING) \| \S+ \| ")
+FAIRSCALE_IMPORT = "fairscale/experimental/nn/offload.py"  # warns when fairseq imports it, before the plugin loads
+
+
+def test_eval_lm_output_is_fairseqs_log_and_the_tables_only(data_bin, trained):
+    """fairseq-eval-lm with the length table: every line is fairseq's formatted log (INFO), a table row, the
+    table's title or blank; no DEBUG lines, no default-format logging, none of the known library warnings."""
+    ckpt, _ = trained
+    proc = run_cli(["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--path", str(ckpt),
+                    "--task", "lex_language_modeling", "--gen-subset", "valid", "--tokens-per-sample", str(TRAIN_LEN),
+                    "--batch-size", "8", "--num-workers", "0", "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}",
+                    "--eval-windows", "full,bca", "--eval-tokens", "2000"])
+    lines = (proc.stdout + proc.stderr).splitlines()
+    skip_next, unexpected = False, []
+    for line in lines:
+        if skip_next:  # the source line Python prints under a warning
+            skip_next = False
+            continue
+        if FAIRSCALE_IMPORT in line:
+            skip_next = True
+            continue
+        if not line.strip() or line.startswith("|") or line.startswith("Length-stratified evaluation"):
+            continue
+        if not FAIRSEQ_LINE.match(line):
+            unexpected.append(line)
+    assert not unexpected, "\n".join(unexpected[:20])
+    assert any("| fairseq_cli.eval_lm | Loss (base 2)" in line for line in lines)
+    assert any(line.startswith("| stream | bca(") for line in lines)
+
+
+def _read_scalars(logdir: Path, tag: str) -> dict:
+    """{step: value} of scalar ``tag`` in the TensorBoard event files under ``logdir`` (TFRecord framing:
+    8-byte length, 4-byte CRC, the Event proto, 4-byte CRC)."""
+    from tensorboardX.proto import event_pb2
+
+    values = {}
+    for path in logdir.rglob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):
+            (length,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + length])
+            i += 12 + length + 4
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = value.simple_value
+    return values
+
+
+def _train(data_bin, save_dir, *extra):
+    return run_cli(["fairseq-train", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+                    "--arch", "lex_lm_tiny", "--share-decoder-input-output-embed", "--tokens-per-sample", str(TRAIN_LEN),
+                    "--sample-break-mode", "none", "--batch-size", "16", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+                    "--weight-decay", "0.01", "--lr", "0.0015", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "70",
+                    "--total-num-update", "600",
+                    "--clip-norm", "1.0", "--max-update", "4", "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+                    "--disable-validation", "--log-format", "json", "--log-interval", "1", "--num-workers", "0", "--seed", "1",
+                    *map(str, extra)])
+
+
+def _losses(proc) -> dict:
+    """{update: loss} of fairseq's json log lines (fairseq-train's format, or hydra's ``[train_inner][INFO] -``)."""
+    logs = [json.loads(m) for m in re.findall(r"train_inner(?: \||\]\[INFO\] -) (\{.*\})", proc.stdout + proc.stderr)]
+    return {int(r["num_updates"]): float(r["loss"]) for r in logs}
+
+
+@pytest.fixture(scope="module")
+def cli_run(data_bin, tmp_path_factory):
+    """4 updates of fairseq-train with --tensorboard-logdir (the same settings as the hydra config)."""
+    work = tmp_path_factory.mktemp("cli_run")
+    proc = _train(data_bin, work / "ckpt", "--tensorboard-logdir", work / "tb")
+    return work, _losses(proc)
+
+
+def test_tensorboard_logdir_records_the_training_losses(cli_run):
+    work, losses = cli_run
+    assert sorted(losses) == [1, 2, 3, 4]
+    logged = _read_scalars(work / "tb" / "train_inner", "loss")
+    assert sorted(logged) == [1, 2, 3, 4]
+    for step, loss in losses.items():  # fairseq's json log rounds to 3 decimals
+        assert logged[step] == pytest.approx(loss, abs=6e-4)
+
+
+def test_hydra_config_trains_exactly_like_fairseq_train(cli_run, data_bin, tmp_path):
+    """examples/lex_lm/config/lex_lm_tiny.yaml under fairseq-hydra-train == the same options given to
+    fairseq-train: the same model (preset from the model/ group), data, optimizer and seed, hence the same
+    losses update by update."""
+    _, expected = cli_run
+    proc = run_cli(["fairseq-hydra-train", "--config-dir", str(REPO / "examples/lex_lm/config"), "--config-name", "lex_lm_tiny",
+                    f"task.data={data_bin}", f"checkpoint.save_dir={tmp_path / 'ckpt'}", f"task.tokens_per_sample={TRAIN_LEN}",
+                    "optimization.max_update=4", "dataset.disable_validation=true", "common.log_format=json",
+                    "common.log_interval=1"])
+    assert _losses(proc) == expected
+    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["model"]["decoder.embed_tokens.weight"].shape[1] == 256 and state["cfg"]["model"]["decoder_layers"] == 4
+
+
+def test_hydra_refuses_a_preset_name_it_would_not_apply(data_bin, tmp_path):
+    proc = subprocess.run(["fairseq-hydra-train", "--config-dir", str(REPO / "examples/lex_lm/config"), "--config-name",
+                           "lex_lm_tiny", f"task.data={data_bin}", f"checkpoint.save_dir={tmp_path}", "model._name=lex_lm_tiny",
+                           "optimization.max_update=1"],
+                          capture_output=True, text=True, cwd=REPO, env=_env())
+    assert proc.returncode != 0 and "does not apply the lex_lm_tiny preset under fairseq-hydra-train" in proc.stderr + proc.stdout
+
+
+def test_hydra_model_group_mirrors_the_presets():
+    from lex_plugin.models.lex_lm import PRESETS
+
+    for name, sizes in PRESETS.items():
+        text = (REPO / "examples/lex_lm/config/model" / f"{name}.yaml").read_text()
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        assert fields == {"_name": "lex_lm", **{k: str(v) for k, v in sizes.items()}}
+
+
+def _env():
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU fully_sharded trains: examples/lex_lm/GPU.md")
+def test_fully_sharded_reaches_fairscale_and_states_that_it_needs_cuda(data_bin, tmp_path):
+    """fairscale is installed (make install) and fairseq's --ddp-backend fully_sharded wraps the model in
+    its FSDP; on a CPU build of torch that stops with the error the README quotes."""
+    proc = subprocess.run(
+        ["torchrun", "--standalone", "--nproc_per_node", "2", "--no-python", str(REPO / "scripts" / "train_distributed.sh"),
+         str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling", "--arch", "lex_lm_tiny",
+         "--decoder-layers", "2", "--tokens-per-sample", "64", "--batch-size", "4", "--optimizer", "adam", "--lr", "1e-3",
+         "--max-update", "2", "--save-dir", str(tmp_path), "--num-workers", "0", "--disable-validation"],
+        capture_output=True, text=True, cwd=REPO, env=dict(_env(), DDP_BACKEND="fully_sharded"), timeout=300,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "fairscale/nn/data_parallel/fully_sharded_data_parallel.py" in log, log[-3000:]
+    assert FSDP_CPU_ERROR in log, log[-3000:]
+    assert FSDP_CPU_ERROR in (REPO / "README.md").read_text()
+
+
+FSDP_CPU_ERROR = "AssertionError: Torch not compiled with CUDA enabled"

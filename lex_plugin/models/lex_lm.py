@@ -175,7 +175,14 @@ class LexLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         """fairseq's hook: apply the preset defaults, validate (:func:`check_config`, ValueError), build
-        the decoder, and remember the training length as ``model.training_length`` (int or None)."""
+        the decoder, and remember the training length as ``model.training_length`` (int or None).
+
+        Raises:
+            ValueError: a bad configuration; under ``fairseq-hydra-train``, a preset name as ``model._name``
+                (fairseq fills the lex_lm defaults in before any preset could apply, so the model would
+                silently be another size).
+        """
+        _refuse_hydra_preset(args)
         lex_lm_architecture(args)
         check_config(args)
         config = build_decoder_config(args, len(task.target_dictionary))
@@ -187,6 +194,19 @@ class LexLanguageModel(FairseqLanguageModel):
         # The training length l (tokens per sample at training time), or None if the config lacks it.
         model.training_length: Optional[int] = int(length) if length is not None else None
         return model
+
+
+def _refuse_hydra_preset(args) -> None:
+    name = safe_getattr(args, "_name", None)
+    if name in PRESETS and name != "lex_lm":
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():  # fairseq-hydra-train; fairseq-train applies --arch presets itself
+            raise ValueError(
+                f"model._name: {name} does not apply the {name} preset under fairseq-hydra-train (fairseq merges "
+                "lex_lm's defaults first, which would silently give a C = 512, 6-layer model). Use model._name: lex_lm "
+                f"with the sizes, e.g. the config group examples/lex_lm/config/model/{name}.yaml (model={name})."
+            )
 
 
 def _set(args, name, value):
@@ -212,7 +232,12 @@ def _preset(name, layers, dim, heads, ffn, dropout):
 
     arch.__name__ = name
     arch.__doc__ = f"{name}: {layers} layers, C={dim}, {heads} heads, FFN {ffn}, dropout {dropout}."
+    PRESETS[name] = dict(decoder_layers=layers, decoder_embed_dim=dim, decoder_attention_heads=heads,
+                         decoder_ffn_embed_dim=ffn, dropout=dropout)
     return arch
+
+
+PRESETS = {}  # preset name -> its sizes (the hydra config group examples/lex_lm/config/model/ mirrors them)
 
 
 lex_lm_tiny = _preset("lex_lm_tiny", 4, 256, 4, 1024, 0.1)  # CPU-sized: tests and the demo
