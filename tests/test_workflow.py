@@ -246,6 +246,7 @@ def test_hydra_config_trains_exactly_like_fairseq_train(cli_run, data_bin, tmp_p
                     "optimization.max_update=4", "dataset.disable_validation=true", "common.log_format=json",
                     "common.log_interval=1"])
     assert _losses(proc) == expected
+    assert (tmp_path / "ckpt" / ".hydra" / "config.yaml").is_file() and not (REPO / ".hydra").exists()  # record beside the checkpoints
     state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["model"]["decoder.embed_tokens.weight"].shape[1] == 256 and state["cfg"]["model"]["decoder_layers"] == 4
 
