@@ -23,6 +23,15 @@ def _window_options(fn):
     return fn
 
 
+def _scaling_options(fn):
+    """--rope-scaling / --rope-scaling-factor: RoPE scaling of rope / xpos checkpoints, as in the task."""
+    fn = click.option("--rope-scaling-factor", default=None, metavar="S|auto",
+                      help="s > 0; auto = evaluation length / l where the command has one length (receptive-field)")(fn)
+    fn = click.option("--rope-scaling", type=click.Choice(["linear", "ntk", "yarn"]), default=None,
+                      help="RoPE scaling at evaluation: position interpolation, NTK-aware base, YaRN")(fn)
+    return fn
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """lex_plugin: LeX Transformer tools for fairseq (train and evaluate with fairseq-train /
@@ -112,21 +121,23 @@ def plot_cmd(reports, out, labels, protocol, title):
 @click.option("--prompt", "prompts", multiple=True, required=True, help="text to continue (repeat for several)")
 @click.option("--max-len", type=click.IntRange(min=1), default=50, show_default=True, help="tokens to generate")
 @_window_options
+@_scaling_options
 @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, help="0: greedy")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--beam", type=click.IntRange(min=1), default=1, show_default=True,
               help="> 1: fairseq's beam search (the prompt is then fed one token per step)")
 @click.option("--seed", type=int, default=None)
-def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, training_length, temperature, top_k, top_p,
-                 beam, seed):
+def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, training_length, rope_scaling,
+                 rope_scaling_factor, temperature, top_k, top_p, beam, seed):
     """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
     beam search)."""
     from .hub_interface import from_pretrained
 
     try:
         mode = selected_mode(bca, sliding_window)
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, mode, sliding_window, training_length)
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, mode, sliding_window, training_length,
+                              rope_scaling, rope_scaling_factor)
         for prompt in prompts:
             if beam > 1:  # fairseq's length limits count the prompt too
                 prompt_len = len(hub.encode(prompt))
@@ -140,10 +151,12 @@ def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, traini
         raise click.ClickException(str(err)) from None
 
 
-def _analysis_model(checkpoint, data, bca, sliding_window, training_length):
+def _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling=None, rope_scaling_factor=None,
+                    evaluation_length=None):
     from .analysis.report import load_model
 
-    return load_model(checkpoint, data, selected_mode(bca, sliding_window), sliding_window, training_length)
+    return load_model(checkpoint, data, selected_mode(bca, sliding_window), sliding_window, training_length,
+                      rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor, evaluation_length=evaluation_length)
 
 
 def _outputs(report, table, json_out, plot_out, plotter):
@@ -174,9 +187,11 @@ _PLOT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
 @_SPLIT
 @_window_options
+@_scaling_options
 @_JSON
 @_PLOT
-def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sliding_window, training_length, json_out, plot_out):
+def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sliding_window, training_length, rope_scaling,
+                   rope_scaling_factor, json_out, plot_out):
     """Attention resolution (LeX paper Eq. 4, Table 3): s[n] from the pre-softmax logits of each layer,
     averaged over texts and heads; R(s) per layer and averaged over layers."""
     from .analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
@@ -186,7 +201,8 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sli
         sizes = [int(x) for x in parts if x.isdigit()]
         if not parts or len(sizes) != len(parts) or min(sizes) < 2:
             raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
-        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length)
+        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling,
+                                            rope_scaling_factor)
         report = resolution_report(model, split_stream(data, split, dictionary), sizes, texts, batch_size)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -218,15 +234,18 @@ def decay_curve_cmd(head_dim, gamma, scale_base, max_distance, json_out, plot_ou
 @click.option("--segments", type=click.IntRange(min=1), default=8, show_default=True, help="texts averaged")
 @_SPLIT
 @_window_options
+@_scaling_options
 @_JSON
 @_PLOT
-def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_window, training_length, json_out, plot_out):
+def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_window, training_length, rope_scaling,
+                        rope_scaling_factor, json_out, plot_out):
     """Receptive field (Chi et al., section 5.1): cumulative normalized gradient of the last token's loss
     with respect to the input embeddings, ERF = min{m : c_m > 0.99}, and the window's theoretical bound."""
     from .analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
 
     try:
-        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length)
+        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling,
+                                            rope_scaling_factor, evaluation_length=length)
         report = receptive_field_report(model, split_stream(data, split, dictionary), length, segments)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -239,8 +258,9 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_
               help="the data-bin the model was trained on (its spm.model, dict.txt and lex_prepare.json encode the text)")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_window_options
+@_scaling_options
 @_JSON
-def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, json_out):
+def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, rope_scaling, rope_scaling_factor, json_out):
     """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
     ([0, l), [l, 2l), [2l, 4l) ...), under any window. No binarising: the text is encoded as lex prepare
     encodes a corpus; long documents run through the key/value cache, never truncated."""
@@ -250,7 +270,7 @@ def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, jso
 
     try:
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data, selected_mode(bca, sliding_window),
-                              sliding_window, training_length)
+                              sliding_window, training_length, rope_scaling, rope_scaling_factor)
         scores = []
         for path in files:
             try:
@@ -266,11 +286,67 @@ def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, jso
     overall = 2 ** (nll / tokens / math.log(2))
     click.echo(f"\n{len(scores)} documents, {tokens:,} tokens, window {hub.window}: ppl {overall:.2f}")
     report = {"checkpoint": str(checkpoint), "data": str(data), "window": str(hub.window),
+              "rope_scaling": None if hub.rope_scaling is None else str(hub.rope_scaling),
               "training_length": hub.training_length, "tokens": tokens, "ppl": overall,
               "documents": [s.to_dict() for s in scores]}
     write_json(report, json_out)
     if json_out:
         click.echo(f"JSON -> {json_out}")
+
+
+@main.command("passkey")
+@_CKPT
+@_DATA
+@click.option("--lengths", default="256,512,1024,2048", show_default=True, help="comma-separated prompt lengths (tokens)")
+@click.option("--depths", default="0.1,0.3,0.5,0.7,0.9", show_default=True, help="relative needle depths in [0, 1]")
+@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding")
+@click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per (length, depth)")
+@click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
+              help="random other keys scored against the true one")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--split", default="test", show_default=True, help="split of the data-bin the filler text comes from")
+@click.option("--sliding-window", default=None, metavar="W|l", help="width of the sliding mode (default l)")
+@click.option("--training-length", type=click.IntRange(min=1), default=None, help="l (default: the checkpoint's)")
+@_scaling_options
+@_JSON
+@_PLOT
+def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, sliding_window, training_length,
+                rope_scaling, rope_scaling_factor, json_out, plot_out):
+    """Passkey retrieval (Mohtashami & Jaggi 2023): a 5-digit key hidden at each depth of a filler context
+    of each length (filler from the data-bin's own text); the true key is scored against random
+    distractors by the model's log-probability. Accuracy per (window, length, depth): table, JSON, heat map."""
+    from .analysis.report import split_stream
+    from .evaluation.passkey import format_passkey, passkey_accuracy, plot_passkey
+    from .hub_interface import from_pretrained
+
+    try:
+        sizes = [int(x) for x in lengths.split(",") if x.strip()]
+        fractions = [float(x) for x in depths.split(",") if x.strip()]
+        modes = [m.strip() for m in windows.split(",") if m.strip()]
+        if not sizes or not fractions or not modes:
+            raise ValueError("--lengths, --depths and --windows each need at least one value.")
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full", None, training_length,
+                              rope_scaling, rope_scaling_factor, max(sizes))
+        window_list = [hub.window_for(m, sliding_window, training_length) for m in modes]
+        encode = lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()  # noqa: E731
+        filler = split_stream(data, split, hub.src_dict)
+        results = passkey_accuracy(hub.models[0], encode, filler, sizes, fractions, window_list, hub.src_dict.eos(),
+                                   hub.src_dict.pad(), trials, distractors, seed)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    l = training_length or hub.training_length
+    click.echo(format_passkey(results, l))
+    report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l,
+              "rope_scaling": None if hub.rope_scaling is None else str(hub.rope_scaling),
+              "results": [r.to_dict() for r in results]}
+    from .analysis.report import write_json
+
+    write_json(report, json_out)
+    if plot_out:
+        plot_passkey(results, plot_out, l)
+    for label, path in (("JSON", json_out), ("plot", plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
 
 
 @main.command("user-dir")

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .data.prepare import BPE_MODEL, META_FILE
 from .modules.attention.window import AttentionWindow, window_from_options
+from .modules.positions.rope_scaling import RopeScaling, rope_scaling_from_options
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,21 @@ class LexHubInterface(GeneratorHubInterface):
         finally:
             self.window = previous
 
+    @property
+    def rope_scaling(self) -> Optional[RopeScaling]:
+        """The RoPE scaling every model applies (None: as trained)."""
+        return self.models[0].decoder.rope_scaling
+
+    @rope_scaling.setter
+    def rope_scaling(self, scaling: Optional[RopeScaling]) -> None:
+        for model in self.models:
+            model.decoder.rope_scaling = scaling  # ValueError on a non-rotary model
+
+    def rope_scaling_for(self, kind: Optional[str], factor=None, evaluation_length: Optional[int] = None,
+                         training_length: Optional[int] = None) -> Optional[RopeScaling]:
+        """``--rope-scaling KIND --rope-scaling-factor S|auto`` for this checkpoint (``rope_scaling_from_options``)."""
+        return rope_scaling_from_options(kind, factor, training_length or self.training_length, evaluation_length)
+
     def encode(self, sentence: str) -> torch.LongTensor:
         """Text -> token ids (ending with ``</s>``), as the corpus was prepared.
 
@@ -108,7 +124,10 @@ class LexHubInterface(GeneratorHubInterface):
         from .evaluation.documents import encode_document, score_tokens
 
         tokens = encode_document(self, text)
-        return score_tokens(self.models[0], tokens, self.window, self.src_dict.eos(), name, self.training_length)
+        score = score_tokens(self.models[0], tokens, self.window, self.src_dict.eos(), name, self.training_length)
+        if self.rope_scaling is not None:
+            score.window = f"{score.window}+{self.rope_scaling}"
+        return score
 
     def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
         """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the
@@ -175,6 +194,9 @@ def from_pretrained(
     window: str = "full",
     sliding_window: Optional[Union[int, str]] = None,
     training_length: Optional[int] = None,
+    rope_scaling: Optional[str] = None,
+    rope_scaling_factor=None,
+    evaluation_length: Optional[int] = None,
     **kwargs,
 ) -> LexHubInterface:
     """Load a LeX checkpoint for generation and scoring.
@@ -186,10 +208,13 @@ def from_pretrained(
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
         window: ``full``, ``bca`` or ``sliding``; ``sliding_window``: W (an integer or ``l``, default l);
             ``training_length``: l instead of the checkpoint's (``window_from_options``).
+        rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs
+            ``evaluation_length``): RoPE scaling for rope / xpos checkpoints (``rope_scaling_from_options``).
         kwargs: further fairseq overrides.
 
     Raises:
-        FileNotFoundError: no checkpoint or data-bin there. ValueError: a window the checkpoint cannot take.
+        FileNotFoundError: no checkpoint or data-bin there. ValueError: a window the checkpoint cannot take,
+            RoPE scaling on a non-rotary checkpoint or with a bad factor.
     """
     model_dir = Path(model_name_or_path)
     if not (model_dir / checkpoint_file).is_file():
@@ -214,4 +239,5 @@ def from_pretrained(
     )
     hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
     hub.window = window_from_options(window, sliding_window, training_length, hub.training_length)
+    hub.rope_scaling = hub.rope_scaling_for(rope_scaling, rope_scaling_factor, evaluation_length, training_length)
     return hub

@@ -15,13 +15,15 @@ from .resolution import attention_resolution, expectation_curve, score_by_distan
 __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
 
 
-def load_model(checkpoint: Path, data: Path, window: str = "full", sliding_window=None, training_length: Optional[int] = None):
+def load_model(checkpoint: Path, data: Path, window: str = "full", sliding_window=None, training_length: Optional[int] = None,
+               **scaling):
     """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) with ``window``
     (full, bca, sliding; ``sliding_window`` W or l, ``training_length`` l: ``window_from_options``) as
-    its default window."""
+    its default window; ``scaling``: ``rope_scaling``, ``rope_scaling_factor``, ``evaluation_length`` of
+    ``from_pretrained``."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window, sliding_window, training_length)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window, sliding_window, training_length, **scaling)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)
     if torch.cuda.is_available():

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..data.prepare import paragraphs
 from ..modules.attention.window import AttentionWindow
-from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges
+from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges, bucket_table
 
 __all__ = ["DocumentScore", "encode_document", "score_tokens", "format_scores"]
 
@@ -111,10 +111,4 @@ def format_scores(scores: Sequence[DocumentScore], training_length: Optional[int
     for s in scores:
         ratio = f"{s.tokens / training_length:.3g}" if training_length else "-"
         lines.append(f"| {s.name} | {s.window} | {s.tokens:,} | {ratio} | {s.loss:.4f} | {s.ppl:.2f} |")
-    bucketed = [s for s in scores if len(s.buckets) > 1]
-    if bucketed:
-        lines += ["", "| document | window | positions | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
-        for s in bucketed:
-            for b in s.buckets:
-                lines.append(f"| {s.name} | {s.window} | {b.start}-{b.end - 1} | {b.tokens:,} | {b.loss:.4f} | {b.ppl:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + bucket_table(("document", "window"), [((s.name, s.window), s.buckets) for s in scores]))

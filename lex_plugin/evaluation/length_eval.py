@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..modules.attention.window import AttentionWindow
 
-__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
+__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
 
 
 class _Scored:
@@ -209,15 +209,17 @@ def evaluate_fixed_target(
     max_tokens: int = 32768,
     device: Optional[torch.device] = None,
     progress: bool = True,
+    longest: Optional[int] = None,
 ) -> List[LengthResult]:
     """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_windows`` windows, each
     scored with a context of every length L (the window's final L tokens), so only the context grows.
 
     Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
-    its full context. ``window`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is shorter
-    than max(lengths) + target_tokens or if target_tokens exceeds the smallest length.
+    its full context (``longest``: place them as for that length instead, so that calls for single lengths
+    score the same windows). ``window`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is
+    shorter than the longest length + target_tokens or if target_tokens exceeds the smallest length.
     """
-    longest = max(lengths)
+    longest = max([*lengths, longest or 0])
     if target_tokens > min(lengths):
         raise ValueError(f"--fixed-target-tokens {target_tokens} exceeds the smallest --eval-lengths {min(lengths)}.")
     if stream.numel() < longest + target_tokens + 1:
@@ -250,10 +252,18 @@ def format_table(results: Sequence[LengthResult], training_length: Optional[int]
     for r in results:
         ratio = f"{r.length / training_length:g}" if training_length else "-"
         lines.append(f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |")
-    bucketed = [r for r in results if len(r.buckets) > 1]
-    if bucketed:
-        lines += ["", "| window | length | positions | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
-        for r in bucketed:
-            for b in r.buckets:
-                lines.append(f"| {r.window} | {r.length} | {b.start}-{b.end - 1} | {b.tokens:,} | {b.loss:.4f} | {b.ppl:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + bucket_table(("window", "length"), [((r.window, r.length), r.buckets) for r in results]))
+
+
+def bucket_table(keys: Sequence[str], rows: Sequence[Tuple[tuple, Sequence[Bucket]]]) -> List[str]:
+    """Markdown lines of the loss per position bucket: one row per bucket, led by the ``keys`` columns
+    (e.g. window and length); entries with a single bucket are left out, and nothing when none remain."""
+    rows = [(values, buckets) for values, buckets in rows if len(buckets) > 1]
+    if not rows:
+        return []
+    head = "| " + " | ".join(keys) + " | positions | tokens | loss (bits) | ppl |"
+    lines = ["", head, "|" + "---|" * (len(keys) + 4)]
+    for values, buckets in rows:
+        lead = "".join(f"| {v} " for v in values)
+        lines += [f"{lead}| {b.start}-{b.end - 1} | {b.tokens:,} | {b.loss:.4f} | {b.ppl:.2f} |" for b in buckets]
+    return lines

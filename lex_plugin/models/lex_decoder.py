@@ -16,6 +16,7 @@ from ..modules.attention.self_attention import IncrementalState
 from ..modules.attention.window import AttentionWindow
 from ..modules.decoder_layer import LexDecoderLayer
 from ..modules.positions import PositionScheme, build_positions
+from ..modules.positions.rope_scaling import RopeScaling
 
 __all__ = ["LexDecoder", "UNBOUNDED_POSITIONS", "dictionary_digest", "is_right_padded"]
 
@@ -172,6 +173,33 @@ class LexDecoder(FairseqIncrementalDecoder):
             yield window
         finally:
             self.default_window = previous
+
+    @property
+    def rope_scaling(self) -> Optional[RopeScaling]:
+        """The RoPE scaling the rotary scheme applies now (None: as trained, and for other schemes)."""
+        return getattr(self.positions[0], "scaling", None) if self.position_kind == "rotary" else None
+
+    @rope_scaling.setter
+    def rope_scaling(self, scaling: Optional[RopeScaling]) -> None:
+        if scaling is not None and self.position_kind != "rotary":
+            raise ValueError(
+                f"--rope-scaling {scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
+                f"({self.position_kind}). Use it with rope or xpos checkpoints."
+            )
+        for scheme in self.positions:
+            if self.position_kind == "rotary":
+                scheme.scaling = scaling
+
+    @contextmanager
+    def use_rope_scaling(self, scaling: Optional[RopeScaling]) -> Iterator[Optional[RopeScaling]]:
+        """Within the block the rotary scheme applies ``scaling`` (ValueError on a non-rotary scheme); the
+        previous scaling comes back afterwards, also on errors."""
+        previous = self.rope_scaling
+        self.rope_scaling = scaling
+        try:
+            yield scaling
+        finally:
+            self.rope_scaling = previous
 
     def output_layer(self, features: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V) logits."""

@@ -12,6 +12,9 @@
   (:meth:`LexLanguageModelingTask.length_report`, the task's evaluation entry point; fairseq-eval-lm
   reaches it through ``eval_lm_dataloader``, its last task hook before scoring). fairseq's own pass at
   ``--tokens-per-sample`` follows, as usual.
+* ``--rope-scaling linear|ntk|yarn --rope-scaling-factor S|auto`` scales a rotary model's positions at
+  evaluation (:mod:`~lex_plugin.modules.positions.rope_scaling`); ``auto`` is max(1, L / l) for each
+  evaluation length L, and the rows are labelled ``WINDOW+KIND(s=S)``.
 * fairseq silently skips samples longer than ``max_positions()``; this task refuses instead.
 """
 
@@ -28,6 +31,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
 from ..modules.attention.window import AttentionWindow, selected_mode, window_from_options
+from ..modules.positions.rope_scaling import rope_scaling_from_options
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,16 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         default=None,
         metadata={"help": "the training length l that BCA halves into blocks and --sliding-window l means "
                           "(default: the checkpoint's tokens_per_sample); even for BCA"},
+    )
+    rope_scaling: Optional[str] = field(
+        default=None,
+        metadata={"help": "RoPE scaling at evaluation for rope / xpos checkpoints: linear (position interpolation), "
+                          "ntk (NTK-aware base), yarn (YaRN); with --rope-scaling-factor"},
+    )
+    rope_scaling_factor: Optional[str] = field(
+        default=None,
+        metadata={"help": "s of --rope-scaling: a number > 0, or auto = max(1, evaluation length / l) "
+                          "(per --eval-lengths row; --tokens-per-sample for fairseq's own pass)"},
     )
     eval_lengths: Optional[str] = field(
         default=None, metadata={"help": "comma-separated evaluation lengths, e.g. 256,512,1024: same stream, each length"}
@@ -111,8 +125,18 @@ class LexLanguageModelingTask(LanguageModelingTask):
             window = task_window(self.selected_mode, self.args, getattr(model, "training_length", None))
             decoder.default_window = window
             logger.info("attention window: %s (training length %s)", window, getattr(model, "training_length", None))
+        scaling = self._rope_scaling(model, self.args.tokens_per_sample)
+        if scaling is not None:
+            decoder.rope_scaling = scaling  # ValueError on a non-rotary model
+            logger.info("RoPE scaling: %s", scaling)
         self._models.append(weakref.ref(model))
         return model
+
+    def _rope_scaling(self, model, evaluation_length: Optional[int]):
+        """``--rope-scaling`` for ``model`` at ``evaluation_length`` (None without the flag)."""
+        return rope_scaling_from_options(self.args.rope_scaling, self.args.rope_scaling_factor,
+                                         self.args.training_length or getattr(model, "training_length", None),
+                                         evaluation_length)
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, **kwargs):
         """fairseq's eval-lm batches. fairseq-eval-lm calls no other task hook between loading the models
@@ -164,13 +188,21 @@ class LexLanguageModelingTask(LanguageModelingTask):
             stream = stream[: self.args.eval_tokens]
         modes = [m.strip() for m in (self.args.eval_windows or self.selected_mode).split(",") if m.strip()]
         results = []
+        scaled = self.args.rope_scaling is not None
         for mode in modes:
             window = task_window(mode, self.args, l)
-            results += evaluate_lengths(model, stream, self.eval_lengths, window, self.dictionary.eos(),
-                                        self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
-            if self.args.fixed_target_tokens:
-                results += evaluate_fixed_target(model, stream, self.eval_lengths, window, self.dictionary.pad(),
-                                                 self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens)
+            for lengths in ([[L] for L in self.eval_lengths] if scaled else [self.eval_lengths]):  # auto: s per length
+                with decoder.use_rope_scaling(self._rope_scaling(model, lengths[0]) if scaled else None):
+                    rows = evaluate_lengths(model, stream, lengths, window, self.dictionary.eos(),
+                                            self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
+                    if self.args.fixed_target_tokens:
+                        rows += evaluate_fixed_target(model, stream, lengths, window, self.dictionary.pad(),
+                                                      self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens,
+                                                      longest=max(self.eval_lengths))
+                if scaled:  # one label for every length: "full+yarn(s=auto)"
+                    for r in rows:
+                        r.window = f"{r.window}+{self.args.rope_scaling}(s={self.args.rope_scaling_factor})"
+                results += rows
         table = format_table(results, l)
         print(f"\nLength-stratified evaluation of {split} ({stream.numel():,} tokens), training length l = {l}\n{table}\n", flush=True)
         report = {"split": split, "split_tokens": stream.numel(), "training_length": l,

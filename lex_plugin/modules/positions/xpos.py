@@ -24,6 +24,9 @@ Numerics (the module's contract):
   range of positions that grows geometrically and is sliced: one table serves every layer of a forward
   pass (the decoder owns one ``XPos`` and hands it to each layer) and every step of a generation. They
   are plain tensors, not buffers: never saved in checkpoints, never cast by ``model.half()``.
+* ``scaling`` (``rope_scaling.RopeScaling``, set at evaluation) replaces theta_i by the scaled angles,
+  divides the decay exponent by s for position interpolation, and multiplies queries and keys by
+  YaRN's temperature; the tables are rebuilt.
 * Keys cached during generation are stored rotated at a centre c (``rotate(..., keys=True)``); when
   new positions move more than ``max_centre_offset(dtype)`` past c, the cache moves its centre and
   multiplies the stored keys by ``rescale_keys(c, c')`` = zeta^((c' - c)/B), one (d,) factor.
@@ -35,6 +38,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .rope_scaling import RopeScaling
 from .scheme import PositionScheme, SchemeSpec, head_dim, register_position_scheme
 
 __all__ = ["XPos", "apply_rotary_complex", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
@@ -151,7 +155,11 @@ class XPos(PositionScheme):
         self.scalar_zeta = scalar_zeta
         self.rotation = rotation
         theta = rope_theta(head_dim, theta_base)
-        self._theta = theta if rotation else torch.zeros_like(theta)  # (d/2,) float64, CPU
+        self._trained_theta = theta if rotation else torch.zeros_like(theta)  # (d/2,) float64, CPU
+        self._theta = self._trained_theta
+        self._scaling: Optional[RopeScaling] = None
+        self._decay_divisor = 1.0
+        self._attention_scale = 1.0
         zeta = xpos_zeta(head_dim, gamma)
         if scalar_zeta:
             zeta = torch.full_like(zeta, gamma / (1.0 + gamma))
@@ -163,8 +171,24 @@ class XPos(PositionScheme):
         return (
             f"head_dim={self.head_dim}, scale_base={self.scale_base}, gamma={self.gamma}, "
             f"theta_base={self.theta_base}, use_scale={self.use_scale}, scalar_zeta={self.scalar_zeta}, "
-            f"rotation={self.rotation}"
+            f"rotation={self.rotation}, scaling={self._scaling}"
         )
+
+    @property
+    def scaling(self) -> Optional[RopeScaling]:
+        """The RoPE scaling applied at evaluation (``rope_scaling.RopeScaling``), or None (as trained)."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, scaling: Optional[RopeScaling]) -> None:
+        self._scaling = scaling
+        if scaling is None:
+            self._theta, self._decay_divisor, self._attention_scale = self._trained_theta, 1.0, 1.0
+        else:
+            theta = scaling.angles(rope_theta(self.head_dim, self.theta_base), self.head_dim, self.theta_base)
+            self._theta = theta if self.rotation else torch.zeros_like(theta)
+            self._decay_divisor, self._attention_scale = scaling.decay_divisor, scaling.attention_scale
+        self._cache.clear()
 
     def tables(self, start: int, length: int, center: int, keys: bool, device) -> Tuple[Tensor, Tensor]:
         """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32, both
@@ -204,11 +228,13 @@ class XPos(PositionScheme):
         angle = n[:, None] * self._theta.to(work)[None, :]
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.use_scale:
-            exponent = (n - center)[:, None] / self.scale_base
+            exponent = (n - center)[:, None] / (self.scale_base * self._decay_divisor)
             if keys:
                 exponent = -exponent
             scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
             cos, sin = cos * scale, sin * scale
+        if self._attention_scale != 1.0:  # YaRN's temperature, on queries and keys alike
+            cos, sin = cos * self._attention_scale, sin * self._attention_scale
         return torch.complex(cos.float(), sin.float()).to(device)
 
     def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, keys: bool = False) -> Tensor:
@@ -233,7 +259,7 @@ class XPos(PositionScheme):
         """(d,) fp32 factor zeta^((new - old)/B) per dimension (pairs repeated), or None for RoPE."""
         if not self.use_scale or old_center == new_center:
             return None
-        factor = torch.exp((new_center - old_center) / self.scale_base * self._log_zeta)  # (d/2,) float64
+        factor = torch.exp((new_center - old_center) / (self.scale_base * self._decay_divisor) * self._log_zeta)  # (d/2,)
         return factor.repeat_interleave(2).float().to(device)
 
     def max_center_offset(self, dtype) -> Optional[int]:
@@ -241,7 +267,7 @@ class XPos(PositionScheme):
         if not self.use_scale:
             return None
         bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
-        return max(CENTER_STEP, int(bound * self.scale_base / float(-self._log_zeta.min())))
+        return max(CENTER_STEP, int(bound * self.scale_base * self._decay_divisor / float(-self._log_zeta.min())))
 
     def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
         """xPos on the queries and keys of one attention call.

@@ -1,0 +1,238 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention", section 4.2): can the model still
+find a 5-digit key hidden at a relative depth of a long context?
+
+A prompt of L tokens is::
+
+    INTRO  filler[: d F]  NEEDLE(key)  filler[d F :]  QUESTION
+
+with the filler (F tokens) a random stretch of the data-bin's own text (the test split by default), the
+needle ``The pass key is 7 1 4 3 2 . Remember it . 7 1 4 3 2 is the pass key .`` at relative depth d, and
+the question ``What is the pass key ? The pass key is``. Keys are written digit by digit. Small language models have no instruction tuning, so the
+model is not asked to generate: the true key and N random distractor keys are scored by the model's
+log-probability of their text after the prompt, and a trial counts as retrieved when the true key
+scores highest (chance: 1 / (N + 1)).
+
+The prompt runs once, block by block through the key/value cache (bounded under BCA / sliding window);
+the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``).
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ..modules.attention.window import AttentionWindow
+from .length_eval import blockwise_forward
+
+__all__ = ["PasskeyPrompt", "PasskeyResult", "build_prompt", "score_candidates", "passkey_accuracy", "format_passkey"]
+
+INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text . Find it and "
+         "memorize it . I will quiz you about the important information there .")
+NEEDLE = "The pass key is {key} . Remember it . {key} is the pass key ."
+QUESTION = "What is the pass key ? The pass key is"
+DIGITS = 5
+FULL_BLOCK = 1024  # prompt positions per forward under full attention
+
+
+def _spell(key: int) -> str:
+    return " ".join(f"{key:0{DIGITS}d}")
+
+
+@dataclass
+class PasskeyPrompt:
+    """Token ids of one prompt (``tokens``, (L,) int64), where the needle sits (``needle_start``,
+    ``needle_end``: positions), and the key."""
+
+    tokens: Tensor
+    needle_start: int
+    needle_end: int
+    key: int
+
+
+def build_prompt(encode, filler: Tensor, length: int, depth: float, key: int) -> PasskeyPrompt:
+    """The prompt of exactly ``length`` tokens with ``key`` at relative ``depth`` of the filler.
+
+    Args:
+        encode: text -> (n,) int64 ids without end-of-sentence (the model's tokenizer and BPE).
+        filler: (>= F,) int64 ids of running text; its first F tokens are used.
+        length: L, tokens of the whole prompt (intro, filler, needle, question).
+        depth: relative position of the needle in the filler, in [0, 1].
+        key: the 5-digit key (0 .. 99999).
+
+    Raises:
+        ValueError: ``depth`` outside [0, 1], a key outside 5 digits, L too short for intro + needle +
+            question, or a filler shorter than needed.
+    """
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"passkey depths are fractions of the context in [0, 1], got {depth}.")
+    if not 0 <= key < 10**DIGITS:
+        raise ValueError(f"a pass key has {DIGITS} digits, got {key}.")
+    intro, needle, question = encode(INTRO), encode(NEEDLE.format(key=_spell(key))), encode(QUESTION)
+    fill = length - intro.numel() - needle.numel() - question.numel()
+    if fill < 0:
+        raise ValueError(
+            f"a passkey prompt needs at least {length - fill} tokens (intro, needle, question); --lengths {length} is too short."
+        )
+    if filler.numel() < fill:
+        raise ValueError(f"the filler text has {filler.numel():,} tokens, fewer than the {fill:,} that length {length} needs.")
+    cut = round(depth * fill)
+    tokens = torch.cat([intro, filler[:cut], needle, filler[cut:fill], question])
+    start = intro.numel() + cut
+    return PasskeyPrompt(tokens, start, start + needle.numel(), key)
+
+
+@torch.no_grad()
+def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], window: AttentionWindow, eos: int, pad: int) -> Tensor:
+    """Log-probability (nats, float64) of each candidate's tokens after ``prompt``.
+
+    Args:
+        model: a lex_lm model in eval mode.
+        prompt: (L,) int64 prompt ids (``</s>`` is put in front, as fairseq's LM task does).
+        candidates: N 1-D int64 tensors, the ids of each candidate key (lengths may differ: a BPE may split
+            some digits; the score is then the log-probability of the key's text either way).
+        window: the attention window.
+        eos, pad: the dictionary's end-of-sentence and padding ids.
+
+    Returns:
+        (N,) float64: sum over a candidate's tokens of log p(token | prompt, its earlier tokens).
+    """
+    device = next(model.parameters()).device
+    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
+    state: Dict = {}
+    block = window.stride if window.bounded else FULL_BLOCK
+    last = None
+    for _, _, out in blockwise_forward(model, source, block, state, window=window):
+        last = out[:, -1]
+    n, m = len(candidates), max(c.numel() for c in candidates)
+    cands = torch.full((n, m), pad, dtype=torch.long, device=device)
+    for i, c in enumerate(candidates):
+        cands[i, : c.numel()] = c
+    model.decoder.reorder_incremental_state_scripting(state, torch.zeros(n, dtype=torch.long, device=device))
+    logits = last.expand(n, -1)[:, None]
+    if m > 1:  # the decoder runs only the uncached columns; right padding never reaches earlier positions
+        more, _ = model(torch.cat([source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=state, window=window)
+        logits = torch.cat([logits, more], dim=1)
+    steps = logits.double().log_softmax(-1).gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
+    return steps.masked_fill(cands.eq(pad), 0.0).sum(-1).cpu()
+
+
+@dataclass
+class PasskeyResult:
+    """Accuracy of one (window, length, depth) cell over ``trials`` prompts."""
+
+    window: str
+    length: int
+    depth: float
+    distractors: int = 9
+    trials: int = 0
+    retrieved: int = 0
+    margins: List[float] = field(default_factory=list)  # true key's log-prob minus the best distractor's
+
+    @property
+    def accuracy(self) -> float:
+        return self.retrieved / max(self.trials, 1)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["accuracy"] = self.accuracy
+        return out
+
+
+def passkey_accuracy(
+    model,
+    encode,
+    filler: Tensor,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    windows: Sequence[AttentionWindow],
+    eos: int,
+    pad: int,
+    trials: int = 10,
+    distractors: int = 9,
+    seed: int = 0,
+    progress: bool = True,
+) -> List[PasskeyResult]:
+    """Accuracy per (window, length, depth): ``trials`` prompts each, the filler starting at a random
+    offset of ``filler`` and a random key per trial, scored against ``distractors`` random other keys.
+    The same prompts and candidates serve every window (seeded by ``seed``).
+
+    Raises:
+        ValueError: a length the filler text cannot fill (say how many tokens it holds), or the errors
+            of :func:`build_prompt`.
+    """
+    longest = max(lengths)
+    if filler.numel() <= longest:
+        raise ValueError(
+            f"the filler split holds {filler.numel():,} tokens; --lengths up to {longest:,} need more. "
+            "Lower the lengths or take a larger split (--split)."
+        )
+    g = torch.Generator().manual_seed(seed)
+    results = []
+    cells = [(L, d) for L in lengths for d in depths]
+    bar = tqdm(total=len(cells) * trials * len(windows), desc="passkey", unit="prompt", disable=not progress or None)
+    for length, depth in cells:
+        cell = {str(w): PasskeyResult(str(w), length, depth, distractors) for w in windows}
+        for _ in range(trials):
+            offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
+            keys = torch.randperm(10**DIGITS, generator=g)[: distractors + 1].tolist()  # keys[0] is the true one
+            prompt = build_prompt(encode, filler[offset:], length, depth, keys[0])
+            candidates = [encode(_spell(k)) for k in keys]
+            for window in windows:
+                scores = score_candidates(model, prompt.tokens, candidates, window, eos, pad)
+                result = cell[str(window)]
+                result.trials += 1
+                result.retrieved += int(scores[0] > scores[1:].max())
+                result.margins.append(float(scores[0] - scores[1:].max()))
+                bar.update(1)
+        results += cell.values()
+    bar.close()
+    return results
+
+
+def format_passkey(results: Sequence[PasskeyResult], training_length: Optional[int] = None) -> str:
+    """One markdown table per window: rows = depths, columns = lengths (x l), cells = accuracy."""
+    out = []
+    for window in dict.fromkeys(r.window for r in results):
+        rows = [r for r in results if r.window == window]
+        lengths = sorted({r.length for r in rows})
+        depths = sorted({r.depth for r in rows})
+        head = [f"{L} ({L / training_length:g}l)" if training_length else str(L) for L in lengths]
+        trials, distractors = max(r.trials for r in rows), rows[0].distractors
+        lines = [f"{window}: passkey accuracy ({trials} trials per cell; chance {1 / (1 + distractors):.2f} with "
+                 f"{distractors} distractor keys)",
+                 "| depth | " + " | ".join(head) + " |", "|---|" + "---|" * len(lengths)]
+        cell = {(r.length, r.depth): r.accuracy for r in rows}
+        for d in depths:
+            lines.append(f"| {d:g} | " + " | ".join(f"{cell[(L, d)]:.2f}" for L in lengths) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optional[int] = None) -> None:
+    """Heat maps of accuracy (depth x length), one panel per window, into the PNG ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows = list(dict.fromkeys(r.window for r in results))
+    fig, axes = plt.subplots(1, len(windows), figsize=(3.2 * len(windows) + 1.2, 3.4), dpi=120, squeeze=False)
+    for ax, window in zip(axes[0], windows):
+        rows = [r for r in results if r.window == window]
+        lengths, depths = sorted({r.length for r in rows}), sorted({r.depth for r in rows})
+        cell = {(r.length, r.depth): r.accuracy for r in rows}
+        grid = [[cell[(L, d)] for L in lengths] for d in depths]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7)
+        ax.set_title(window, fontsize=9)
+        ax.set_xlabel("context length")
+    axes[0][0].set_ylabel("needle depth")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
+    fig.savefig(out)
+    plt.close(fig)

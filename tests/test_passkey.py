@@ -1,0 +1,117 @@
+"""lex passkey: prompt construction, scoring through the cache against a parallel reference, and the
+exact check that a key out of every query's reach cannot change the scores."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import TRAIN_LEN, run_cli
+from lex_plugin import LexLanguageModel
+from lex_plugin.data.stream import split_stream
+from lex_plugin.evaluation.passkey import build_prompt, score_candidates
+
+LAYERS = 4  # lex_lm_tiny
+
+
+@pytest.fixture(scope="module")
+def hub(trained, data_bin):
+    ckpt, _ = trained
+    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
+
+
+@pytest.fixture(scope="module")
+def encode(hub):
+    return lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()
+
+
+@pytest.fixture(scope="module")
+def filler(hub, data_bin):
+    return split_stream(data_bin, "test", hub.src_dict)
+
+
+def _candidates(encode, keys):
+    return [encode(" ".join(f"{k:05d}")) for k in keys]
+
+
+def test_prompt_has_the_length_and_the_needle_at_its_depth(encode, filler, hub):
+    for depth in (0.0, 0.5, 1.0):
+        prompt = build_prompt(encode, filler, 300, depth, 4711)
+        assert prompt.tokens.numel() == 300
+        needle = hub.decode(prompt.tokens[prompt.needle_start : prompt.needle_end])
+        assert needle == "The pass key is 0 4 7 1 1. Remember it. 0 4 7 1 1 is the pass key."
+    early, late = (build_prompt(encode, filler, 300, d, 1) for d in (0.1, 0.9))
+    assert early.needle_start < late.needle_start
+    with pytest.raises(ValueError, match="fractions of the context"):
+        build_prompt(encode, filler, 300, 1.5, 1)
+    with pytest.raises(ValueError, match="too short"):
+        build_prompt(encode, filler, 20, 0.5, 1)
+
+
+@pytest.mark.parametrize("mode", ["full", "bca"])
+def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, filler, mode):
+    """The prompt through the (bounded) cache, the candidates as one reordered batch == each full sequence
+    in one parallel forward, log-probabilities summed in float64."""
+    window = hub.window_for(mode)
+    model = hub.models[0]
+    prompt = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.3, 12345)
+    cands = _candidates(encode, [12345, 80085, 67890])
+    assert len({c.numel() for c in cands}) > 1  # this small BPE splits some digits: ragged candidates
+    got = score_candidates(model, prompt.tokens, cands, window, hub.src_dict.eos(), hub.src_dict.pad())
+    eos = prompt.tokens.new_tensor([hub.src_dict.eos()])
+    for i, cand in enumerate(cands):
+        seq = torch.cat([eos, prompt.tokens, cand])
+        with torch.no_grad():
+            logits, _ = model(seq[None, :-1], window=window)
+        lp = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
+        assert float(got[i]) == pytest.approx(float(lp), abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["bca", "sliding"])
+def test_a_key_beyond_every_querys_reach_cannot_change_the_scores(hub, encode, filler, mode):
+    """Under BCA or a sliding window W = l each layer reaches at most l - 1 positions back, so the candidates
+    (after position L) depend only on the last LAYERS (l - 1) prompt tokens. With the needle at the start of
+    a 1024-token prompt, two different hidden keys give exactly the same candidate scores; under full
+    attention they do not."""
+    length = 1024
+    reach = LAYERS * (TRAIN_LEN - 1)
+    keys = [31337, 13337, 80085, 24680]
+    lengths = [c.numel() for c in _candidates(encode, keys)]
+    assert lengths[0] == lengths[1]  # the same number of tokens: the prompts differ only inside the needle
+    a, b = (build_prompt(encode, filler, length, 0.0, key) for key in keys[:2])
+    differ = (a.tokens != b.tokens).nonzero().flatten()
+    assert differ.numel() > 0 and a.needle_start <= int(differ.min()) and int(differ.max()) < a.needle_end == b.needle_end
+    assert length - a.needle_end > reach + 1
+    cands = _candidates(encode, keys)
+    ids = hub.src_dict.eos(), hub.src_dict.pad()
+    window = hub.window_for(mode)
+    assert torch.equal(score_candidates(hub.models[0], a.tokens, cands, window, *ids),
+                       score_candidates(hub.models[0], b.tokens, cands, window, *ids))
+    full = hub.window_for("full")
+    assert not torch.equal(score_candidates(hub.models[0], a.tokens, cands, full, *ids),
+                           score_candidates(hub.models[0], b.tokens, cands, full, *ids))
+
+
+def test_lex_passkey_writes_table_json_and_heat_map(trained, data_bin, tmp_path):
+    ckpt, _ = trained
+    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey", "--path", str(ckpt), str(data_bin),
+                   "--lengths", f"{2 * TRAIN_LEN},{4 * TRAIN_LEN}", "--depths", "0.2,0.8", "--trials", "2",
+                   "--windows", "full,bca", "--json", str(tmp_path / "p.json"), "--plot", str(tmp_path / "p.png")])
+    report = json.loads((tmp_path / "p.json").read_text())
+    cells = {(r["window"], r["length"], r["depth"]) for r in report["results"]}
+    assert cells == {(w, L, d) for w in ("full", f"bca({TRAIN_LEN // 2})") for L in (2 * TRAIN_LEN, 4 * TRAIN_LEN) for d in (0.2, 0.8)}
+    assert all(r["trials"] == 2 and 0 <= r["accuracy"] <= 1 for r in report["results"])
+    assert "| depth | 128 (2l) | 256 (4l) |" in out.stdout
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lengths_the_split_cannot_fill_are_refused(trained, data_bin):
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main as lex_cli
+
+    ckpt, _ = trained
+    result = CliRunner().invoke(lex_cli, ["passkey", "--path", str(ckpt), str(data_bin), "--lengths", "10000000",
+                                          "--depths", "0.5", "--trials", "1"])
+    assert result.exit_code != 0 and "need more" in result.output
