@@ -10,7 +10,7 @@ from . import logs
 
 logs.silence_known_warnings()  # before fairseq is imported (its imports trigger some of them)
 
-from . import checkpoints, models  # noqa: E402, optim, tasks  # noqa: F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
+from . import checkpoints, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
 from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
 from .models import LexLanguageModel
 

@@ -9,12 +9,17 @@ from pathlib import Path
 import click
 
 from .data.prepare import PrepareConfig, PrepareError, prepare
-from .modules.attention.window import selected_mode
+from .modules.attention.window import LM_INFINITE_N_GLOBAL, selected_mode
 from .modules.positions.xpos import GAMMA, SCALE_BASE
 
 
 def _window_options(fn):
-    """--bca / --sliding-window W|l / --training-length l: the task's window flags, for every command."""
+    """The task's window flags for every command: --bca / --sliding-window W|l / --lm-infinite (--n-global,
+    --l-local), --sink-tokens k, --training-length l, and RoPE scaling (--rope-scaling, --rope-scaling-factor)."""
+    fn = _scaling_options(fn)
+    fn = _sink_options(fn)
+    fn = click.option("--lm-infinite", is_flag=True,
+                      help="LM-Infinite's Λ-shaped attention: --n-global first tokens + --l-local recent, distances capped")(fn)
     fn = click.option("--training-length", type=click.IntRange(min=1), default=None,
                       help="the training length l that BCA halves and --sliding-window l means (default: the checkpoint's)")(fn)
     fn = click.option("--sliding-window", default=None, metavar="W|l",
@@ -23,20 +28,40 @@ def _window_options(fn):
     return fn
 
 
+def _sink_options(fn):
+    fn = click.option("--l-local", type=click.IntRange(min=1), default=None, help="LM-Infinite's local branch (default l)")(fn)
+    fn = click.option("--n-global", type=click.IntRange(min=1), default=LM_INFINITE_N_GLOBAL, show_default=True,
+                      help="LM-Infinite's global branch: the first N tokens")(fn)
+    fn = click.option("--sink-tokens", type=click.IntRange(min=0), default=0, show_default=True,
+                      help="attention sinks (StreamingLLM): the first k tokens stay visible under --bca / --sliding-window")(fn)
+    return fn
+
+
 def _scaling_options(fn):
     """--rope-scaling / --rope-scaling-factor: RoPE scaling of rope / xpos checkpoints, as in the task."""
     fn = click.option("--rope-scaling-factor", default=None, metavar="S|auto",
-                      help="s > 0; auto = evaluation length / l where the command has one length (receptive-field)")(fn)
+                      help="s > 0; auto = evaluation length / l where the command has one length")(fn)
     fn = click.option("--rope-scaling", type=click.Choice(["linear", "ntk", "yarn"]), default=None,
                       help="RoPE scaling at evaluation: position interpolation, NTK-aware base, YaRN")(fn)
     return fn
+
+
+def _hub_options(options: dict, evaluation_length=None) -> dict:
+    """``from_pretrained``'s window and scaling keywords from the flags of :func:`_window_options`."""
+    return dict(window=selected_mode(options["bca"], options["sliding_window"], options["lm_infinite"]),
+                sliding_window=options["sliding_window"], training_length=options["training_length"],
+                sink_tokens=options["sink_tokens"], n_global=options["n_global"], l_local=options["l_local"],
+                rope_scaling=options["rope_scaling"], rope_scaling_factor=options["rope_scaling_factor"],
+                evaluation_length=evaluation_length)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """lex_plugin: LeX Transformer tools for fairseq (train and evaluate with fairseq-train /
     fairseq-eval-lm --user-dir "$(lex user-dir)")."""
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    # force: importing fairseq may already have configured the root logger (see lex_plugin.logs); results go to
+    # stdout, the log to stderr
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, force=True)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
 
 
@@ -121,23 +146,19 @@ def plot_cmd(reports, out, labels, protocol, title):
 @click.option("--prompt", "prompts", multiple=True, required=True, help="text to continue (repeat for several)")
 @click.option("--max-len", type=click.IntRange(min=1), default=50, show_default=True, help="tokens to generate")
 @_window_options
-@_scaling_options
 @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, help="0: greedy")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--beam", type=click.IntRange(min=1), default=1, show_default=True,
               help="> 1: fairseq's beam search (the prompt is then fed one token per step)")
 @click.option("--seed", type=int, default=None)
-def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, training_length, rope_scaling,
-                 rope_scaling_factor, temperature, top_k, top_p, beam, seed):
+def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, beam, seed, **window):
     """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
     beam search)."""
     from .hub_interface import from_pretrained
 
     try:
-        mode = selected_mode(bca, sliding_window)
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, mode, sliding_window, training_length,
-                              rope_scaling, rope_scaling_factor)
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **_hub_options(window))
         for prompt in prompts:
             if beam > 1:  # fairseq's length limits count the prompt too
                 prompt_len = len(hub.encode(prompt))
@@ -151,12 +172,10 @@ def generate_cmd(checkpoint, data, prompts, max_len, bca, sliding_window, traini
         raise click.ClickException(str(err)) from None
 
 
-def _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling=None, rope_scaling_factor=None,
-                    evaluation_length=None):
+def _analysis_model(checkpoint, data, window: dict, evaluation_length=None):
     from .analysis.report import load_model
 
-    return load_model(checkpoint, data, selected_mode(bca, sliding_window), sliding_window, training_length,
-                      rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor, evaluation_length=evaluation_length)
+    return load_model(checkpoint, data, **_hub_options(window, evaluation_length))
 
 
 def _outputs(report, table, json_out, plot_out, plotter):
@@ -187,11 +206,9 @@ _PLOT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
 @_SPLIT
 @_window_options
-@_scaling_options
 @_JSON
 @_PLOT
-def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sliding_window, training_length, rope_scaling,
-                   rope_scaling_factor, json_out, plot_out):
+def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, json_out, plot_out, **window):
     """Attention resolution (LeX paper Eq. 4, Table 3): s[n] from the pre-softmax logits of each layer,
     averaged over texts and heads; R(s) per layer and averaged over layers."""
     from .analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
@@ -201,8 +218,7 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, bca, sli
         sizes = [int(x) for x in parts if x.isdigit()]
         if not parts or len(sizes) != len(parts) or min(sizes) < 2:
             raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
-        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling,
-                                            rope_scaling_factor)
+        model, dictionary = _analysis_model(checkpoint, data, window)
         report = resolution_report(model, split_stream(data, split, dictionary), sizes, texts, batch_size)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -234,18 +250,15 @@ def decay_curve_cmd(head_dim, gamma, scale_base, max_distance, json_out, plot_ou
 @click.option("--segments", type=click.IntRange(min=1), default=8, show_default=True, help="texts averaged")
 @_SPLIT
 @_window_options
-@_scaling_options
 @_JSON
 @_PLOT
-def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_window, training_length, rope_scaling,
-                        rope_scaling_factor, json_out, plot_out):
+def receptive_field_cmd(checkpoint, data, length, segments, split, json_out, plot_out, **window):
     """Receptive field (Chi et al., section 5.1): cumulative normalized gradient of the last token's loss
     with respect to the input embeddings, ERF = min{m : c_m > 0.99}, and the window's theoretical bound."""
     from .analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
 
     try:
-        model, dictionary = _analysis_model(checkpoint, data, bca, sliding_window, training_length, rope_scaling,
-                                            rope_scaling_factor, evaluation_length=length)
+        model, dictionary = _analysis_model(checkpoint, data, window, evaluation_length=length)
         report = receptive_field_report(model, split_stream(data, split, dictionary), length, segments)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -258,9 +271,8 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, bca, sliding_
               help="the data-bin the model was trained on (its spm.model, dict.txt and lex_prepare.json encode the text)")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_window_options
-@_scaling_options
 @_JSON
-def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, rope_scaling, rope_scaling_factor, json_out):
+def score_cmd(checkpoint, data, files, json_out, **window):
     """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
     ([0, l), [l, 2l), [2l, 4l) ...), under any window. No binarising: the text is encoded as lex prepare
     encodes a corpus; long documents run through the key/value cache, never truncated."""
@@ -269,8 +281,7 @@ def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, rop
     from .hub_interface import from_pretrained
 
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, selected_mode(bca, sliding_window),
-                              sliding_window, training_length, rope_scaling, rope_scaling_factor)
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **_hub_options(window))
         scores = []
         for path in files:
             try:
@@ -299,7 +310,7 @@ def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, rop
 @_DATA
 @click.option("--lengths", default="256,512,1024,2048", show_default=True, help="comma-separated prompt lengths (tokens)")
 @click.option("--depths", default="0.1,0.3,0.5,0.7,0.9", show_default=True, help="relative needle depths in [0, 1]")
-@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding")
+@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding, lambda")
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per (length, depth)")
 @click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
               help="random other keys scored against the true one")
@@ -307,11 +318,12 @@ def score_cmd(checkpoint, data, files, bca, sliding_window, training_length, rop
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the filler text comes from")
 @click.option("--sliding-window", default=None, metavar="W|l", help="width of the sliding mode (default l)")
 @click.option("--training-length", type=click.IntRange(min=1), default=None, help="l (default: the checkpoint's)")
+@_sink_options
 @_scaling_options
 @_JSON
 @_PLOT
 def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, sliding_window, training_length,
-                rope_scaling, rope_scaling_factor, json_out, plot_out):
+                sink_tokens, n_global, l_local, rope_scaling, rope_scaling_factor, json_out, plot_out):
     """Passkey retrieval (Mohtashami & Jaggi 2023): a 5-digit key hidden at each depth of a filler context
     of each length (filler from the data-bin's own text); the true key is scored against random
     distractors by the model's log-probability. Accuracy per (window, length, depth): table, JSON, heat map."""
@@ -327,7 +339,8 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full", None, training_length,
                               rope_scaling, rope_scaling_factor, max(sizes))
-        window_list = [hub.window_for(m, sliding_window, training_length) for m in modes]
+        window_list = [hub.window_for(m, sliding_window, training_length, sink_tokens=sink_tokens if m in ("bca", "sliding") else 0,
+                                      n_global=n_global, l_local=l_local) for m in modes]
         encode = lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()  # noqa: E731
         filler = split_stream(data, split, hub.src_dict)
         results = passkey_accuracy(hub.models[0], encode, filler, sizes, fractions, window_list, hub.src_dict.eos(),

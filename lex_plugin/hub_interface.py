@@ -26,7 +26,7 @@ from fairseq.hub_utils import GeneratorHubInterface
 from torch import Tensor
 
 from .data.prepare import BPE_MODEL, META_FILE
-from .modules.attention.window import AttentionWindow, window_from_options
+from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow, window_from_options
 from .modules.positions.rope_scaling import RopeScaling, rope_scaling_from_options
 
 logger = logging.getLogger(__name__)
@@ -66,9 +66,11 @@ class LexHubInterface(GeneratorHubInterface):
         for model in self.models:
             model.decoder.default_window = window
 
-    def window_for(self, mode: str = "full", sliding_window=None, training_length: Optional[int] = None) -> AttentionWindow:
-        """The window ``mode`` for this checkpoint (``window_from_options``; ValueError as there)."""
-        return window_from_options(mode, sliding_window, training_length, self.training_length)
+    def window_for(self, mode: str = "full", sliding_window=None, training_length: Optional[int] = None,
+                   **options) -> AttentionWindow:
+        """The window ``mode`` for this checkpoint (``window_from_options``; ``options``: ``sink_tokens``,
+        ``n_global``, ``l_local``; ValueError as there)."""
+        return window_from_options(mode, sliding_window, training_length, self.training_length, **options)
 
     @contextmanager
     def use_window(self, window: AttentionWindow) -> Iterator[AttentionWindow]:
@@ -197,6 +199,9 @@ def from_pretrained(
     rope_scaling: Optional[str] = None,
     rope_scaling_factor=None,
     evaluation_length: Optional[int] = None,
+    sink_tokens: int = 0,
+    n_global: int = LM_INFINITE_N_GLOBAL,
+    l_local: Optional[int] = None,
     **kwargs,
 ) -> LexHubInterface:
     """Load a LeX checkpoint for generation and scoring.
@@ -206,8 +211,9 @@ def from_pretrained(
         checkpoint_file: file name inside it.
         data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
-        window: ``full``, ``bca`` or ``sliding``; ``sliding_window``: W (an integer or ``l``, default l);
-            ``training_length``: l instead of the checkpoint's (``window_from_options``).
+        window: ``full``, ``bca``, ``sliding`` or ``lambda``; ``sliding_window``: W (an integer or ``l``,
+            default l); ``training_length``: l instead of the checkpoint's; ``sink_tokens``: attention sinks on
+            bca / sliding; ``n_global``, ``l_local``: LM-Infinite's branches (``window_from_options``).
         rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs
             ``evaluation_length``): RoPE scaling for rope / xpos checkpoints (``rope_scaling_from_options``).
         kwargs: further fairseq overrides.
@@ -238,6 +244,7 @@ def from_pretrained(
         str(model_dir), checkpoint_file, str(data.resolve()), **overrides
     )
     hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
-    hub.window = window_from_options(window, sliding_window, training_length, hub.training_length)
+    hub.window = window_from_options(window, sliding_window, training_length, hub.training_length, sink_tokens,
+                                     n_global, l_local)
     hub.rope_scaling = hub.rope_scaling_for(rope_scaling, rope_scaling_factor, evaluation_length, training_length)
     return hub

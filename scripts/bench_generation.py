@@ -35,7 +35,8 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     torch.set_num_threads(benchmark.thread_count())
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
-    window = AttentionWindow.bca(training_length) if mode == "bca" else AttentionWindow.full()
+    window = {"bca": AttentionWindow.bca(training_length), "bca_sinks": AttentionWindow.bca(training_length).with_sinks(4),
+              "lambda": AttentionWindow.lambda_shaped(10, training_length)}.get(mode, AttentionWindow.full())
     tokens = torch.randint(d.nspecial, len(d), (1, context + steps))
     state: dict = {}
     with torch.no_grad(), model.decoder.use_window(window):
@@ -54,7 +55,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="1024,4096,16384,65536")
-    p.add_argument("--modes", default="bca,full")
+    p.add_argument("--modes", default="bca,full", help="among full, bca, bca_sinks (4 sink tokens), lambda (LM-Infinite)")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=32)

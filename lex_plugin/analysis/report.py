@@ -15,15 +15,13 @@ from .resolution import attention_resolution, expectation_curve, score_by_distan
 __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
 
 
-def load_model(checkpoint: Path, data: Path, window: str = "full", sliding_window=None, training_length: Optional[int] = None,
-               **scaling):
-    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) with ``window``
-    (full, bca, sliding; ``sliding_window`` W or l, ``training_length`` l: ``window_from_options``) as
-    its default window; ``scaling``: ``rope_scaling``, ``rope_scaling_factor``, ``evaluation_length`` of
-    ``from_pretrained``."""
+def load_model(checkpoint: Path, data: Path, **options):
+    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) with the window and
+    RoPE scaling of ``options`` (``from_pretrained``'s keywords: ``window``, ``sliding_window``,
+    ``training_length``, ``sink_tokens``, ``n_global``, ``l_local``, ``rope_scaling``, ...)."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, window, sliding_window, training_length, **scaling)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **options)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)
     if torch.cuda.is_available():

@@ -12,6 +12,9 @@
   (:meth:`LexLanguageModelingTask.length_report`, the task's evaluation entry point; fairseq-eval-lm
   reaches it through ``eval_lm_dataloader``, its last task hook before scoring). fairseq's own pass at
   ``--tokens-per-sample`` follows, as usual.
+* ``--sink-tokens k`` adds attention sinks to the bca / sliding modes (StreamingLLM); ``--lm-infinite``
+  (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lambda`` in
+  ``--eval-windows``.
 * ``--rope-scaling linear|ntk|yarn --rope-scaling-factor S|auto`` scales a rotary model's positions at
   evaluation (:mod:`~lex_plugin.modules.positions.rope_scaling`); ``auto`` is max(1, L / l) for each
   evaluation length L, and the rows are labelled ``WINDOW+KIND(s=S)``.
@@ -30,7 +33,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
-from ..modules.attention.window import AttentionWindow, selected_mode, window_from_options
+from ..modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow, selected_mode, window_from_options
 from ..modules.positions.rope_scaling import rope_scaling_from_options
 
 logger = logging.getLogger(__name__)
@@ -49,6 +52,18 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         default=None,
         metadata={"help": "each query attends its W most recent positions; an integer W, or 'l' for the training length"},
     )
+    sink_tokens: int = field(
+        default=0,
+        metadata={"help": "attention sinks (StreamingLLM): the first k tokens stay visible under --bca / --sliding-window, "
+                          "seen at their place in the cache"},
+    )
+    lm_infinite: bool = field(
+        default=False,
+        metadata={"help": "LM-Infinite's Λ-shaped attention: the first --n-global tokens and the --l-local most recent, "
+                          "every distance capped at --l-local"},
+    )
+    n_global: int = field(default=LM_INFINITE_N_GLOBAL, metadata={"help": "LM-Infinite's global branch (tokens)"})
+    l_local: Optional[int] = field(default=None, metadata={"help": "LM-Infinite's local branch (default: l)"})
     training_length: Optional[int] = field(
         default=None,
         metadata={"help": "the training length l that BCA halves into blocks and --sliding-window l means "
@@ -69,7 +84,7 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     )
     eval_windows: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated window modes for --eval-lengths among full,bca,sliding (default: the selected one)"},
+        metadata={"help": "comma-separated window modes for --eval-lengths among full,bca,sliding,lambda (default: the selected one)"},
     )
     eval_tokens: int = field(
         default=0, metadata={"help": "score only the first N tokens of the split in --eval-lengths (0: all)"}
@@ -96,8 +111,11 @@ def parse_lengths(text: Optional[str]) -> List[int]:
 
 
 def task_window(mode: str, cfg, model_training_length: Optional[int]) -> AttentionWindow:
-    """The window ``mode`` under the task's flags (:func:`window_from_options`)."""
-    return window_from_options(mode, cfg.sliding_window, cfg.training_length, model_training_length)
+    """The window ``mode`` under the task's flags (:func:`window_from_options`); ``--sink-tokens`` applies
+    to the bca and sliding modes."""
+    sinks = cfg.sink_tokens if mode in ("bca", "sliding") else 0
+    return window_from_options(mode, cfg.sliding_window, cfg.training_length, model_training_length, sinks,
+                               cfg.n_global, cfg.l_local)
 
 
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
@@ -106,7 +124,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
-        self.selected_mode = selected_mode(args.bca, args.sliding_window)
+        self.selected_mode = selected_mode(args.bca, args.sliding_window, args.lm_infinite)
+        if args.sink_tokens and self.selected_mode not in ("bca", "sliding") and not args.eval_windows:
+            raise ValueError("--sink-tokens attach to a bounded window: add --bca or --sliding-window (or --eval-windows bca,...).")
         self.eval_lengths = parse_lengths(args.eval_lengths)
         self._models = []
 

@@ -15,7 +15,7 @@ and fp16. In exact arithmetic this equals global positions (the logit depends on
 """
 
 import math
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,8 @@ def attend(
     key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     observer: Optional[Observer] = None,
+    q_raw: Optional[Tensor] = None,
+    sinks: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
 
@@ -61,15 +63,31 @@ def attend(
         dropout_p: attention dropout.
         observer: called once per chunk (per window for windows chunks) with the fp32 pre-softmax
             logits, the distances n - m and the visibility mask.
+        q_raw: with ``rotated`` and sink tokens, the queries before rotation (sinks are scored at virtual
+            distances, ``PositionScheme.logits_at``).
+        sinks: (keys, values), each (B, H, s, D), of positions 0 .. s - 1 before rotation, s <= window.sinks;
+            default the first keys of ``k`` (a pass that starts at position 0).
 
     Returns:
         (B, H, T, D) in q's dtype.
+
+    Raises:
+        ValueError: a window with sinks over rotated or offset keys without ``sinks``.
     """
-    outs = [
-        (_windows if chunk.windows else _dense)(q, k, v, chunk, window, scheme, q_start, k_start, rotated,
-                                                key_padding_mask, dropout_p, observer)
-        for chunk in chunks
-    ]
+    if window.sinks:
+        if sinks is None:
+            if rotated or k_start:
+                raise ValueError("attention with sink tokens over a cache needs the cache's un-rotated sink keys.")
+            sinks = (k[:, :, : window.sinks], v[:, :, : window.sinks])
+        q_raw = q if q_raw is None else q_raw
+        outs = [_with_sinks(q, k, v, chunk, window, scheme, q_start, k_start, rotated, key_padding_mask, dropout_p,
+                            observer, q_raw, sinks) for chunk in chunks]
+    else:
+        outs = [
+            (_windows if chunk.windows else _dense)(q, k, v, chunk, window, scheme, q_start, k_start, rotated,
+                                                    key_padding_mask, dropout_p, observer)
+            for chunk in chunks
+        ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
@@ -146,6 +164,59 @@ def _windows(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, k
         mask = allowed if bias is None else bias[:, None].masked_fill(~allowed, float("-inf")).to(q.dtype)
         out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
     return out.flatten(2, 3)
+
+
+def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer, q_raw,
+                sinks) -> Tensor:
+    """One chunk with sink tokens, computed explicitly in fp32: the window's keys at their own positions,
+    the sinks at virtual distances (``window.sink_distance``), one softmax over both."""
+    sink_k, sink_v = sinks
+    held = sink_k.size(2)
+    dev = q.device
+    if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window
+        n, c = chunk.windows, chunk.stride
+        qb = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
+        kb = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+        vb = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+        if not rotated:
+            qb, kb = _rotate_pair(scheme, qb, kb, c, 0)
+        bias = scheme.bias(c, c, 0, 2 * c, dev)
+        step = torch.arange(n, device=dev)[:, None] * c
+        query = q_start + chunk.q0 + step + torch.arange(c, device=dev)  # (n, c) global positions
+        key = k_start + chunk.k0 + step + torch.arange(2 * c, device=dev)  # (n, 2c)
+        pad = None if kpm is None else kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)[:, None, :, None, :]
+    else:
+        qb, kb, vb = (t[:, :, None, a:b] for t, (a, b) in ((q, (chunk.q0, chunk.q1)), (k, (chunk.k0, chunk.k1)),
+                                                           (v, (chunk.k0, chunk.k1))))
+        q_pos, k_pos = q_start + chunk.q0, k_start + chunk.k0
+        if not rotated:
+            qb, kb = _rotate_pair(scheme, qb, kb, q_pos, k_pos)
+        bias = scheme.bias(q_pos, qb.size(-2), k_pos, kb.size(-2), dev)
+        query = torch.arange(q_pos, q_pos + qb.size(-2), device=dev)[None]  # (1, Tq)
+        key = torch.arange(k_pos, k_pos + kb.size(-2), device=dev)[None]
+        pad = None if kpm is None else kpm[:, None, None, None, chunk.k0 : chunk.k1]
+    groups, tq = query.shape
+    logits = (qb.float() @ kb.float().transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, G, Tq, Tk)
+    if bias is not None:
+        logits = logits + bias[:, None].float()
+    visible = window.in_window(query[..., None], key[..., None, :])  # (G, Tq, Tk)
+    if pad is not None:
+        visible = see_self(visible[None, None] & ~pad, offset=int(query[0, 0] - key[0, 0]))
+    j = torch.arange(held, device=dev)
+    sink_visible = window.sink_visible(query[..., None], j)  # (G, Tq, s)
+    distance = window.sink_distance(query[..., None], j).clamp(min=0)
+    qr = q_raw[:, :, chunk.q0 : chunk.q1]
+    sink_logits = scheme.logits_at(qr, sink_k, distance.flatten(0, 1)).unflatten(2, (groups, tq))
+    all_logits = torch.cat([logits, sink_logits], dim=-1)
+    all_visible = torch.cat([visible.expand(*logits.shape[:2], -1, -1, -1) if visible.dim() == 5 else
+                             visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
+    if observer is not None:
+        observer(all_logits, torch.cat([query[..., None] - key[..., None, :], distance], dim=-1), all_visible)
+    probs = torch.softmax(all_logits.masked_fill(~all_visible, float("-inf")), dim=-1)
+    if dropout_p:
+        probs = F.dropout(probs, dropout_p)
+    out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2) :] @ sink_v.float()[:, :, None]
+    return out.flatten(2, 3).to(q.dtype)
 
 
 def see_self(allowed: Tensor, offset: int = 0) -> Tensor:

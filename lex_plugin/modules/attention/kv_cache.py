@@ -40,6 +40,8 @@ class KeyValueCache:
         self._pad: Optional[Tensor] = None  # (B, cap) bool, allocated on the first padded key
         self._offset = 0  # buffer row of position ``start``
         self._length = 0
+        self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
+        self.sink_v: Optional[Tensor] = None
 
     @property
     def length(self) -> int:
@@ -117,8 +119,27 @@ class KeyValueCache:
             live.copy_(live.float() * factor)
         self.center = center
 
+    def keep_sinks(self, k: Tensor, v: Tensor, start: int, sinks: int) -> None:
+        """Keep the un-rotated keys and values (B, H, T, D) of positions start .. start + T - 1 that are among
+        the first ``sinks`` positions (attention sinks stay visible after the window moves on)."""
+        if start >= sinks:
+            return
+        take = min(k.size(2), sinks - start)
+        new_k, new_v = k[:, :, :take].clone(), v[:, :, :take].clone()
+        if self.sink_k is None:
+            self.sink_k, self.sink_v = new_k, new_v
+        else:
+            self.sink_k, self.sink_v = torch.cat([self.sink_k, new_k], 2), torch.cat([self.sink_v, new_v], 2)
+
+    @property
+    def sink_length(self) -> int:
+        """Sink positions held besides the window's keys."""
+        return 0 if self.sink_k is None else self.sink_k.size(2)
+
     def reorder(self, order: Tensor) -> None:
         """Select batch rows ``order`` (beam search)."""
+        if self.sink_k is not None:
+            self.sink_k, self.sink_v = self.sink_k.index_select(0, order), self.sink_v.index_select(0, order)
         if self._k is None:
             return
         self._k, self._v = self._k.index_select(0, order), self._v.index_select(0, order)

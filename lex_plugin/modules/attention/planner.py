@@ -71,7 +71,8 @@ def plan(
         window: which keys each query may see.
         q_start, q_len: P and T (T >= 1).
         k_start: S, the position of the first key held (S <= window.first_key(P)).
-        has_bias: the position scheme adds a bias (masks become explicit float masks; dense chunks split).
+        has_bias: the position scheme adds a bias, or the window has sinks (explicit logits): dense chunks
+            split to at most ``bias_elements`` entries.
         padded: some keys are padding that causality alone does not hide (masks become explicit).
         batch_heads: B * H, to size bias chunks.
         group_tokens: at most this many queries per windows chunk.
@@ -122,6 +123,8 @@ def plan(
         dense(a, head_end)
         a = head_end
     per_call = max(1, group_tokens // c)
+    if window.sinks:  # computed explicitly (fp32 logits of 2c + k keys per query): bound them like a bias
+        per_call = min(per_call, max(1, bias_elements // max(1, batch_heads * c * (2 * c + window.sinks))))
     while a + c <= end:
         block = a // c
         if block == 0 or (block - 1) * c < k_start:

@@ -93,9 +93,10 @@ class LexSelfAttention(nn.Module):
         return 0 if cache is None else cache.end
 
     def cached_keys(self, incremental_state: Optional[IncrementalState]) -> int:
-        """Number of key positions the cache holds now (under BCA at most l, sliding at most W)."""
+        """Number of key positions the cache holds now (under BCA at most l, sliding at most W; plus the
+        sink tokens)."""
         cache = self._cache(incremental_state)
-        return 0 if cache is None else cache.length
+        return 0 if cache is None else cache.length + cache.sink_length
 
     def forward(
         self,
@@ -145,7 +146,7 @@ class LexSelfAttention(nn.Module):
         return self.out_proj(out)
 
     def _plan(self, window, q_start, q_len, k_start, position, key_padding_mask, bsz):
-        return plan(window, q_start, q_len, k_start, has_bias=position.kind == "bias",
+        return plan(window, q_start, q_len, k_start, has_bias=position.kind == "bias" or window.sinks > 0,
                     padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads)
 
     def _fill(self, incremental_state, k, v, key_padding_mask, window, position) -> None:
@@ -158,6 +159,7 @@ class LexSelfAttention(nn.Module):
         keys = position.rotate(k[:, :, keep:], keep, cache.center, keys=True)
         pad = None if key_padding_mask is None else key_padding_mask[:, keep:]
         cache.append(keys, v[:, :, keep:], pad, start=keep)
+        cache.keep_sinks(k, v, 0, window.sinks)
         self.set_incremental_state(incremental_state, "attn_state", {"cache": cache})
 
     def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, window, position, dropout_p) -> Tensor:
@@ -176,12 +178,14 @@ class LexSelfAttention(nn.Module):
             pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
             qr = position.rotate(q[:, :, a:b], first, cache.center, keys=False)
             cache.append(position.rotate(k[:, :, a:b], first, cache.center, keys=True), v[:, :, a:b], pad)
+            cache.keep_sinks(k[:, :, a:b], v[:, :, a:b], first, window.sinks)
             keys, values, kpm = cache.view()
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
             chunks = self._plan(window, first, b - a, cache.start, position, kpm, q.size(0))
+            sinks = (cache.sink_k, cache.sink_v) if window.sinks else None
             outs.append(attend(qr, keys, values, chunks, window, position, first, cache.start, True, kpm, dropout_p,
-                               self.observer))
+                               self.observer, q[:, :, a:b], sinks))
             cache.drop_before(window.first_key(last + 1))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

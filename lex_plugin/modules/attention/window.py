@@ -10,6 +10,18 @@ Vocabulary (used the same way by the task's flags, every ``lex`` command, the hu
 
 Both windowed kinds have a *stride* c (w for BCA, W for the sliding window): the queries of block b of c
 positions only ever need the keys of blocks b - 1 and b, which is how the planner cuts long inputs.
+
+Sink keys (attached to a BCA or sliding window; :meth:`AttentionWindow.with_sinks`,
+:meth:`AttentionWindow.lambda_shaped`): the first k positions stay visible to every query. A sink that
+is not already in the query's window is seen at a *virtual* distance, so that no distance exceeds what
+training saw:
+
+* attention sinks (StreamingLLM, Xiao et al. 2023, section 3.2): positions by place in the cache. The
+  sinks sit right before the window's first key f(p): sink j is at f(p) - k + j (j itself while f(p) <= k),
+  distance p - j - max(0, f(p) - k): at most span - 1 + k.
+* Λ-shaped attention (LM-Infinite, Han et al. 2023, section 4): a global branch of the first n_global
+  positions and a local branch of L_local (a sliding window W = L_local); every distance is capped at
+  L_local, so the global branch is seen at distance min(p - j, L_local).
 """
 
 from dataclasses import dataclass
@@ -21,6 +33,7 @@ from torch import Tensor
 __all__ = ["AttentionWindow", "selected_mode", "window_from_options"]
 
 MODES = ("full", "bca", "sliding")
+LM_INFINITE_N_GLOBAL = 10  # default size of LM-Infinite's global branch (--n-global); a handful of starting tokens
 
 
 @dataclass(frozen=True)
@@ -30,19 +43,35 @@ class AttentionWindow:
     Attributes:
         mode: ``full``, ``bca`` or ``sliding``.
         stride: c: the BCA block w = l / 2, or the sliding width W; 0 for ``full``.
+        sinks: k, the first positions kept visible to every query (0: none).
+        capped: sink distances capped at the stride (LM-Infinite's Λ-shape) instead of placed by cache slot
+            (StreamingLLM).
 
     Raises:
-        ValueError: unknown mode, or a non-positive stride for bca / sliding.
+        ValueError: unknown mode, a non-positive stride for bca / sliding, sinks without a bounded window
+            or more sinks than the stride, ``capped`` other than with sinks on a sliding window.
     """
 
     mode: str = "full"
     stride: int = 0
+    sinks: int = 0
+    capped: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"attention window mode must be one of {MODES}, got {self.mode!r}")
         if self.mode != "full" and self.stride <= 0:
             raise ValueError(f"{self.mode} needs a positive size, got {self.stride}")
+        if self.sinks < 0:
+            raise ValueError(f"the number of sink tokens must be >= 0, got {self.sinks}.")
+        if self.sinks and self.mode == "full":
+            raise ValueError("sink tokens attach to a bounded window: use them with --bca or --sliding-window "
+                             "(full attention already sees every position).")
+        if self.sinks > self.stride and self.mode != "full":
+            what = "the BCA block l/2" if self.mode == "bca" else "the sliding width W"
+            raise ValueError(f"{self.sinks} sink tokens exceed {what} = {self.stride}; use at most {self.stride}.")
+        if self.capped and (self.mode != "sliding" or not self.sinks):
+            raise ValueError("capped sink distances are LM-Infinite's Λ-shape: a sliding local branch with global tokens.")
 
     @classmethod
     def full(cls) -> "AttentionWindow":
@@ -73,6 +102,26 @@ class AttentionWindow:
             raise ValueError(f"the sliding window width W must be a positive integer, got {width}.")
         return cls("sliding", int(width))
 
+    def with_sinks(self, sinks: int) -> "AttentionWindow":
+        """This BCA or sliding window plus ``sinks`` = k attention-sink tokens (StreamingLLM).
+
+        Raises:
+            ValueError: see the class (full attention, k > stride).
+        """
+        return AttentionWindow(self.mode, self.stride, int(sinks))
+
+    @classmethod
+    def lambda_shaped(cls, n_global: int, l_local: int) -> "AttentionWindow":
+        """LM-Infinite's Λ-shaped attention: the first ``n_global`` positions and the ``l_local`` most recent,
+        every distance capped at ``l_local`` (Han et al. 2023, section 4).
+
+        Raises:
+            ValueError: l_local < 1, n_global < 1 or n_global > l_local.
+        """
+        if n_global < 1:
+            raise ValueError(f"--n-global must be >= 1 (the global branch), got {n_global}.")
+        return cls("sliding", cls.sliding(l_local).stride, int(n_global), capped=True)
+
     @property
     def bounded(self) -> bool:
         """True for BCA and sliding windows: a query sees at most 2c (BCA) or c keys."""
@@ -85,10 +134,11 @@ class AttentionWindow:
 
     @property
     def span(self) -> Optional[int]:
-        """The most keys one query can see, itself included: 2w = l (BCA), W (sliding), None (full)."""
+        """The most keys one query can see, itself included: 2w = l (BCA), W (sliding), None (full); plus
+        the sinks."""
         if self.mode == "full":
             return None
-        return 2 * self.stride if self.mode == "bca" else self.stride
+        return (2 * self.stride if self.mode == "bca" else self.stride) + self.sinks
 
     def covers(self, length: int) -> bool:
         """True if, for sequences of ``length`` positions, this window is plain causal attention."""
@@ -107,10 +157,26 @@ class AttentionWindow:
             first = position - self.stride + 1
         return first.clamp(min=0) if isinstance(first, Tensor) else max(0, first)
 
-    def allowed(self, query: Tensor, key: Tensor) -> Tensor:
-        """Boolean visibility of keys at positions ``key`` to queries at ``query`` (broadcast):
-        first_key(query) <= key <= query."""
+    def in_window(self, query: Tensor, key: Tensor) -> Tensor:
+        """Boolean: key inside the query's window, first_key(query) <= key <= query (broadcast)."""
         return (key <= query) & (key >= self.first_key(query))
+
+    def sink_visible(self, query: Tensor, key: Tensor) -> Tensor:
+        """Boolean: ``key`` is a sink the query sees outside its window (key < min(k, first_key(query)))."""
+        return (key < self.sinks) & (key < self.first_key(query))
+
+    def allowed(self, query: Tensor, key: Tensor) -> Tensor:
+        """Boolean visibility of keys at positions ``key`` to queries at ``query`` (broadcast): in the window
+        or a sink."""
+        visible = self.in_window(query, key)
+        return visible | self.sink_visible(query, key) if self.sinks else visible
+
+    def sink_distance(self, query: Tensor, key: Tensor) -> Tensor:
+        """The distance at which a query sees sink ``key`` outside its window (int64, broadcast): StreamingLLM
+        p - j - max(0, f(p) - k), or LM-Infinite min(p - j, L_local)."""
+        if self.capped:
+            return (query - key).clamp(max=self.stride)
+        return query - key - (self.first_key(query) - self.sinks).clamp(min=0)
 
     def mask(self, length: int, device=None) -> Tensor:
         """The explicit (length, length) boolean mask (True = may attend), for tests and analysis: O(L^2)."""
@@ -118,7 +184,10 @@ class AttentionWindow:
         return self.allowed(i[:, None], i[None, :])
 
     def __str__(self) -> str:
-        return "full" if self.mode == "full" else f"{self.mode}({self.stride})"
+        if self.capped:
+            return f"lambda({self.sinks},{self.stride})"
+        name = "full" if self.mode == "full" else f"{self.mode}({self.stride})"
+        return f"{name}+sinks({self.sinks})" if self.sinks else name
 
 
 def window_from_options(
@@ -126,26 +195,38 @@ def window_from_options(
     sliding_window: Optional[Union[int, str]] = None,
     training_length: Optional[int] = None,
     model_training_length: Optional[int] = None,
+    sink_tokens: int = 0,
+    n_global: int = LM_INFINITE_N_GLOBAL,
+    l_local: Optional[int] = None,
 ) -> AttentionWindow:
     """The one translation from user options to a window (task flags, ``lex`` commands, hub).
 
     Args:
-        mode: ``full``, ``bca`` or ``sliding``.
+        mode: ``full``, ``bca``, ``sliding`` or ``lambda`` (LM-Infinite).
         sliding_window: W for ``sliding``: a positive integer, or ``l`` (the training length); default l.
         training_length: ``--training-length``: l to use instead of the checkpoint's.
         model_training_length: the ``tokens_per_sample`` recorded in the checkpoint, or None.
+        sink_tokens: ``--sink-tokens`` k added to a ``bca`` or ``sliding`` window (StreamingLLM).
+        n_global, l_local: ``--n-global``, ``--l-local`` of ``lambda`` (defaults: 10, and L_local = l as in the paper).
 
     Raises:
-        ValueError: an unknown mode; BCA or ``sliding`` with W = l when l is unknown; an odd l for BCA;
-            a width that is neither a positive integer nor ``l``; a non-positive ``training_length``.
+        ValueError: an unknown mode; BCA, ``sliding`` with W = l or ``lambda`` without L_local when l is
+            unknown; an odd l for BCA; a width that is neither a positive integer nor ``l``; a non-positive
+            ``training_length``; sinks on full attention or more than the stride.
     """
     if training_length is not None and int(training_length) <= 0:
         raise ValueError(f"--training-length must be a positive integer, got {training_length}.")
     length = int(training_length) if training_length else model_training_length
+    if mode not in MODES + ("lambda",):
+        raise ValueError(f"attention window mode must be one of {', '.join(MODES + ('lambda',))}, got {mode!r}.")
+    if mode == "lambda":
+        if sink_tokens:
+            raise ValueError("--sink-tokens and LM-Infinite's --n-global both add global tokens; choose one.")
+        if not l_local and not length:
+            raise ValueError("LM-Infinite needs L_local: give --l-local, or a checkpoint that records its training length.")
+        return AttentionWindow.lambda_shaped(int(n_global), int(l_local or length))
     if mode == "full":
-        return AttentionWindow.full()
-    if mode not in MODES:
-        raise ValueError(f"attention window mode must be one of {', '.join(MODES)}, got {mode!r}.")
+        return AttentionWindow.full().with_sinks(sink_tokens) if sink_tokens else AttentionWindow.full()
     width = None
     if mode == "sliding" and sliding_window is not None and str(sliding_window).strip() != "l":
         text = str(sliding_window).strip()
@@ -157,15 +238,17 @@ def window_from_options(
             f"{mode} needs the training length l, and this checkpoint records no tokens_per_sample; give it with "
             "--training-length l" + (" (or --sliding-window W)." if mode == "sliding" else ".")
         )
-    return AttentionWindow.bca(int(length)) if mode == "bca" else AttentionWindow.sliding(width or int(length))
+    window = AttentionWindow.bca(int(length)) if mode == "bca" else AttentionWindow.sliding(width or int(length))
+    return window.with_sinks(sink_tokens) if sink_tokens else window
 
 
-def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]]) -> str:
-    """``bca``, ``sliding`` or ``full`` from the flags ``--bca`` and ``--sliding-window``.
+def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]], lm_infinite: bool = False) -> str:
+    """``bca``, ``sliding``, ``lambda`` or ``full`` from the flags ``--bca``, ``--sliding-window`` and
+    ``--lm-infinite``.
 
     Raises:
-        ValueError: both given.
+        ValueError: more than one given.
     """
-    if bca and sliding_window is not None:
-        raise ValueError("choose one of --bca and --sliding-window.")
-    return "bca" if bca else "sliding" if sliding_window is not None else "full"
+    if sum([bool(bca), sliding_window is not None, bool(lm_infinite)]) > 1:
+        raise ValueError("choose one of --bca, --sliding-window and --lm-infinite.")
+    return "bca" if bca else "sliding" if sliding_window is not None else "lambda" if lm_infinite else "full"

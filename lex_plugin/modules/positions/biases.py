@@ -80,6 +80,12 @@ class DistanceBias(PositionScheme):
         """f_h(r) for r = ``distance``: (D,) int64 >= 0 -> (H, D) fp32."""
         raise NotImplementedError
 
+    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
+        """q . k / sqrt(d) plus f_h(distance) (see ``PositionScheme.logits_at``); (..., H, Tq, Tk) fp32."""
+        low, high = int(distance.min()), int(distance.max())
+        table = self.distance_bias(torch.arange(low, high + 1, device=q.device)).float()  # (H, D)
+        return super().logits_at(q, k, distance) + table[:, distance - low]
+
     def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device) -> Tensor:
         """Bias of queries at q_start .. q_start + q_len - 1 against keys at k_start .. k_start + k_len - 1.
 

@@ -18,6 +18,7 @@ the test parametrisation and the README's table all read it. Adding a scheme is 
 ``register_position_scheme(SchemeSpec(...))`` call, imported by ``positions/__init__.py``.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -66,6 +67,13 @@ class PositionScheme(nn.Module):
     def embed(self, start: int, length: int, device) -> Optional[Tensor]:
         """(length, C) vectors to add to the token embeddings at positions start .., or None."""
         return None
+
+    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
+        """fp32 pre-softmax logits q . k / sqrt(d) of *un-rotated* queries (..., Tq, d) and keys (..., Tk, d)
+        placed at the given relative ``distance`` (Tq, Tk) int64 >= 0 apart, whatever their positions
+        (attention sinks and LM-Infinite's global branch are seen at virtual distances). Here: no position
+        term; schemes with one add it. Returns (..., Tq, Tk)."""
+        return (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.size(-1))
 
 
 class NoPositions(PositionScheme):

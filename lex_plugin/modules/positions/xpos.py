@@ -32,6 +32,7 @@ Numerics (the module's contract):
   multiplies the stored keys by ``rescale_keys(c, c')`` = zeta^((c' - c)/B), one (d,) factor.
 """
 
+import math
 from collections import OrderedDict
 from typing import Optional, Tuple
 
@@ -268,6 +269,19 @@ class XPos(PositionScheme):
             return None
         bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
         return max(CENTER_STEP, int(bound * self.scale_base * self._decay_divisor / float(-self._log_zeta.min())))
+
+    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
+        """Logits of un-rotated queries (..., Tq, d) and keys (..., Tk, d) at relative ``distance`` (Tq, Tk):
+        sum_i Re[q_i conj(k_i) e^{i D theta_i}] zeta_i^(D/B) / sqrt(d), as ``rotate`` would give for a query at
+        position D and a key at 0 (scaling and YaRN's temperature included). One (Tq, d/2) gather per key, so
+        meant for a few keys (sinks). Returns (..., Tq, Tk) fp32."""
+        high = int(distance.max())
+        table = self.complex_table(0, high + 1, 0, False, q.device)  # query at D, centre 0: e^{iD theta} zeta^(D/B)
+        keys = apply_rotary_complex(k.float(), self.complex_table(0, 1, 0, True, k.device))  # every key at 0 (temperature)
+        qz = torch.view_as_complex(q.float().contiguous().unflatten(-1, (-1, 2)))  # (..., Tq, d/2)
+        kz = torch.view_as_complex(keys.contiguous().unflatten(-1, (-1, 2)))  # (..., Tk, d/2)
+        columns = [((qz * table[distance[:, j]]) * kz[..., j : j + 1, :].conj()).real.sum(-1) for j in range(k.size(-2))]
+        return torch.stack(columns, dim=-1) / math.sqrt(q.size(-1))
 
     def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
         """xPos on the queries and keys of one attention call.
