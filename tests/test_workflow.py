@@ -291,3 +291,14 @@ def test_fully_sharded_reaches_fairscale_and_states_that_it_needs_cuda(data_bin,
 
 
 FSDP_CPU_ERROR = "AssertionError: Torch not compiled with CUDA enabled"
+
+
+def test_importing_the_package_registers_all_it_provides():
+    """``import lex_plugin`` (the hub, scripts, tests) registers the model, its presets, the task, the
+    optimizer and the tokenizer, not only what fairseq's --user-dir loader imports by directory."""
+    code = ("import lex_plugin\n"
+            "from fairseq.models import ARCH_MODEL_REGISTRY\nfrom fairseq.tasks import TASK_REGISTRY\n"
+            "from fairseq.optim import OPTIMIZER_REGISTRY\nfrom fairseq.data.encoders import TOKENIZER_REGISTRY\n"
+            "assert 'lex_lm_tiny' in ARCH_MODEL_REGISTRY and 'lex_language_modeling' in TASK_REGISTRY\n"
+            "assert 'torch_adamw' in OPTIMIZER_REGISTRY and 'lex_moses' in TOKENIZER_REGISTRY\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
