@@ -66,6 +66,7 @@ class LexDecoder(FairseqIncrementalDecoder):
 
         self.pos_emb = config.pos_emb
         self.position_kind, self.positions = build_positions(config)
+        self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
         # Which keys each query attends when forward() is given no window: full causal unless set for
         # evaluation (the task's --bca / --sliding-window, the hub's window).
@@ -145,19 +146,38 @@ class LexDecoder(FairseqIncrementalDecoder):
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
+        positions = self._random_positions(tokens) if self.training and incremental_state is None else None
         if self.position_kind == "absolute":
-            x = x + self.positions[0].embed(past, tokens.size(1), x.device).to(x.dtype)
+            table = self.positions[0]
+            rows = table.embed(past, tokens.size(1), x.device) if positions is None else table.embed_at(positions)
+            x = x + rows.to(x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)
         inner_states = [x]
         window = self.default_window if window is None else window
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.position(i), padding_mask, incremental_state, window)
+            x = layer(x, self.position(i), padding_mask, incremental_state, window, positions)
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
+
+    def _random_positions(self, tokens: Tensor) -> Optional[Tensor]:
+        """Randomized positions at training (Ruoss et al. 2023, section 3): for each sample, T distinct
+        position ids drawn uniformly from [0, L_max) and sorted; None when ``random_positions`` is 0.
+
+        Raises:
+            ValueError: T > L_max.
+        """
+        limit = self.random_positions
+        if not limit:
+            return None
+        bsz, length = tokens.shape
+        if length > limit:
+            raise ValueError(f"--random-positions {limit} must be at least the sample length {length}.")
+        draws = torch.rand(bsz, limit, device=tokens.device).argsort(dim=1)[:, :length]
+        return draws.sort(dim=1).values
 
     def position(self, layer: int) -> PositionScheme:
         """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes)."""

@@ -51,6 +51,11 @@ class LexLanguageModelConfig(FairseqDataclass):
     sandwich_dim: int = field(default=SANDWICH_DIM, metadata={"help": "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"})
     t5_num_buckets: int = field(default=T5_NUM_BUCKETS, metadata={"help": "T5 bias: number of distance buckets"})
     t5_max_distance: int = field(default=T5_MAX_DISTANCE, metadata={"help": "T5 bias: distances from here on share the last bucket"})
+    random_positions: int = field(
+        default=0,
+        metadata={"help": "randomized positions at training (Ruoss et al. 2023): each sample takes sorted position ids "
+                          "drawn from [0, L_MAX); evaluation uses ordinary positions; 0: off"},
+    )
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "--pos-emb learned: rows of the position table (default: --tokens-per-sample)"}
     )
@@ -108,7 +113,9 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.sandwich_dim = cfg.sandwich_dim
     config.t5_num_buckets = cfg.t5_num_buckets
     config.t5_max_distance = cfg.t5_max_distance
-    config.max_target_positions = safe_getattr(cfg, "max_target_positions", None) or safe_getattr(cfg, "tokens_per_sample", None)
+    config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
+    config.max_target_positions = (safe_getattr(cfg, "max_target_positions", None)
+                                   or max(safe_getattr(cfg, "tokens_per_sample", None) or 0, config.random_positions) or None)
     return config
 
 
@@ -122,6 +129,15 @@ def check_config(cfg) -> None:
         ValueError: non-positive sizes, C not divisible by heads, ``--subln`` with ``--deepnorm`` or
             ``--post-ln``, dropout outside [0, 1).
     """
+    limit = safe_getattr(cfg, "random_positions", 0) or 0
+    if limit:
+        length = safe_getattr(cfg, "tokens_per_sample", None)
+        if limit < 0 or (length and limit < length):
+            raise ValueError(f"--random-positions L_MAX ({limit}) must be at least --tokens-per-sample ({length}).")
+        rows = safe_getattr(cfg, "max_target_positions", None)
+        if str(cfg.pos_emb) == "learned" and rows and rows < limit:
+            raise ValueError(f"--pos-emb learned with --random-positions {limit} needs --max-target-positions >= {limit} "
+                             f"(a row for every position drawn), got {rows}.")
     for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}.")

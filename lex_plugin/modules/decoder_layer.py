@@ -70,12 +70,13 @@ class LexDecoderLayer(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         window: AttentionWindow = FULL,
+        positions: Optional[Tensor] = None,
     ) -> Tensor:
         """x: (B, T, C) -> (B, T, C); arguments as in :meth:`LexSelfAttention.forward`."""
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, position, key_padding_mask, incremental_state, window)
+        x = self.self_attn(x, position, key_padding_mask, incremental_state, window, positions)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

@@ -10,13 +10,14 @@ chunked prefill and generation steps.
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from ..positions.scheme import NoPositions, PositionScheme
 from ..positions.xpos import CENTER_STEP
-from .executor import Observer, attend
+from .executor import Observer, attend, see_self
 from .kv_cache import KeyValueCache
 from .planner import plan
 from .window import AttentionWindow
@@ -105,6 +106,7 @@ class LexSelfAttention(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         window: AttentionWindow = FULL,
+        positions: Optional[Tensor] = None,
     ) -> Tensor:
         """Causal self-attention under ``window``.
 
@@ -117,16 +119,24 @@ class LexSelfAttention(nn.Module):
                 cache keeps only what the next query can see (at most l or W positions): memory and
                 per-token time stay flat.
             window: full (default), BCA or sliding window.
+            positions: (B, T) int64 sorted position ids per sample (randomized positions at training,
+                Ruoss et al. 2023), or None for 0 .. T - 1; full attention, no cache.
 
         Returns:
             (B, T, C) in x's dtype.
 
         Raises:
-            ValueError: a cache filled under another window.
+            ValueError: a cache filled under another window; ``positions`` with a cache or a bounded window.
         """
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         dropout_p = self.dropout if self.training else 0.0
+        if positions is not None:
+            if incremental_state is not None or window.bounded:
+                raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
+            out = self._at_positions(q, k, v, position, positions, key_padding_mask, dropout_p)
+            out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
+            return self.out_proj(out if self.inner_attn_ln is None else self.inner_attn_ln(out))
         cache = self._cache(incremental_state)
         if cache is not None and cache.window != str(window):
             raise ValueError(
@@ -144,6 +154,21 @@ class LexSelfAttention(nn.Module):
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
+
+    @staticmethod
+    def _at_positions(q, k, v, position: PositionScheme, positions: Tensor, key_padding_mask, dropout_p) -> Tensor:
+        """Causal attention with each sample's own sorted positions (B, T): rotary schemes rotate at them,
+        bias schemes add the bias of their distances; causality follows the order (positions are sorted)."""
+        q, k = position.rotate_at(q, positions, keys=False), position.rotate_at(k, positions, keys=True)
+        bias = position.bias_at(positions)
+        if bias is None and key_padding_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        length = q.size(2)
+        allowed = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()[None, None]
+        if key_padding_mask is not None:
+            allowed = see_self(allowed & ~key_padding_mask[:, None, None, :])
+        mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
     def _plan(self, window, q_start, q_len, k_start, position, key_padding_mask, bsz):
         return plan(window, q_start, q_len, k_start, has_bias=position.kind == "bias" or window.sinks > 0,

@@ -80,6 +80,13 @@ class DistanceBias(PositionScheme):
         """f_h(r) for r = ``distance``: (D,) int64 >= 0 -> (H, D) fp32."""
         raise NotImplementedError
 
+    def bias_at(self, positions: Tensor) -> Tensor:
+        """(B, H, T, T) f_h(n - m) between arbitrary positions (B, T) (future keys hold a placeholder)."""
+        distance = (positions[:, :, None] - positions[:, None, :]).clamp(min=0)
+        high = int(distance.max())
+        table = self.distance_bias(torch.arange(high + 1, device=positions.device)).float()  # (H, D)
+        return table[:, distance].transpose(0, 1)
+
     def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
         """q . k / sqrt(d) plus f_h(distance) (see ``PositionScheme.logits_at``); (..., H, Tq, Tk) fp32."""
         low, high = int(distance.min()), int(distance.max())

@@ -68,6 +68,19 @@ class PositionScheme(nn.Module):
         """(length, C) vectors to add to the token embeddings at positions start .., or None."""
         return None
 
+    def rotate_at(self, x: Tensor, positions: Tensor, keys: bool) -> Tensor:
+        """Queries or keys x (B, H, T, d) at arbitrary sorted positions (B, T) int64 (randomized positions,
+        Ruoss et al. 2023), transformed as ``rotate`` would at those positions. Unchanged here."""
+        return x
+
+    def bias_at(self, positions: Tensor) -> Optional[Tensor]:
+        """(B, H, T, T) fp32 bias between arbitrary positions (B, T) int64, or None."""
+        return None
+
+    def embed_at(self, positions: Tensor) -> Optional[Tensor]:
+        """(B, T, C) vectors for arbitrary positions (B, T) int64, or None."""
+        return None
+
     def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
         """fp32 pre-softmax logits q . k / sqrt(d) of *un-rotated* queries (..., Tq, d) and keys (..., Tk, d)
         placed at the given relative ``distance`` (Tq, Tk) int64 >= 0 apart, whatever their positions

@@ -270,6 +270,25 @@ class XPos(PositionScheme):
         bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
         return max(CENTER_STEP, int(bound * self.scale_base * self._decay_divisor / float(-self._log_zeta.min())))
 
+    def rotate_at(self, x: Tensor, positions: Tensor, keys: bool) -> Tensor:
+        """xPos / RoPE of x (B, H, T, d) at positions (B, T): rows of one table, centred in the middle of the
+        positions' range (one centre for queries and keys, so logits depend only on n - m).
+
+        Raises:
+            ValueError: positions spread so far that xPos's scale would leave x's dtype (fp16: about
+                2 * 5 B / |log zeta_0| = 2,000 positions; fp32: about 24,000).
+        """
+        low, high = int(positions.min()), int(positions.max())
+        center = (low + high) // 2 // CENTER_STEP * CENTER_STEP
+        limit = self.max_center_offset(x.dtype)
+        if limit is not None and max(high - center, center - low) > limit:
+            raise ValueError(
+                f"positions {low}..{high} are too far apart for xPos in {x.dtype} (at most {limit} from the centre): "
+                "lower --random-positions or train in fp32."
+            )
+        table = self.complex_table(low, high - low + 1, center, keys, x.device)
+        return apply_rotary_complex(x, table[positions - low][:, None])
+
     def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
         """Logits of un-rotated queries (..., Tq, d) and keys (..., Tk, d) at relative ``distance`` (Tq, Tk):
         sum_i Re[q_i conj(k_i) e^{i D theta_i}] zeta_i^(D/B) / sqrt(d), as ``rotate`` would give for a query at
