@@ -173,6 +173,9 @@ def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated
     sink_k, sink_v = sinks
     held = sink_k.size(2)
     dev = q.device
+    if (chunk.windows and window.mode == "bca" and q_start + chunk.q0 >= 2 * chunk.stride and not rotated
+            and kpm is None and observer is None and held == window.sinks and scheme.kind != "bias"):
+        return _bca_windows_with_sinks(q, k, v, chunk, scheme, sink_k, sink_v, dropout_p)
     if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window
         n, c = chunk.windows, chunk.stride
         qb = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
@@ -217,6 +220,28 @@ def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated
         probs = F.dropout(probs, dropout_p)
     out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2) :] @ sink_v.float()[:, :, None]
     return out.flatten(2, 3).to(q.dtype)
+
+
+def _bca_windows_with_sinks(q, k, v, chunk: Chunk, scheme, sink_k, sink_v, dropout_p) -> Tensor:
+    """BCA windows with k sinks on SDPA's fused kernel. Every query of block b >= 2 (the caller checks) has
+    the same first key f = (b - 1) c >= c >= k, so StreamingLLM places the sinks at f - k .. f - 1 for the
+    whole window: prepended to the window's 2c keys at local positions 0 .. k - 1 (queries then at
+    k + c .., keys at k ..), the (c, k + 2c) mask is causal aligned to the lower right."""
+    n, c = chunk.windows, chunk.stride
+    bsz, heads, _, dim = q.shape
+    sinks = sink_k.size(2)
+    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
+    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    kw = torch.cat([sink_k[:, :, None].expand(-1, -1, n, -1, -1), kw], dim=3)  # (B, H, n, k + 2c, D)
+    vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
+    qw, kw = _rotate_pair(scheme, qw, kw, c + sinks, 0)
+    shape = (bsz, heads * n)
+    out = F.scaled_dot_product_attention(
+        qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
+        attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=dropout_p,
+    ).view(bsz, heads, n, c, dim)
+    return out.flatten(2, 3)
 
 
 def see_self(allowed: Tensor, offset: int = 0) -> Tensor:

@@ -127,8 +127,8 @@ def plan(
         per_call = min(per_call, max(1, bias_elements // max(1, batch_heads * c * (2 * c + window.sinks))))
     while a + c <= end:
         block = a // c
-        if block == 0 or (block - 1) * c < k_start:
-            dense(a, a + c)  # no previous block held as a window: one dense block
+        if block == 0 or (block - 1) * c < k_start or (window.sinks and block == 1):
+            dense(a, a + c)  # no previous block held as a window (or, with sinks, none outside it): one dense block
             a += c
             continue
         n = min((end - a) // c, per_call)
