@@ -78,7 +78,8 @@ def test_training_killed_and_resumed_matches_an_uninterrupted_run(data_bin, tmp_
     parameters are bitwise those of the uninterrupted run (fairseq re-seeds every update and restores the
     data iterator, optimizer and schedule)."""
     common = ["--batch-size", "8", "--max-update", "8", "--save-interval-updates", "2", "--dropout", "0.1"]
-    whole = run_cli(["fairseq-train", *train_args(data_bin, tmp_path / "whole", *common)])
+    threads = {"OMP_NUM_THREADS": "2"}  # the same thread count in all three runs (bitwise comparison)
+    whole = run_cli(["fairseq-train", *train_args(data_bin, tmp_path / "whole", *common)], env=threads)
 
     cmd = ["fairseq-train", *train_args(data_bin, tmp_path / "killed", *common)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_with_venv(), cwd=REPO)
@@ -90,7 +91,7 @@ def test_training_killed_and_resumed_matches_an_uninterrupted_run(data_bin, tmp_
             break
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
-    resumed = run_cli(cmd)
+    resumed = run_cli(cmd, env=threads)
     assert "Loaded checkpoint" in resumed.stdout + resumed.stderr
     lw, lr = losses(whole), losses(resumed)
     assert min(lr) > 4 and max(lr) == 8  # the second run started after update 4

@@ -9,7 +9,9 @@ value stays finite at any length.
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
 attention): O(1) amortised per token, no copy of the whole cache per step. Under BCA or a sliding window
-the cache drops keys no later query can see (``drop_before``), so it holds at most l or W positions.
+the cache drops keys no later query can see (``drop_before``), so it holds at most l or W positions, plus,
+with attention sinks, the first k keys and values un-rotated (``keep_sinks``: they are rotated at a
+virtual place at every use).
 """
 
 from typing import Optional, Tuple
