@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import RUNS, ReproduceError, reproduce
+from lex_plugin.evaluation.reproduce import METHODS, RUNS, ReproduceError, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,14 +44,22 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=49152, show_default=True,
               help="score the first N test tokens at every length")
 @click.option("--resolution-texts", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--methods", "method_names", default=",".join([*METHODS, "passkey"]), show_default=True,
+              help="evaluation-time methods (and the passkey probe) run on the xpos, rope and alibi checkpoints; '' for none")
+@click.option("--passkey-trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per passkey cell")
 def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
-         resolution_texts):
+         resolution_texts, method_names, passkey_trials):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
     runs = [r.strip() for r in run_names.split(",") if r.strip()]
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         raise click.BadParameter(f"unknown runs {unknown}; choose from {', '.join(RUNS)}", param_hint="--runs")
+    methods = [m.strip() for m in method_names.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS and m != "passkey"]
+    if unknown:
+        raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, 'passkey'])}",
+                                 param_hint="--methods")
     l = train_length
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --train-length", param_hint="--train-length")
@@ -62,7 +70,8 @@ def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batc
         raise click.BadParameter(f"--eval-tokens {eval_tokens} is shorter than the longest length {max(lengths)}",
                                  param_hint="--eval-tokens")
     o = dict(arch=arch, train_length=l, max_update=max_update, batch_size=batch_size, lr=lr, seed=seed,
-             lengths=lengths, eval_tokens=eval_tokens, resolution_texts=resolution_texts)
+             lengths=lengths, eval_tokens=eval_tokens, resolution_texts=resolution_texts, methods=methods,
+             passkey_trials=passkey_trials)
     try:
         reproduce(work, o, runs, corpus, data_bin)
     except ReproduceError as e:

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, run_cli
 from lex_plugin.evaluation import reproduce
@@ -77,19 +78,62 @@ def test_commands_load_this_repository_plugin(tmp_path):
     assert "--bca" not in reproduce.resolution_command(tmp_path, tmp_path / "c.pt", [L], "full", tmp_path / "o.json", o)
 
 
+def test_method_and_passkey_commands(tmp_path):
+    o = dict(arch="lex_lm_tiny", train_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+             eval_tokens=512, resolution_texts=2, passkey_trials=3)
+    sinks = reproduce.method_command(tmp_path, tmp_path / "c.pt", "sliding_sinks", tmp_path / "r.json", o)
+    assert sinks[sinks.index("--eval-windows") + 1] == "sliding" and sinks[sinks.index("--sink-tokens") + 1] == 4
+    assert sinks[sinks.index("--eval-lengths") + 1] == ",".join(map(str, LENGTHS))
+    yarn = reproduce.method_command(tmp_path, tmp_path / "c.pt", "yarn", tmp_path / "r.json", o)
+    assert yarn[yarn.index("--rope-scaling") + 1] == "yarn" and yarn[yarn.index("--rope-scaling-factor") + 1] == "auto"
+    key = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "passkey.json", o)
+    assert key[key.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}" and key[key.index("--trials") + 1] == 3
+    assert key[key.index("--plot") + 1] == tmp_path / "passkey.png"
+
+
+def test_passkey_and_method_tables():
+    def cell(window, length, retrieved, trials=4):
+        return {"window": window, "length": length, "depth": 0.5, "retrieved": retrieved, "trials": trials}
+
+    passkey = {"xpos": {"results": [cell("full", L, 4), cell("full", 2 * L, 1), cell("full", 4 * L, 0),
+                                    cell("bca(16)", L, 2), cell("bca(16)", 2 * L, 0)]}}
+    table = reproduce.markdown_passkey(passkey, ["xpos", "rope"], L)
+    assert f"| LeX (xPos) | full | 1.00 | 0.25 | 0.00 | 0.12 |" in table  # beyond l: 1 of 8 trials
+    assert f"| LeX (xPos) | bca(16) | 0.50 | 0.00 | - | 0.00 |" in table
+    assert "RoPE" not in table
+    ppl = {"xpos": {"bca": {L: 30.0, 8 * L: 29.0}, "bca_sinks": {L: 30.0, 8 * L: 28.0}}, "rope": {"bca": {L: 31.0}}}
+    text = reproduce.markdown_methods(ppl, ["xpos", "rope"], ["bca_sinks", "yarn"], [L, 8 * L], L)
+    assert "#### BCA + 4 sinks" in text and "YaRN" not in text
+    assert "| LeX (xPos) | BCA | 30.00 | 29.00 | 0.97 |" in text
+    assert "| LeX (xPos) | BCA + 4 sinks | 30.00 | 28.00 | 0.93 |" in text
+
+
 def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     work = tmp_path / "repro"
     args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
-            "--runs", "xpos,xpos_scalar_zeta", "--max-update", "3", "--batch-size", "4", "--train-length", str(L),
-            "--lengths", f"{L},{2 * L},{8 * L}", "--eval-tokens", "512", "--resolution-texts", "2"]
+            "--runs", "xpos,xpos_scalar_zeta,xpos_random", "--max-update", "3", "--batch-size", "4", "--train-length", str(L),
+            "--lengths", f"{L},{2 * L},{8 * L}", "--eval-tokens", "512", "--resolution-texts", "2",
+            "--methods", "bca_sinks,yarn"]
     proc = run_cli(args, timeout=600)
     tables = (work / "tables.md").read_text()
     for needle in ("LeX (xPos) | full attention", "LeX (xPos) | BCA", "LeX (xPos) | sliding window",
                    "xPos with one scalar zeta | BCA", "R at 32, full", "| **total** |"):
         assert needle in tables, (needle, tables)
     results = json.loads((work / "results.json").read_text())
-    assert set(results["ppl"]) == {"xpos", "xpos_scalar_zeta"}
-    assert set(results["ppl"]["xpos"]) == {"full", "sliding", "bca"}
+    assert set(results["ppl"]) == {"xpos", "xpos_scalar_zeta", "xpos_random"}
+    assert set(results["ppl"]["xpos"]) == {"full", "sliding", "bca", "bca_sinks", "yarn"}  # methods: xpos only
+    assert set(results["ppl"]["xpos_random"]) == {"full", "sliding", "bca"}
+    # the random-position run trained with L_max = the longest evaluation length; evaluation is ordinary
+    state = torch.load(work / "runs" / "xpos_random" / "checkpoints" / "checkpoint_last.pt", weights_only=False)
+    assert state["cfg"]["model"]["random_positions"] == 8 * L
+    for needle in ("BCA + 4 sinks | ", "full + YaRN | ", "LeX (xPos), random positions | BCA"):
+        assert needle in tables, (needle, tables)
+    # a method at l: BCA with sinks sees the same context as BCA there; YaRN's factor is 1 at l ("auto")
+    assert results["ppl"]["xpos"]["bca_sinks"][str(L)] == pytest.approx(results["ppl"]["xpos"]["bca"][str(L)], rel=1e-5)
+    assert results["ppl"]["xpos"]["yarn"][str(L)] == pytest.approx(results["ppl"]["xpos"]["full"][str(L)], rel=1e-5)
+    assert results["ppl"]["xpos"]["yarn"][str(8 * L)] != pytest.approx(results["ppl"]["xpos"]["full"][str(8 * L)], rel=1e-3)
+    assert (work / "methods_vs_length.png").stat().st_size > 10_000
+    assert (work / "random_positions_vs_length.png").stat().st_size > 10_000
     assert set(results["ppl"]["xpos_scalar_zeta"]["bca"]) == {str(L), str(8 * L)}  # ablations: l and 8l only
     assert 0 < results["resolution"]["xpos"]["bca"][str(2 * L)] < 1
     assert (work / "ppl_vs_length.png").stat().st_size > 10_000
@@ -97,7 +141,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     assert results["ppl"]["xpos"]["full"][str(L)] == pytest.approx(results["ppl"]["xpos"]["bca"][str(L)], rel=1e-5)
 
     again = run_cli(args, timeout=300)
-    assert again.stdout.count("done already") == 8, again.stdout
+    assert again.stdout.count("done already") == 3 * 4 + 2, again.stdout
     assert "fairseq-train" not in again.stdout
 
     with pytest.raises(AssertionError, match="other options"):

@@ -1,17 +1,21 @@
 """The LeX paper's extrapolation tables at CPU scale: run definitions, the commands of each step, the
 resumable step runner, and the tables, claim verdicts and plot built from the finished reports.
 
-Protocol (``scripts/reproduce.py`` is its command line): for each run (a ``--pos-emb`` scheme or an xPos
-ablation) with the same model size, data, optimizer and token budget, fairseq-train at training length l
-(:func:`train_command`), then one fairseq-eval-lm over the first ``eval_tokens`` tokens of the test split at
-each evaluation length and window (:func:`eval_command`, the stream protocol of ``--task
-lex_language_modeling``), then ``lex resolution`` at l and 2l with full attention and BCA
-(:func:`resolution_command`). :func:`write_results` turns the reports into LeX Tables 2-5 in shape, the
-claims check, a ppl-versus-length plot and a JSON of everything.
+Protocol (``scripts/reproduce.py`` is its command line): for each run (a ``--pos-emb`` scheme, an xPos
+ablation, or a scheme trained with randomized positions) with the same model size, data, optimizer and token
+budget, fairseq-train at training length l (:func:`train_command`), then one fairseq-eval-lm over the first
+``eval_tokens`` tokens of the test split at each evaluation length and window (:func:`eval_command`, the
+stream protocol of ``--task lex_language_modeling``), then ``lex resolution`` at l and 2l with full attention
+and BCA (:func:`resolution_command`). On the xPos, RoPE and ALiBi checkpoints it then runs each of
+:data:`METHODS` (attention sinks, LM-Infinite's Λ-shaped attention, RoPE scaling; the same lengths and tokens)
+and ``lex passkey`` at l..8l (:func:`passkey_command`). :func:`write_results` turns the reports into LeX
+Tables 2-5 in shape, a table per method, the passkey accuracies, the claims check, plots and a JSON of
+everything.
 
 The options dict ``o`` every function here takes holds: ``arch``, ``train_length`` (l), ``max_update``,
-``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens`` and
-``resolution_texts``.
+``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens``,
+``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none) and
+``passkey_trials`` (optional, default 10).
 """
 
 import json
@@ -26,16 +30,19 @@ from typing import Dict, List, Optional, Sequence
 import lex_plugin
 
 __all__ = [
-    "LABELS", "PLUGIN_DIR", "RUNS", "WINDOW_LABEL", "ReproduceError", "Runner", "check_claims", "check_options",
-    "eval_command", "fmt_time", "markdown_claims", "markdown_ppl", "markdown_resolution", "plot_ppl", "ppl_table",
-    "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
+    "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
+    "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
+    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "passkey_command", "plot_ppl",
+    "ppl_table", "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
 ]
 
 PLUGIN_DIR = Path(lex_plugin.__file__).resolve().parent  # the --user-dir of every fairseq command
 REPO = PLUGIN_DIR.parent  # working directory of every step
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
-# are Table 4's xPos variants (zeta = 1 is RoPE, which the main runs already hold).
+# are Table 4's xPos variants (zeta = 1 is RoPE, which the main runs already hold); "random" runs train with
+# randomized positions (Ruoss et al. 2023, --random-positions L_max with L_max the longest evaluation length)
+# and are evaluated like the main runs, with the ordinary positions.
 RUNS: Dict[str, tuple] = {
     "xpos": (["--pos-emb", "xpos"], "main"),
     "rope": (["--pos-emb", "rope"], "main"),
@@ -45,13 +52,35 @@ RUNS: Dict[str, tuple] = {
     "xpos_no_rotation": (["--pos-emb", "xpos", "--xpos-no-rotation"], "ablation"),
     "xpos_scalar_zeta": (["--pos-emb", "xpos", "--xpos-scalar-zeta"], "ablation"),
     "none": (["--pos-emb", "none"], "main"),
+    "xpos_random": (["--pos-emb", "xpos"], "random"),
+    "rope_random": (["--pos-emb", "rope"], "random"),
+    "alibi_random": (["--pos-emb", "alibi"], "random"),
 }
+SINK_TOKENS = 4  # StreamingLLM's choice
+# Evaluation-time methods run on the same checkpoints (METHOD_RUNS): name -> (--eval-windows, further
+# fairseq-eval-lm arguments, the window it modifies (its reference row), rotary schemes only?).
+METHODS: Dict[str, tuple] = {
+    "bca_sinks": ("bca", ["--sink-tokens", SINK_TOKENS], "bca", False),
+    "sliding_sinks": ("sliding", ["--sink-tokens", SINK_TOKENS], "sliding", False),
+    "lambda": ("lambda", [], "sliding", False),
+    "linear": ("full", ["--rope-scaling", "linear", "--rope-scaling-factor", "auto"], "full", True),
+    "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
+    "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
+}
+METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
+ROTARY_RUNS = ("xpos", "rope")
 LABELS = {
     "xpos": "LeX (xPos)", "rope": "RoPE (Roformer)", "alibi": "ALiBi", "sinusoidal": "Sinusoidal (absolute)",
     "sandwich": "Sandwich", "none": "NoPE", "xpos_no_rotation": "xPos without rotation (theta = 0)",
-    "xpos_scalar_zeta": "xPos with one scalar zeta",
+    "xpos_scalar_zeta": "xPos with one scalar zeta", "xpos_random": "LeX (xPos), random positions",
+    "rope_random": "RoPE, random positions", "alibi_random": "ALiBi, random positions",
 }
-WINDOW_LABEL = {"full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)"}
+WINDOW_LABEL = {
+    "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
+    "bca_sinks": f"BCA + {SINK_TOKENS} sinks", "sliding_sinks": f"sliding window + {SINK_TOKENS} sinks",
+    "lambda": "Λ-shaped (LM-Infinite)", "linear": "full + linear RoPE scaling (PI)",
+    "ntk": "full + NTK-aware scaling", "yarn": "full + YaRN",
+}
 
 
 class ReproduceError(RuntimeError):
@@ -138,9 +167,11 @@ def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> L
     ]
 
 
-def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict) -> List:
+def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,
+                 extra: Sequence = ()) -> List:
     """fairseq-eval-lm of ``ckpt`` over the first ``o["eval_tokens"]`` test tokens at each of ``lengths``
-    under each of ``windows`` (``full``, ``sliding``, ``bca``), writing the length report JSON ``report``."""
+    under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lambda``), writing the length report JSON
+    ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
     return [
         "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
         "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o["train_length"],
@@ -149,8 +180,26 @@ def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str],
         "--eval-tokens", o["eval_tokens"], "--report-json", report,
         # fairseq's own pass over the whole split at l would cost minutes per model and duplicates the
         # length table's l row: let it see one shard of 1000 (it says how many tokens it evaluated).
-        "--num-shards", 1000, "--shard-id", 0,
+        "--num-shards", 1000, "--shard-id", 0, *extra,
     ]
+
+
+def method_command(data: Path, ckpt: Path, method: str, report: Path, o: dict) -> List:
+    """fairseq-eval-lm of ``ckpt`` under one of :data:`METHODS` at every length of ``o["lengths"]`` (the
+    same tokens as :func:`eval_command`), writing the length report JSON ``report``."""
+    window, extra, _, _ = METHODS[method]
+    return eval_command(data, ckpt, o["lengths"], [window], report, o, extra)
+
+
+def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
+    """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under full attention, BCA, the
+    sliding window and Λ-shaped attention, ``o["passkey_trials"]`` prompts per cell (9 distractor keys),
+    writing the JSON ``out`` and the heat map beside it (same name, .png)."""
+    l = o["train_length"]
+    return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
+            "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
+            "--windows", "full,bca,sliding,lambda", "--trials", o.get("passkey_trials", 10),
+            "--json", out, "--plot", out.with_suffix(".png")]
 
 
 def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:
@@ -199,6 +248,49 @@ def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequ
             ratio = row[top] / row[l] if top in row and l in row else None
             rows.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL[window]} | "
                         + " | ".join(_num(row.get(L)) for L in lengths) + f" | {_num(ratio)} |")
+    return "\n".join(rows)
+
+
+def markdown_methods(ppl, runs: Sequence[str], methods: Sequence[str], lengths: Sequence[int], l: int) -> str:
+    """One markdown table per method of :data:`METHODS` found in ``ppl`` (:func:`ppl_table`'s shape, the
+    method's name as the window): for each run, the window the method modifies (its reference row), then
+    the method, at every length."""
+    out = []
+    for method in methods:
+        have = [n for n in runs if ppl.get(n, {}).get(method)]
+        if have:
+            out += [f"#### {WINDOW_LABEL[method]}", "", markdown_ppl(ppl, have, [METHODS[method][2], method], lengths, l), ""]
+    return "\n".join(out).rstrip()
+
+
+def markdown_passkey(passkey: Dict[str, dict], runs: Sequence[str], l: int) -> str:
+    """Markdown table of passkey accuracy: rows run x window, columns each length (the mean over depths and
+    trials), then the mean over lengths beyond l.
+
+    Args:
+        passkey: {run: ``lex passkey`` JSON report}.
+        l: the training length.
+    """
+    rows, lengths = [], sorted({r["length"] for rep in passkey.values() for r in rep["results"]})
+    if not lengths:
+        return ""
+    head = "| model | window | " + " | ".join(f"{L} ({L // l}l)" for L in lengths) + " | beyond l |"
+    rows = [head, "|---|---|" + "---:|" * (len(lengths) + 1)]
+    for name in runs:
+        rep = passkey.get(name)
+        if not rep:
+            continue
+        for window in dict.fromkeys(r["window"] for r in rep["results"]):
+            acc = {}
+            for r in rep["results"]:
+                if r["window"] == window:
+                    hit, n = acc.get(r["length"], (0, 0))
+                    acc[r["length"]] = (hit + r["retrieved"], n + r["trials"])
+            far = [acc[L] for L in lengths if L > l and L in acc]
+            beyond = sum(h for h, _ in far) / sum(n for _, n in far) if far else None
+            rows.append(f"| {LABELS.get(name, name)} | {window} | "
+                        + " | ".join(f"{acc[L][0] / acc[L][1]:.2f}" if L in acc else "-" for L in lengths)
+                        + f" | {'-' if beyond is None else f'{beyond:.2f}'} |")
     return "\n".join(rows)
 
 
@@ -281,9 +373,11 @@ def markdown_claims(claims: List[dict]) -> str:
     return "\n".join(rows)
 
 
-def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path, title: str):
+def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path, title: str,
+             reference: Optional[Dict[str, str]] = None):
     """Write the PNG ``out``: one panel per window, ppl (log) against length (log2) for every run (the
-    paper's Figure 1 in shape), a dotted line at l."""
+    paper's Figure 1 in shape), a dotted line at l; ``reference`` ({window: other window}): also draw the
+    other window's curve of each run, dashed in the same colour (a method against what it modifies)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,7 +391,11 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
             row = ppl.get(name, {}).get(window)
             if row:
                 xs = sorted(row)
-                ax.plot(xs, [row[x] for x in xs], marker="o", label=LABELS.get(name, name))
+                line, = ax.plot(xs, [row[x] for x in xs], marker="o", label=LABELS.get(name, name))
+                base = ppl.get(name, {}).get((reference or {}).get(window))
+                if base:
+                    xs = sorted(base)
+                    ax.plot(xs, [base[x] for x in xs], linestyle="--", linewidth=1, color=line.get_color(), alpha=0.7)
         ax.axvline(l, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -305,7 +403,8 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
         ax.tick_params(axis="y", which="minor", labelsize=7)
-        ax.set_title(WINDOW_LABEL[window])
+        ax.set_title(WINDOW_LABEL[window] + (f"\n(dashed: {WINDOW_LABEL[reference[window]]})" if reference else ""),
+                     fontsize=10)
         ax.set_xlabel("evaluation length (tokens)")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("test perplexity")
@@ -317,16 +416,18 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
 
 
 def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
-    """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json)
-    and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape, the claims, wall time per step),
-    WORK/results.json (options, ppl, resolution, claims, wall seconds) and, once there is a perplexity,
-    WORK/ppl_vs_length.png.
+    """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
+    method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
+    randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
+    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds) and, once there is a
+    perplexity, WORK/ppl_vs_length.png (plus methods_vs_length.png and random_positions_vs_length.png when
+    those runs exist).
 
     Returns:
         The text of tables.md.
     """
     l = o["train_length"]
-    reports, resolution = {}, {}
+    reports, resolution, passkey = {}, {}, {}
     for name in runs:
         rdir = work / "runs" / name
         if (rdir / "length_report.json").exists():
@@ -335,8 +436,19 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
             path = rdir / f"resolution_{w}.json"
             if path.exists():
                 resolution.setdefault(name, {})[w] = json.loads(path.read_text())
+        if (rdir / "passkey.json").exists():
+            passkey[name] = json.loads((rdir / "passkey.json").read_text())
     ppl = ppl_table(reports)
+    for name in runs:  # each method's report holds one window: file it under the method's name
+        for method in METHODS:
+            path = work / "runs" / name / f"method_{method}.json"
+            if path.exists():
+                rows = ppl_table({name: json.loads(path.read_text())}).get(name, {})
+                ppl.setdefault(name, {})[method] = next(iter(rows.values()), {})
     main = [n for n in runs if RUNS[n][1] == "main"]
+    random_pairs = [n for base in ("xpos", "rope", "alibi") for n in (base, f"{base}_random")
+                    if n in runs and f"{base}_random" in runs]
+    methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o["lengths"])
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
@@ -353,6 +465,12 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         markdown_ppl(ppl, ablations, ["full", "bca"], ab_lengths, l),
         "", "### Table 5 shape: attention window at 4l and 16l", "",
         markdown_ppl(ppl, main, ["full", "sliding", "bca"], [l, 4 * l, 16 * l], l),
+        *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
+            markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
+        *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
+            markdown_methods(ppl, runs, methods, o["lengths"], l)] if methods else []),
+        *(["", "### Passkey retrieval: accuracy (mean over depths 0.1..0.9; chance 0.10)", "",
+            markdown_passkey(passkey, runs, l)] if passkey else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
@@ -363,10 +481,17 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     (work / "results.json").write_text(json.dumps(
         {"options": o, "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
+         "passkey": {n: rep["results"] for n, rep in passkey.items()},
          "claims": claims, "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
                  f"{o['arch']}, l = {l}, {o['max_update'] * o['batch_size'] * l / 1e6:.2f}M training tokens: test ppl vs length")
+    if methods:
+        plot_ppl(ppl, [n for n in runs if n in METHOD_RUNS], methods, l, work / "methods_vs_length.png",
+                 f"evaluation-time methods on the same checkpoints (l = {l})", {m: METHODS[m][2] for m in methods})
+    if random_pairs:
+        plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
+                 f"trained with and without randomized positions (L_max = {max(o['lengths'])}, l = {l})")
     return text
 
 
@@ -375,7 +500,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
 
 def check_options(work: Path, o: dict) -> None:
     """Record ``o`` in WORK/options.json (creating WORK), after checking that a run already there used the
-    same options.
+    same options (``methods`` may differ: each method's report stands alone).
 
     Raises:
         ReproduceError: WORK/options.json holds other options (mixing budgets would make the tables unequal).
@@ -384,7 +509,8 @@ def check_options(work: Path, o: dict) -> None:
     saved = work / "options.json"
     if saved.exists():
         before = json.loads(saved.read_text())
-        changed = {k: (before.get(k), v) for k, v in o.items() if before.get(k) != v}
+        # which methods run does not change the numbers of the others; an option a run directory predates is recorded
+        changed = {k: (before[k], v) for k, v in o.items() if k != "methods" and k in before and before[k] != v}
         if changed:
             raise ReproduceError(f"{work} holds a run with other options {changed}: use another --work "
                                  "or remove it; mixing budgets would make the tables unequal.")
@@ -394,8 +520,9 @@ def check_options(work: Path, o: dict) -> None:
 def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
     """Every step of the reproduction, skipping the finished ones: check and record the options
     (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
-    evaluate (main runs at every length under full / sliding / BCA; ablations at l and 8l under full / BCA)
-    and measure resolution at l and 2l under full attention and BCA, rewriting the results
+    evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
+    8l under full / BCA), measure resolution at l and 2l under full attention and BCA, and on the
+    :data:`METHOD_RUNS` checkpoints run ``o["methods"]`` (RoPE scaling on rotary schemes only), rewriting the results
     (:func:`write_results`) after each run. Prints each step, then the tables and where they are.
 
     Args:
@@ -416,22 +543,37 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     l, lengths = o["train_length"], o["lengths"]
     data = data_bin or work / "data-bin"
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
-    steps = (0 if (data / "dict.txt").exists() else 1) + len(runs) * 4
+
+    def methods_of(name):  # the methods (and passkey) that run on this checkpoint
+        if name not in METHOD_RUNS:
+            return []
+        return [m for m in o.get("methods", []) if m == "passkey" or not METHODS[m][3] or name in ROTARY_RUNS]
+
+    steps = (0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n)) for n in runs)
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for name in runs:
         run_args, role = RUNS[name]
+        if role == "random":
+            run_args = [*run_args, "--random-positions", max(lengths)]
         rdir = work / "runs" / name
         ckpt_dir = rdir / "checkpoints"
         run(f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done", stamp=True)
         ckpt = ckpt_dir / "checkpoint_last.pt"
-        windows = ["full", "sliding", "bca"] if role == "main" else ["full", "bca"]
-        run(f"eval {name}", eval_command(data, ckpt, lengths if role == "main" else ab_lengths, windows,
+        windows = ["full", "bca"] if role == "ablation" else ["full", "sliding", "bca"]
+        run(f"eval {name}", eval_command(data, ckpt, ab_lengths if role == "ablation" else lengths, windows,
                                          rdir / "length_report.json", o), rdir / "eval.log", rdir / "length_report.json")
         for w in ("full", "bca"):
             out = rdir / f"resolution_{w}.json"
             run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)
+        for method in methods_of(name):
+            if method == "passkey":
+                out = rdir / "passkey.json"
+                run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)
+            else:
+                out = rdir / f"method_{method}.json"
+                run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)
         write_results(work, o, runs)  # tables grow as runs finish
     text = write_results(work, o, runs)
     print("\n" + text)
