@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from conftest import TRAIN_LEN, run_cli
+from conftest import REPO, TRAIN_LEN, run_cli
 from lex_plugin import LexLanguageModel
 from lex_plugin.data.stream import split_stream
-from lex_plugin.evaluation.passkey import build_prompt, score_candidates
+from lex_plugin.evaluation.passkey import DIGITS, QUESTION, build_prompt, finetune_samples, score_candidates
 
 LAYERS = 4  # lex_lm_tiny
 
@@ -115,3 +115,49 @@ def test_lengths_the_split_cannot_fill_are_refused(trained, data_bin):
     result = CliRunner().invoke(lex_cli, ["passkey", "--path", str(ckpt), str(data_bin), "--lengths", "10000000",
                                           "--depths", "0.5", "--trials", "1"])
     assert result.exit_code != 0 and "need more" in result.output
+
+
+def test_finetuning_samples_are_prompts_followed_by_their_key(encode, filler):
+    question = encode(QUESTION)
+    samples = finetune_samples(encode, filler, 30, 150, seed=3)
+    assert len(samples) == 30 and all(s.numel() <= 150 for s in samples)
+    assert len({s.numel() for s in samples}) > 5  # lengths vary
+    q = question.tolist()
+    for s in samples:
+        s = s.tolist()
+        # ... What is the pass key ? The pass key is | 7 1 4 3 2: the key's tokens follow the question
+        end = max(i + len(q) for i in range(len(s) - len(q) + 1) if s[i : i + len(q)] == q)
+        key = s[end:]
+        assert 1 <= len(key) <= 2 * DIGITS, key
+        # the needle states the same key twice
+        runs = [i for i in range(end - len(key) + 1) if s[i : i + len(key)] == key]
+        assert len(runs) >= 2 and min(b - a for a, b in zip(runs, runs[1:])) < 20, runs
+    with pytest.raises(ValueError, match="too short"):
+        finetune_samples(encode, filler, 1, 40)
+
+
+def test_lex_passkey_data_writes_a_data_bin_fairseq_fine_tunes_on(trained, data_bin, tmp_path, encode):
+    ckpt, _ = trained
+    dest = tmp_path / "passkey-bin"
+    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey-data", "--path", str(ckpt), str(data_bin), str(dest),
+                   "--samples", "24", "--max-length", "127"])
+    assert "24 passkey samples" in out.stdout
+    assert (dest / "dict.txt").read_bytes() == (data_bin / "dict.txt").read_bytes()
+    from fairseq.data import Dictionary, data_utils
+
+    dataset = data_utils.load_indexed_dataset(str(dest / "train"), Dictionary.load(str(dest / "dict.txt")))
+    items = [dataset[i].long() for i in range(len(dataset))]
+    eos = Dictionary.load(str(dest / "dict.txt")).eos()
+    assert len(items) == 24 and all(int(t[-1]) == eos and t.numel() <= 128 for t in items)
+    assert all(encode(QUESTION).tolist() in [t[i : i + encode(QUESTION).numel()].tolist() for i in range(t.numel())]
+               for t in items)
+    # one row per sample at --tokens-per-sample 128: fairseq fine-tunes the checkpoint on it
+    save = tmp_path / "ft"
+    run_cli(["fairseq-train", str(dest), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling",
+             "--arch", "lex_lm_tiny", "--share-decoder-input-output-embed", "--tokens-per-sample", "128",
+             "--sample-break-mode", "eos", "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-4", "--max-update", "2",
+             "--finetune-from-model", str(ckpt), "--save-dir", str(save), "--no-epoch-checkpoints", "--disable-validation",
+             "--num-workers", "0"])
+    assert (save / "checkpoint_last.pt").exists()
+    with pytest.raises(AssertionError, match="not empty"):
+        run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey-data", "--path", str(ckpt), str(data_bin), str(dest)])

@@ -14,6 +14,11 @@ scores highest (chance: 1 / (N + 1)).
 
 The prompt runs once, block by block through the key/value cache (bounded under BCA / sliding window);
 the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``).
+
+A model too small or too briefly trained to copy at all retrieves at chance even inside l. Then
+:func:`finetune_samples` and :func:`write_dataset` give a short fine-tuning set in the probe's own format
+(prompts of at most l tokens followed by their key, filler from the training split): the model learns the
+task where it was trained, and the probe asks how far beyond l that skill carries under each window.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -26,7 +31,8 @@ from tqdm import tqdm
 from ..modules.attention.window import AttentionWindow
 from .length_eval import blockwise_forward
 
-__all__ = ["PasskeyPrompt", "PasskeyResult", "build_prompt", "score_candidates", "passkey_accuracy", "format_passkey"]
+__all__ = ["PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
+           "plot_passkey", "score_candidates", "write_dataset"]
 
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text . Find it and "
          "memorize it . I will quiz you about the important information there .")
@@ -81,6 +87,65 @@ def build_prompt(encode, filler: Tensor, length: int, depth: float, key: int) ->
     tokens = torch.cat([intro, filler[:cut], needle, filler[cut:fill], question])
     start = intro.numel() + cut
     return PasskeyPrompt(tokens, start, start + needle.numel(), key)
+
+
+def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: int = 0) -> List[Tensor]:
+    """``count`` passkey prompts followed by their key's tokens: the task in the probe's format, for
+    fine-tuning at the training length.
+
+    Each sample has a uniform random total length between the shortest possible prompt + key and
+    ``max_length``, a uniform random depth in [0, 1], a random key and a random stretch of ``filler``.
+
+    Args:
+        encode: as for :func:`build_prompt`.
+        filler: (T,) int64 running text (the training split: keep the probe's test text unseen).
+        count: number of samples.
+        max_length: the longest sample in tokens, end-of-sentence excluded (l - 1 for fairseq's
+            ``--sample-break-mode eos --tokens-per-sample l``).
+        seed: seeds lengths, depths, keys and offsets.
+
+    Returns:
+        ``count`` (n,) int64 tensors, n <= ``max_length``.
+
+    Raises:
+        ValueError: ``max_length`` shorter than intro + needle + question + key, or a filler shorter than
+            ``max_length``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    key_tokens = encode(_spell(0)).numel()
+    fixed = encode(INTRO).numel() + encode(NEEDLE.format(key=_spell(0))).numel() + encode(QUESTION).numel() + key_tokens
+    if max_length < fixed:
+        raise ValueError(f"a passkey sample needs at least {fixed} tokens; max_length {max_length} is too short.")
+    if filler.numel() <= max_length:
+        raise ValueError(f"the filler text has {filler.numel():,} tokens; samples of {max_length} need more.")
+    samples = []
+    for _ in range(count):
+        length = int(torch.randint(fixed, max_length + 1, (1,), generator=g)) - key_tokens
+        depth = float(torch.rand((), generator=g))
+        key = int(torch.randint(0, 10**DIGITS, (1,), generator=g))
+        offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
+        prompt = build_prompt(encode, filler[offset:], length, depth, key)
+        samples.append(torch.cat([prompt.tokens, encode(_spell(key))])[:max_length])
+    return samples
+
+
+def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) -> None:
+    """Binarize ``samples`` (1-D int64 token ids, end-of-sentence appended to each here) as fairseq's mmap
+    dataset ``PREFIX.bin`` / ``PREFIX.idx``, one sentence per sample (fairseq's ``--sample-break-mode eos``
+    then gives one sample per training row).
+
+    Args:
+        samples: token ids without end-of-sentence.
+        prefix: path without suffix, e.g. ``DEST/train``.
+        eos: the dictionary's end-of-sentence id.
+        vocab_size: the dictionary's size (picks the on-disk integer width).
+    """
+    from fairseq.data import indexed_dataset
+
+    builder = indexed_dataset.make_builder(f"{prefix}.bin", impl="mmap", vocab_size=vocab_size)
+    for tokens in samples:
+        builder.add_item(torch.cat([tokens, tokens.new_tensor([eos])]).int())
+    builder.finalize(f"{prefix}.idx")
 
 
 @torch.no_grad()
