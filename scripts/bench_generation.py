@@ -7,8 +7,9 @@ and with full attention (the cache keeps every position).
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
-(median ms/token). Memory: the process's resident memory after the steps, and its peak, above the state
-before the context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
+(median ms/token), and so is reading every layer's cached keys and values once (the step's memory
+floor). Memory: the process's resident memory after the steps, and its peak, above the state before the
+context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
 this script (its lex_plugin), right after this one's. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
@@ -46,7 +47,11 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         # logits of one token per step, as in generation
         ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
                                           range(context + 1, context + steps + 1))
-    return {"mode": mode, "context": context, "ms_per_token": ms,
+        # the memory floor of a step: read every layer's cached keys and values once
+        caches = [layer.self_attn._cache(state).view()[:2] for layer in model.decoder.layers]
+        read_ms = 1000 * benchmark.median_time(lambda _: [t.sum() for kv in caches for t in kv], range(steps))
+        cache_mb = sum(t.numel() * t.element_size() for kv in caches for t in kv) / 2**20
+    return {"mode": mode, "context": context, "ms_per_token": ms, "cache_read_ms": read_ms, "cache_mb": cache_mb,
             "rss_mb_above_start": benchmark.rss_mb() - base,
             "peak_mb_above_start": benchmark.peak_rss_mb() - base,
             "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
@@ -103,6 +108,11 @@ def main():
             cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
         table.append(cells)
     print(benchmark.markdown_table(header, table))
+    print("\nA step against the memory floor (reading every layer's cached keys and values once, same process):\n")
+    print(benchmark.markdown_table(
+        ["mode", "context", "ms/token", "cache read ms", "cache MB", "step / read"],
+        [[r["mode"], f"{r['context']:,}", f"{r['ms_per_token']:.2f}", f"{r['cache_read_ms']:.2f}", f"{r['cache_mb']:,.0f}",
+          f"{r['ms_per_token'] / r['cache_read_ms']:.2f}"] for r in rows]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
 
