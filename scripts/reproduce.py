@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Reproduce the LeX paper's extrapolation tables at CPU scale on the book corpus (one resumable command).
 
-For each run (a ``--pos-emb`` scheme or an xPos ablation) with the same model size, data, optimizer and
-token budget: fairseq-train at training length l, then one fairseq-eval-lm over the first
-``--eval-tokens`` tokens of the test split at each evaluation length and window (the stream protocol of
-``--task lex_language_modeling``), then ``lex resolution`` at l and 2l with full attention and BCA.
-Finally it writes the tables (LeX Tables 2-5 in shape), the claims check, a ppl-versus-length plot and
-a JSON of everything to WORK.
+For each run (a ``--pos-emb`` scheme, an xPos ablation, or a scheme trained with randomized positions)
+with the same model size, data, optimizer and token budget: fairseq-train at training length l, then one
+fairseq-eval-lm over the first ``--eval-tokens`` tokens of the test split at each evaluation length and
+window (the stream protocol of ``--task lex_language_modeling``), then ``lex resolution`` at l and 2l with
+full attention and BCA; on the xPos, RoPE and ALiBi checkpoints, each of ``--methods`` (attention sinks,
+Λ-shaped attention, RoPE scaling, the passkey probe). Finally it writes the tables (LeX Tables 2-5 in
+shape, one per method, passkey accuracy), the claims check, plots and a JSON of everything to WORK.
 
     python scripts/reproduce.py                                # ~1.5 h on 2 CPU cores, see RESULTS.md
     python scripts/reproduce.py --work work/repro --max-update 500   # more tokens, ~2 h 20 min (est.)
