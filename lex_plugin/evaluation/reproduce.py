@@ -384,9 +384,13 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    fig, axes = plt.subplots(1, len(windows), figsize=(4.6 * len(windows), 4.2), sharey=True, squeeze=False)
+    cols = min(3, len(windows))
+    rows = -(-len(windows) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.2 * rows), sharey=True, squeeze=False)
     plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for ax, window in zip(axes[0], windows):
+    for ax in axes.flat[len(windows):]:
+        ax.axis("off")
+    for ax, window in zip(axes.flat, windows):
         for name in runs:
             row = ppl.get(name, {}).get(window)
             if row:
@@ -407,8 +411,13 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
                      fontsize=10)
         ax.set_xlabel("evaluation length (tokens)")
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("test perplexity")
-    axes[0][-1].legend(fontsize=8)
+    for row in axes:
+        row[0].set_ylabel("test perplexity")
+    legend = {}  # every run's line once, whichever panels it appears in
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    axes.flat[len(windows) - 1].legend(list(legend.values()), list(legend), fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
