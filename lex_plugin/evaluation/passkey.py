@@ -283,7 +283,8 @@ def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optiona
     import matplotlib.pyplot as plt
 
     windows = list(dict.fromkeys(r.window for r in results))
-    fig, axes = plt.subplots(1, len(windows), figsize=(3.2 * len(windows) + 1.2, 3.4), dpi=120, squeeze=False)
+    fig, axes = plt.subplots(1, len(windows), figsize=(3.2 * len(windows) + 1.2, 3.4), dpi=120, squeeze=False,
+                             constrained_layout=True)
     for ax, window in zip(axes[0], windows):
         rows = [r for r in results if r.window == window]
         lengths, depths = sorted({r.length for r in rows}), sorted({r.depth for r in rows})
@@ -299,5 +300,8 @@ def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optiona
         ax.set_xlabel("context length")
     axes[0][0].set_ylabel("needle depth")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-    fig.savefig(out)
+    first = results[0]
+    fig.suptitle(f"passkey retrieval: {max(r.trials for r in results)} trials per cell, chance "
+                 f"{1 / (1 + first.distractors):.2f} ({first.distractors} distractor keys)", fontsize=10)
+    fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
