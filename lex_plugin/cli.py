@@ -368,13 +368,15 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--samples", type=click.IntRange(min=1), default=4000, show_default=True, help="prompts followed by their key")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
-              help="longest sample in tokens (default l - 1: one row of --sample-break-mode eos --tokens-per-sample l)")
+              help="longest sample (prompt and key) in tokens (default l - 1: one row of --sample-break-mode eos "
+                   "--tokens-per-sample l; fine-tune with --tokens-per-sample above it)")
 @click.option("--split", default="train", show_default=True, help="split the filler text comes from (keep the probe's test text unseen)")
 @click.option("--seed", type=int, default=1, show_default=True)
 def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
-    """A fine-tuning data-bin DEST in the passkey probe's format (prompt of at most l tokens, then its key):
-    DEST/train.{bin,idx} plus DATA's dictionary and encoder files. Fine-tune on it with fairseq-train
-    --sample-break-mode eos --finetune-from-model CKPT, then run lex passkey on DATA as usual."""
+    """A fine-tuning data-bin DEST in the passkey probe's format (a prompt, then its key; at most l - 1 tokens
+    together): DEST/train.{bin,idx} plus DATA's dictionary and encoder files, no valid split. Fine-tune on
+    it with fairseq-train --sample-break-mode eos --disable-validation --finetune-from-model CKPT, then run
+    lex passkey on DATA as usual."""
     import shutil
 
     from .data.stream import split_stream
@@ -385,9 +387,11 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
         raise click.ClickException(f"{dest} exists and is not empty; give a new directory.")
     try:
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full")
+        l = hub.training_length
+        if l is None and max_length is None:
+            raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
         encode = lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()  # noqa: E731
-        rows = finetune_samples(encode, split_stream(data, split, hub.src_dict), samples,
-                                max_length or hub.training_length - 1, seed)
+        rows = finetune_samples(encode, split_stream(data, split, hub.src_dict), samples, max_length or l - 1, seed)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     dest.mkdir(parents=True, exist_ok=True)
@@ -397,7 +401,7 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
     write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
     lengths = [r.numel() for r in rows]
     click.echo(f"{len(rows):,} passkey samples, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
-               f"filler from {split}) -> {dest}/train.{{bin,idx}}")
+               f"filler from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
 
 
 @main.command("user-dir")

@@ -128,12 +128,15 @@ def test_finetuning_samples_are_prompts_followed_by_their_key(encode, filler):
         # ... What is the pass key ? The pass key is | 7 1 4 3 2: the key's tokens follow the question
         end = max(i + len(q) for i in range(len(s) - len(q) + 1) if s[i : i + len(q)] == q)
         key = s[end:]
-        assert 1 <= len(key) <= 2 * DIGITS, key
-        # the needle states the same key twice
+        assert len(key) >= DIGITS, key  # one token per digit at least (digits are space-separated)
+        # the needle states the same key twice, the first time followed by " ." (so the tail is the whole key)
         runs = [i for i in range(end - len(key) + 1) if s[i : i + len(key)] == key]
         assert len(runs) >= 2 and min(b - a for a, b in zip(runs, runs[1:])) < 20, runs
+        assert s[runs[0] + len(key)] == encode(".")[-1].item()
     with pytest.raises(ValueError, match="too short"):
         finetune_samples(encode, filler, 1, 40)
+    with pytest.raises(ValueError, match="need more"):
+        finetune_samples(encode, filler[:100], 1, 150)
 
 
 def test_lex_passkey_data_writes_a_data_bin_fairseq_fine_tunes_on(trained, data_bin, tmp_path, encode):

@@ -91,6 +91,13 @@ def test_method_and_passkey_commands(tmp_path):
     assert key[key.index("--plot") + 1] == tmp_path / "passkey.png"
 
 
+def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():
+    asked = ["yarn", "bca_sinks", "passkey", "linear"]
+    assert reproduce.methods_of("rope", asked) == asked
+    assert reproduce.methods_of("alibi", asked) == ["bca_sinks", "passkey"]
+    assert reproduce.methods_of("sinusoidal", asked) == [] and reproduce.methods_of("xpos_random", asked) == []
+
+
 def test_passkey_and_method_tables():
     def cell(window, length, retrieved, trials=4):
         return {"window": window, "length": length, "depth": 0.5, "retrieved": retrieved, "trials": trials}
@@ -130,6 +137,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
         assert needle in tables, (needle, tables)
     # a method at l: BCA with sinks sees the same context as BCA there; YaRN's factor is 1 at l ("auto")
     assert results["ppl"]["xpos"]["bca_sinks"][str(L)] == pytest.approx(results["ppl"]["xpos"]["bca"][str(L)], rel=1e-5)
+    assert results["ppl"]["xpos"]["bca_sinks"][str(8 * L)] != pytest.approx(results["ppl"]["xpos"]["bca"][str(8 * L)], rel=1e-6)
     assert results["ppl"]["xpos"]["yarn"][str(L)] == pytest.approx(results["ppl"]["xpos"]["full"][str(L)], rel=1e-5)
     assert results["ppl"]["xpos"]["yarn"][str(8 * L)] != pytest.approx(results["ppl"]["xpos"]["full"][str(8 * L)], rel=1e-3)
     assert (work / "methods_vs_length.png").stat().st_size > 10_000
@@ -141,7 +149,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     assert results["ppl"]["xpos"]["full"][str(L)] == pytest.approx(results["ppl"]["xpos"]["bca"][str(L)], rel=1e-5)
 
     again = run_cli(args, timeout=300)
-    assert again.stdout.count("done already") == 3 * 4 + 2, again.stdout
+    assert again.stdout.count("done already") == 3 * 4 + 2 and "[14/14]" in again.stdout, again.stdout
     assert "fairseq-train" not in again.stdout
 
     with pytest.raises(AssertionError, match="other options"):

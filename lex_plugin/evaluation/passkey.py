@@ -17,7 +17,7 @@ the N + 1 candidates then continue that cache as one batch (``reorder_incrementa
 
 A model too small or too briefly trained to copy at all retrieves at chance even inside l. Then
 :func:`finetune_samples` and :func:`write_dataset` give a short fine-tuning set in the probe's own format
-(prompts of at most l tokens followed by their key, filler from the training split): the model learns the
+(a prompt followed by its key, at most l - 1 tokens together, filler from the training split): the model learns the
 task where it was trained, and the probe asks how far beyond l that skill carries under each window.
 """
 
@@ -93,39 +93,41 @@ def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: 
     """``count`` passkey prompts followed by their key's tokens: the task in the probe's format, for
     fine-tuning at the training length.
 
-    Each sample has a uniform random total length between the shortest possible prompt + key and
-    ``max_length``, a uniform random depth in [0, 1], a random key and a random stretch of ``filler``.
+    Each sample has a random key, a uniform random total length (prompt and key together) between the
+    shortest that key allows and ``max_length``, a uniform random depth in [0, 1] and a random stretch of
+    ``filler``.
 
     Args:
         encode: as for :func:`build_prompt`.
         filler: (T,) int64 running text (the training split: keep the probe's test text unseen).
         count: number of samples.
-        max_length: the longest sample in tokens, end-of-sentence excluded (l - 1 for fairseq's
-            ``--sample-break-mode eos --tokens-per-sample l``).
-        seed: seeds lengths, depths, keys and offsets.
+        max_length: the longest sample (prompt and key) in tokens, end-of-sentence excluded (l - 1 for
+            fairseq's ``--sample-break-mode eos --tokens-per-sample l``).
+        seed: seeds keys, lengths, depths and offsets.
 
     Returns:
-        ``count`` (n,) int64 tensors, n <= ``max_length``.
+        ``count`` (n,) int64 tensors, n <= ``max_length``, each ending with the whole key.
 
     Raises:
-        ValueError: ``max_length`` shorter than intro + needle + question + key, or a filler shorter than
-            ``max_length``.
+        ValueError: ``max_length`` shorter than intro + needle + question + key for a drawn key, or a filler
+            of at most ``max_length`` tokens.
     """
-    g = torch.Generator().manual_seed(seed)
-    key_tokens = encode(_spell(0)).numel()
-    fixed = encode(INTRO).numel() + encode(NEEDLE.format(key=_spell(0))).numel() + encode(QUESTION).numel() + key_tokens
-    if max_length < fixed:
-        raise ValueError(f"a passkey sample needs at least {fixed} tokens; max_length {max_length} is too short.")
     if filler.numel() <= max_length:
         raise ValueError(f"the filler text has {filler.numel():,} tokens; samples of {max_length} need more.")
+    g = torch.Generator().manual_seed(seed)
+    frame = encode(INTRO).numel() + encode(QUESTION).numel()
     samples = []
     for _ in range(count):
-        length = int(torch.randint(fixed, max_length + 1, (1,), generator=g)) - key_tokens
-        depth = float(torch.rand((), generator=g))
         key = int(torch.randint(0, 10**DIGITS, (1,), generator=g))
+        answer = encode(_spell(key))
+        shortest = frame + encode(NEEDLE.format(key=_spell(key))).numel() + answer.numel()
+        if shortest > max_length:
+            raise ValueError(f"a passkey sample needs at least {shortest} tokens; max_length {max_length} is too short.")
+        total = int(torch.randint(shortest, max_length + 1, (1,), generator=g))
+        depth = float(torch.rand((), generator=g))
+        length = total - answer.numel()
         offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
-        prompt = build_prompt(encode, filler[offset:], length, depth, key)
-        samples.append(torch.cat([prompt.tokens, encode(_spell(key))])[:max_length])
+        samples.append(torch.cat([build_prompt(encode, filler[offset:], length, depth, key).tokens, answer]))
     return samples
 
 
@@ -135,7 +137,8 @@ def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) 
     then gives one sample per training row).
 
     Args:
-        samples: token ids without end-of-sentence.
+        samples: 1-D int64 token ids without end-of-sentence (written as fairseq's mmap integers, whose
+            width ``vocab_size`` picks).
         prefix: path without suffix, e.g. ``DEST/train``.
         eos: the dictionary's end-of-sentence id.
         vocab_size: the dictionary's size (picks the on-disk integer width).
@@ -276,7 +279,13 @@ def format_passkey(results: Sequence[PasskeyResult], training_length: Optional[i
 
 
 def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optional[int] = None) -> None:
-    """Heat maps of accuracy (depth x length), one panel per window, into the PNG ``out``."""
+    """Heat maps of accuracy (depth x length), one panel per window, into the PNG ``out``.
+
+    Raises:
+        ValueError: no results.
+    """
+    if not results:
+        raise ValueError("no passkey results to plot.")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -32,7 +32,7 @@ import lex_plugin
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
-    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "passkey_command", "plot_ppl",
+    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "passkey_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
 ]
 
@@ -146,6 +146,14 @@ class Runner:
 # --------------------------------------------------------------------------------------------- commands
 
 
+def methods_of(run: str, methods: Sequence[str]) -> List[str]:
+    """Those of ``methods`` (names from :data:`METHODS`, or ``passkey``) that run on ``run``'s checkpoint:
+    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling only on the rotary runs."""
+    if run not in METHOD_RUNS:
+        return []
+    return [m for m in methods if m == "passkey" or not METHODS[m][3] or run in ROTARY_RUNS]
+
+
 def prepare_command(corpus: Path, data: Path) -> List:
     """``lex prepare`` of CORPUS/{train,valid,test}/*.txt into the data-bin ``data``, on every core."""
     return [sys.executable, "-m", "lex_plugin.cli", "prepare", corpus, data, "--workers", os.cpu_count() or 1]
@@ -186,7 +194,10 @@ def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str],
 
 def method_command(data: Path, ckpt: Path, method: str, report: Path, o: dict) -> List:
     """fairseq-eval-lm of ``ckpt`` under one of :data:`METHODS` at every length of ``o["lengths"]`` (the
-    same tokens as :func:`eval_command`), writing the length report JSON ``report``."""
+    same tokens as :func:`eval_command`), writing the length report JSON ``report``.
+
+    Raises:
+        KeyError: ``method`` is not in :data:`METHODS`."""
     window, extra, _, _ = METHODS[method]
     return eval_command(data, ckpt, o["lengths"], [window], report, o, extra)
 
@@ -252,9 +263,14 @@ def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequ
 
 
 def markdown_methods(ppl, runs: Sequence[str], methods: Sequence[str], lengths: Sequence[int], l: int) -> str:
-    """One markdown table per method of :data:`METHODS` found in ``ppl`` (:func:`ppl_table`'s shape, the
-    method's name as the window): for each run, the window the method modifies (its reference row), then
-    the method, at every length."""
+    """One markdown table per method found in ``ppl``: for each run, the window the method modifies (its
+    reference row), then the method, at every length, as :func:`markdown_ppl` writes them.
+
+    Args:
+        ppl: {run: {window or method name: {length: ppl}}} (:func:`ppl_table`'s shape).
+        runs: row order; methods: names from :data:`METHODS` (a method no run has is left out);
+        lengths: columns; l: the training length.
+    """
     out = []
     for method in methods:
         have = [n for n in runs if ppl.get(n, {}).get(method)]
@@ -269,7 +285,11 @@ def markdown_passkey(passkey: Dict[str, dict], runs: Sequence[str], l: int) -> s
 
     Args:
         passkey: {run: ``lex passkey`` JSON report}.
+        runs: row order (runs without a report are left out).
         l: the training length.
+
+    Returns:
+        The table, or "" when the reports hold no results.
     """
     rows, lengths = [], sorted({r["length"] for rep in passkey.values() for r in rep["results"]})
     if not lengths:
@@ -407,8 +427,8 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
         ax.tick_params(axis="y", which="minor", labelsize=7)
-        ax.set_title(WINDOW_LABEL[window] + (f"\n(dashed: {WINDOW_LABEL[reference[window]]})" if reference else ""),
-                     fontsize=10)
+        other = (reference or {}).get(window)
+        ax.set_title(WINDOW_LABEL[window] + (f"\n(dashed: {WINDOW_LABEL[other]})" if other else ""), fontsize=10)
         ax.set_xlabel("evaluation length (tokens)")
         ax.grid(alpha=0.3, which="both")
     for row in axes:
@@ -553,12 +573,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     data = data_bin or work / "data-bin"
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
 
-    def methods_of(name):  # the methods (and passkey) that run on this checkpoint
-        if name not in METHOD_RUNS:
-            return []
-        return [m for m in o.get("methods", []) if m == "passkey" or not METHODS[m][3] or name in ROTARY_RUNS]
-
-    steps = (0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n)) for n in runs)
+    steps = (0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n, o.get("methods", []))) for n in runs)
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -576,7 +591,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
         for w in ("full", "bca"):
             out = rdir / f"resolution_{w}.json"
             run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)
-        for method in methods_of(name):
+        for method in methods_of(name, o.get("methods", [])):
             if method == "passkey":
                 out = rdir / "passkey.json"
                 run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)
