@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import METHODS, RUNS, ReproduceError, reproduce
+from lex_plugin.evaluation.reproduce import METHODS, PROBES, RUNS, ReproduceError, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=49152, show_default=True,
               help="score the first N test tokens at every length")
 @click.option("--resolution-texts", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--methods", "method_names", default=",".join([*METHODS, "passkey"]), show_default=True,
-              help="evaluation-time methods (and the passkey probe) run on the xpos, rope and alibi checkpoints; '' for none")
+@click.option("--methods", "method_names", default=",".join([*METHODS, *PROBES]), show_default=True,
+              help="evaluation-time methods and the passkey probe (as trained; after fine-tuning on its format) on the xpos, rope and alibi checkpoints; '' for none")
 @click.option("--passkey-trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per passkey cell")
 def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
          resolution_texts, method_names, passkey_trials):
@@ -57,9 +57,9 @@ def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batc
     if unknown:
         raise click.BadParameter(f"unknown runs {unknown}; choose from {', '.join(RUNS)}", param_hint="--runs")
     methods = [m.strip() for m in method_names.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS and m != "passkey"]
+    unknown = [m for m in methods if m not in METHODS and m not in PROBES]
     if unknown:
-        raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, 'passkey'])}",
+        raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
     l = train_length
     if l % 2:

@@ -89,12 +89,18 @@ def test_method_and_passkey_commands(tmp_path):
     key = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "passkey.json", o)
     assert key[key.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}" and key[key.index("--trials") + 1] == 3
     assert key[key.index("--plot") + 1] == tmp_path / "passkey.png"
+    prep = reproduce.passkey_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "pk", o)
+    assert prep[prep.index("--max-length") + 1] == L // 2 - 8 and "passkey-data" in prep
+    tune = reproduce.finetune_command(tmp_path / "pk", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "alibi"], o)
+    assert tune[tune.index("--finetune-from-model") + 1] == tmp_path / "c.pt" and tune[1] == tmp_path / "pk"
+    assert tune[tune.index("--sample-break-mode") + 1] == "eos" and "--disable-validation" in tune
+    assert tune[tune.index("--tokens-per-sample") + 1] == L and tune[tune.index("--pos-emb") + 1] == "alibi"
 
 
 def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():
-    asked = ["yarn", "bca_sinks", "passkey", "linear"]
+    asked = ["yarn", "bca_sinks", "passkey", "linear", "passkey_finetuned"]
     assert reproduce.methods_of("rope", asked) == asked
-    assert reproduce.methods_of("alibi", asked) == ["bca_sinks", "passkey"]
+    assert reproduce.methods_of("alibi", asked) == ["bca_sinks", "passkey", "passkey_finetuned"]
     assert reproduce.methods_of("sinusoidal", asked) == [] and reproduce.methods_of("xpos_random", asked) == []
 
 

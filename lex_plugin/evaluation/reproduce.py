@@ -32,7 +32,8 @@ import lex_plugin
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
-    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "passkey_command", "plot_ppl",
+    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
+    "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
 ]
 
@@ -67,6 +68,10 @@ METHODS: Dict[str, tuple] = {
     "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
     "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
 }
+PROBES = ("passkey", "passkey_finetuned")  # the passkey probe on each checkpoint, and after fine-tuning on its format
+# Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
+# make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
+PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
 METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
 ROTARY_RUNS = ("xpos", "rope")
 LABELS = {
@@ -147,11 +152,11 @@ class Runner:
 
 
 def methods_of(run: str, methods: Sequence[str]) -> List[str]:
-    """Those of ``methods`` (names from :data:`METHODS`, or ``passkey``) that run on ``run``'s checkpoint:
+    """Those of ``methods`` (names from :data:`METHODS` or :data:`PROBES`) that run on ``run``'s checkpoint:
     none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling only on the rotary runs."""
     if run not in METHOD_RUNS:
         return []
-    return [m for m in methods if m == "passkey" or not METHODS[m][3] or run in ROTARY_RUNS]
+    return [m for m in methods if m in PROBES or not METHODS[m][3] or run in ROTARY_RUNS]
 
 
 def prepare_command(corpus: Path, data: Path) -> List:
@@ -200,6 +205,29 @@ def method_command(data: Path, ckpt: Path, method: str, report: Path, o: dict) -
         KeyError: ``method`` is not in :data:`METHODS`."""
     window, extra, _, _ = METHODS[method]
     return eval_command(data, ckpt, o["lengths"], [window], report, o, extra)
+
+
+def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+    """``lex passkey-data``: :data:`PASSKEY_FINETUNE` ``samples`` prompts with their key, at most l / 2 - 8
+    tokens each, filler from the training split of ``data`` (encoded as ``ckpt``'s hub encodes), into ``dest``."""
+    return [sys.executable, "-m", "lex_plugin.cli", "passkey-data", data, dest, "--path", ckpt,
+            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o["train_length"] // 2 - 8]
+
+
+def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+    """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
+    row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
+    f = PASSKEY_FINETUNE
+    return [
+        "fairseq-train", passkey_data, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
+        "--arch", o["arch"], *run_args, "--share-decoder-input-output-embed",
+        "--tokens-per-sample", o["train_length"], "--sample-break-mode", "eos", "--batch-size", f["batch_size"],
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "1.0",
+        "--lr", f["lr"], "--lr-scheduler", "polynomial_decay", "--warmup-updates", max(1, f["updates"] // 20),
+        "--total-num-update", f["updates"], "--max-update", f["updates"], "--finetune-from-model", ckpt,
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation",
+        "--log-format", "simple", "--log-interval", 50, "--num-workers", 0, "--seed", o["seed"],
+    ]
 
 
 def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
@@ -465,8 +493,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
             path = rdir / f"resolution_{w}.json"
             if path.exists():
                 resolution.setdefault(name, {})[w] = json.loads(path.read_text())
-        if (rdir / "passkey.json").exists():
-            passkey[name] = json.loads((rdir / "passkey.json").read_text())
+        for probe in PROBES:
+            if (rdir / f"{probe}.json").exists():
+                passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
     ppl = ppl_table(reports)
     for name in runs:  # each method's report holds one window: file it under the method's name
         for method in METHODS:
@@ -499,7 +528,10 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
             markdown_methods(ppl, runs, methods, o["lengths"], l)] if methods else []),
         *(["", "### Passkey retrieval: accuracy (mean over depths 0.1..0.9; chance 0.10)", "",
-            markdown_passkey(passkey, runs, l)] if passkey else []),
+            markdown_passkey(passkey["passkey"], runs, l)] if "passkey" in passkey else []),
+        *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
+            f"x {PASSKEY_FINETUNE['batch_size']} prompts of at most {l // 2 - 8} tokens)", "",
+            markdown_passkey(passkey["passkey_finetuned"], runs, l)] if "passkey_finetuned" in passkey else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
@@ -510,7 +542,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     (work / "results.json").write_text(json.dumps(
         {"options": o, "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
-         "passkey": {n: rep["results"] for n, rep in passkey.items()},
+         **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
          "claims": claims, "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
@@ -573,7 +605,10 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     data = data_bin or work / "data-bin"
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
 
-    steps = (0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n, o.get("methods", []))) for n in runs)
+    passkey_bin = work / "passkey-bin"
+    tuned_runs = [n for n in runs if "passkey_finetuned" in methods_of(n, o.get("methods", []))]
+    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n, o.get("methods", []))) for n in runs)
+             + len(tuned_runs) + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -595,6 +630,16 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             if method == "passkey":
                 out = rdir / "passkey.json"
                 run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)
+            elif method == "passkey_finetuned":
+                tuned = rdir / "passkey_ft"
+                if not (passkey_bin / "train.idx").exists():
+                    run("passkey data", passkey_data_command(data, ckpt, passkey_bin, o), work / "passkey-data.log",
+                        passkey_bin / "train.idx")
+                run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned, run_args, o), tuned / "train.log",
+                    tuned / "train.done", stamp=True)
+                out = rdir / "passkey_finetuned.json"
+                run(f"passkey_finetuned {name}", passkey_command(data, tuned / "checkpoint_last.pt", out, o),
+                    rdir / "passkey_finetuned.log", out)
             else:
                 out = rdir / f"method_{method}.json"
                 run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)
