@@ -9,8 +9,8 @@ full attention and BCA; on the xPos, RoPE and ALiBi checkpoints, each of ``--met
 Λ-shaped attention, RoPE scaling, the passkey probe). Finally it writes the tables (LeX Tables 2-5 in
 shape, one per method, passkey accuracy), the claims check, plots and a JSON of everything to WORK.
 
-    python scripts/reproduce.py                                # ~2 h 40 min on 2 CPU cores (est.), see RESULTS.md
-    python scripts/reproduce.py --work work/repro --max-update 500   # more tokens, ~3 h 40 min (est.)
+    python scripts/reproduce.py                                # ~3 h 15 min on 2 CPU cores (est.), see RESULTS.md
+    python scripts/reproduce.py --work work/repro --max-update 500   # more tokens, ~4 h 15 min (est.)
     nohup python scripts/reproduce.py > repro.log 2>&1 &      # background; tail -f WORK/runs/*/train.log
 
 Every step leaves a stamp (a finished checkpoint, a JSON report); re-running skips what is done and
