@@ -164,20 +164,28 @@ def prepare_command(corpus: Path, data: Path) -> List:
     return [sys.executable, "-m", "lex_plugin.cli", "prepare", corpus, data, "--workers", os.cpu_count() or 1]
 
 
-def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
-    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["train_length"]`` for
-    ``o["max_update"]`` updates into ``save_dir`` (the same budget and optimizer for every run)."""
+def _fairseq_train(data: Path, save_dir: Path, run_args: List[str], o: dict, break_mode: str, batch_size: int,
+                   lr: str, updates: int, warmup: int, log_interval: int, extra: Sequence = ()) -> List:
+    """The fairseq-train command every training here shares (Adam (0.9, 0.98), weight decay 0.01, clip 1.0,
+    polynomial decay, no validation, ``o``'s model and seed); the rest as given."""
     return [
         "fairseq-train", data, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
         "--arch", o["arch"], *run_args, "--share-decoder-input-output-embed",
-        "--tokens-per-sample", o["train_length"], "--sample-break-mode", "none", "--batch-size", o["batch_size"],
+        "--tokens-per-sample", o["train_length"], "--sample-break-mode", break_mode, "--batch-size", batch_size,
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "1.0",
-        "--lr", o["lr"], "--lr-scheduler", "polynomial_decay", "--warmup-updates", max(1, o["max_update"] // 8),
-        "--total-num-update", o["max_update"], "--max-update", o["max_update"],
-        "--save-dir", save_dir, "--save-interval-updates", max(1, min(100, o["max_update"])), "--keep-interval-updates", 1,
-        "--no-epoch-checkpoints", "--disable-validation",
-        "--log-format", "simple", "--log-interval", 25, "--num-workers", 0, "--seed", o["seed"],
+        "--lr", lr, "--lr-scheduler", "polynomial_decay", "--warmup-updates", warmup,
+        "--total-num-update", updates, "--max-update", updates, *extra,
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation",
+        "--log-format", "simple", "--log-interval", log_interval, "--num-workers", 0, "--seed", o["seed"],
     ]
+
+
+def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["train_length"]`` for
+    ``o["max_update"]`` updates into ``save_dir`` (the same budget and optimizer for every run)."""
+    updates = o["max_update"]
+    return _fairseq_train(data, save_dir, run_args, o, "none", o["batch_size"], o["lr"], updates, max(1, updates // 8), 25,
+                          ["--save-interval-updates", max(1, min(100, updates)), "--keep-interval-updates", 1])
 
 
 def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,
@@ -218,16 +226,8 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
     row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
     f = PASSKEY_FINETUNE
-    return [
-        "fairseq-train", passkey_data, "--user-dir", PLUGIN_DIR, "--task", "language_modeling",
-        "--arch", o["arch"], *run_args, "--share-decoder-input-output-embed",
-        "--tokens-per-sample", o["train_length"], "--sample-break-mode", "eos", "--batch-size", f["batch_size"],
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "1.0",
-        "--lr", f["lr"], "--lr-scheduler", "polynomial_decay", "--warmup-updates", max(1, f["updates"] // 20),
-        "--total-num-update", f["updates"], "--max-update", f["updates"], "--finetune-from-model", ckpt,
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation",
-        "--log-format", "simple", "--log-interval", 50, "--num-workers", 0, "--seed", o["seed"],
-    ]
+    return _fairseq_train(passkey_data, save_dir, run_args, o, "eos", f["batch_size"], f["lr"], f["updates"],
+                          max(1, f["updates"] // 20), 50, ["--finetune-from-model", ckpt])
 
 
 def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:

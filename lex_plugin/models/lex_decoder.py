@@ -201,14 +201,15 @@ class LexDecoder(FairseqIncrementalDecoder):
 
     @rope_scaling.setter
     def rope_scaling(self, scaling: Optional[RopeScaling]) -> None:
-        if scaling is not None and self.position_kind != "rotary":
-            raise ValueError(
-                f"--rope-scaling {scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
-                f"({self.position_kind}). Use it with rope or xpos checkpoints."
-            )
+        if self.position_kind != "rotary":
+            if scaling is not None:
+                raise ValueError(
+                    f"--rope-scaling {scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
+                    f"({self.position_kind}). Use it with rope or xpos checkpoints."
+                )
+            return
         for scheme in self.positions:
-            if self.position_kind == "rotary":
-                scheme.scaling = scaling
+            scheme.scaling = scaling
 
     @contextmanager
     def use_rope_scaling(self, scaling: Optional[RopeScaling]) -> Iterator[Optional[RopeScaling]]:

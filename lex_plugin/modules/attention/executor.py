@@ -136,12 +136,19 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
     return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
+def _window_views(q, k, v, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
+    """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""
+    n, c = chunk.windows, chunk.stride
+    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
+    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    return qw, kw, vw
+
+
 def _windows(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer) -> Tensor:
     n, c = chunk.windows, chunk.stride
     bsz, heads, _, dim = q.shape
-    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))  # (B, H, n, c, D)
-    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)  # (B, H, n, 2c, D) views
-    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    qw, kw, vw = _window_views(q, k, v, chunk)
     if not rotated:
         qw, kw = _rotate_pair(scheme, qw, kw, c, 0)  # window-local positions
     bias = scheme.bias(c, c, 0, 2 * c, q.device)  # (H, c, 2c): only distances matter
@@ -178,9 +185,7 @@ def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated
         return _bca_windows_with_sinks(q, k, v, chunk, scheme, sink_k, sink_v, dropout_p)
     if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window
         n, c = chunk.windows, chunk.stride
-        qb = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
-        kb = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
-        vb = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+        qb, kb, vb = _window_views(q, k, v, chunk)
         if not rotated:
             qb, kb = _rotate_pair(scheme, qb, kb, c, 0)
         bias = scheme.bias(c, c, 0, 2 * c, dev)
@@ -211,8 +216,7 @@ def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated
     qr = q_raw[:, :, chunk.q0 : chunk.q1]
     sink_logits = scheme.logits_at(qr, sink_k, distance.flatten(0, 1)).unflatten(2, (groups, tq))
     all_logits = torch.cat([logits, sink_logits], dim=-1)
-    all_visible = torch.cat([visible.expand(*logits.shape[:2], -1, -1, -1) if visible.dim() == 5 else
-                             visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
+    all_visible = torch.cat([visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
     if observer is not None:
         observer(all_logits, torch.cat([query[..., None] - key[..., None, :], distance], dim=-1), all_visible)
     probs = torch.softmax(all_logits.masked_fill(~all_visible, float("-inf")), dim=-1)
@@ -230,9 +234,7 @@ def _bca_windows_with_sinks(q, k, v, chunk: Chunk, scheme, sink_k, sink_v, dropo
     n, c = chunk.windows, chunk.stride
     bsz, heads, _, dim = q.shape
     sinks = sink_k.size(2)
-    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
-    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
-    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+    qw, kw, vw = _window_views(q, k, v, chunk)
     kw = torch.cat([sink_k[:, :, None].expand(-1, -1, n, -1, -1), kw], dim=3)  # (B, H, n, k + 2c, D)
     vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
     qw, kw = _rotate_pair(scheme, qw, kw, c + sinks, 0)

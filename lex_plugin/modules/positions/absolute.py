@@ -52,10 +52,6 @@ class SinusoidalPositions(PositionScheme):
             self._table = self._build(max(end, 2 * self._table.size(0), 1024), device)
         return self._table[start:end]
 
-    def embed_at(self, positions: Tensor) -> Tensor:
-        """Rows for arbitrary positions (B, T) int64: (B, T, C) fp32."""
-        return self.embed(0, int(positions.max()) + 1, positions.device)[positions]
-
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}"
 
@@ -94,10 +90,6 @@ class LearnedPositions(PositionScheme):
                 "or train with a scheme that extrapolates (xpos, alibi, sinusoidal, ...)."
             )
         return self.weight[start:end]
-
-    def embed_at(self, positions: Tensor) -> Tensor:
-        """Rows for arbitrary positions (B, T) int64: (B, T, C); ValueError past the table (see ``embed``)."""
-        return self.embed(0, int(positions.max()) + 1, positions.device)[positions]
 
     def extra_repr(self) -> str:
         return f"num_positions={self.num_positions}, embed_dim={self.weight.size(1)}"

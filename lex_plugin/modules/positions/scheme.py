@@ -78,8 +78,10 @@ class PositionScheme(nn.Module):
         return None
 
     def embed_at(self, positions: Tensor) -> Optional[Tensor]:
-        """(B, T, C) vectors for arbitrary positions (B, T) int64, or None."""
-        return None
+        """(B, T, C) vectors for arbitrary positions (B, T) int64: the rows of ``embed`` at them, or None for
+        schemes without one (ValueError past a learned table, as ``embed``)."""
+        table = self.embed(0, int(positions.max()) + 1, positions.device)
+        return None if table is None else table[positions]
 
     def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
         """fp32 pre-softmax logits q . k / sqrt(d) of *un-rotated* queries (..., Tq, d) and keys (..., Tk, d)
