@@ -7,7 +7,7 @@ and with full attention (the cache keeps every position).
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
-(median ms/token), and so is reading every layer's cached keys and values once (the step's memory
+(median ms/token; the prefill's wall time is reported too), and so is reading every layer's cached keys and values once (the step's memory
 floor). Memory: the process's resident memory after the steps, and its peak, above the state before the
 context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
 this script (its lex_plugin), right after this one's. Results are recorded in examples/lex_lm/BENCHMARKS.md.
@@ -16,6 +16,7 @@ this script (its lex_plugin), right after this one's. Results are recorded in ex
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,10 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     state: dict = {}
     with torch.no_grad(), model.decoder.use_window(window):
         base = benchmark.rss_mb()
+        start = time.perf_counter()
         for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):
             pass
+        prefill_s = time.perf_counter() - start
         # logits of one token per step, as in generation
         ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
                                           range(context + 1, context + steps + 1))
@@ -51,7 +54,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         caches = [layer.self_attn._cache(state).view()[:2] for layer in model.decoder.layers]
         read_ms = 1000 * benchmark.median_time(lambda _: [t.sum() for kv in caches for t in kv], range(steps))
         cache_mb = sum(t.numel() * t.element_size() for kv in caches for t in kv) / 2**20
-    return {"mode": mode, "context": context, "ms_per_token": ms, "cache_read_ms": read_ms, "cache_mb": cache_mb,
+    return {"mode": mode, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms, "cache_mb": cache_mb,
             "rss_mb_above_start": benchmark.rss_mb() - base,
             "peak_mb_above_start": benchmark.peak_rss_mb() - base,
             "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
@@ -98,7 +101,8 @@ def main():
           f"{benchmark.thread_count()} threads, median of {args.steps} steps"
           + (f"; old: {args.baseline}" if compare else "") + "\n")
     columns = {m: [(f"{m} ms/token", "ms_per_token", "{:.2f}"), (f"{m} RSS MB", "rss_mb_above_start", "{:,.0f}"),
-                   (f"{m} cached keys/layer", "cached_positions_per_layer", "{:,}")] for m in modes}
+                   (f"{m} cached keys/layer", "cached_positions_per_layer", "{:,}"),
+                   (f"{m} prefill s", "prefill_s", "{:.1f}")] for m in modes}
     header = ["context"] + [h for m in modes for h in benchmark.result_header(columns[m], compare)]
     table = []
     for n in contexts:
