@@ -8,7 +8,7 @@ import torch
 from conftest import build_lex_model, random_tokens, run_attention
 from lex_plugin.modules.attention import LexSelfAttention
 from lex_plugin.modules.attention import AttentionWindow
-from lex_plugin.modules.positions import XPos
+from lex_plugin.modules.positions import XPos, alibi_slopes
 
 L_TRAIN = 32  # training length l: BCA blocks of 16
 
@@ -148,6 +148,77 @@ def test_generation_cache_is_bounded_and_exact(window):
     # between calls the cache holds what the next query can see besides itself: at most l - 1 (or W - 1)
     assert max(sizes) == bound - 1
     assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "alibi"])
+def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, monkeypatch):
+    """A generation step's one query over a long cache (on CPU in fp32: keys and values re-laid (D, S), two
+    matrix-vector products) equals float64 softmax attention, with an ALiBi bias too; the layout survives
+    growth and a beam reorder (which keeps the selected rows), and goes back for several queries."""
+    from lex_plugin.modules.attention import KeyValueCache, attend, kv_cache, plan
+    from lex_plugin.modules.positions import ALiBi, NoPositions
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 100)
+    torch.manual_seed(5)
+    B, H, D, S = 3, 4, 16, 300
+    window = AttentionWindow.full()
+    scheme = ALiBi(H) if bias else NoPositions()
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    cache = KeyValueCache(str(window))
+    cache.append(k[:, :, :70], v[:, :, :70])
+    assert cache.view(queries=1)[0].stride(-1) == 1  # 70 keys: below the threshold, SDPA's layout
+    for a in range(70, S, 70):  # grows 64 -> 280 -> 560 rows, feature-major from 140 keys on
+        cache.append(k[:, :, a : a + 70], v[:, :, a : a + 70])
+        keys, values, _ = cache.view(queries=1)
+        assert keys.stride(-2) == 1 and values.stride(-2) == 1 and torch.equal(keys, k[:, :, : a + 70])
+    order = torch.tensor([2, 0])
+    cache.reorder(order)
+    keys, values, _ = cache.view()
+    assert keys.stride(-2) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
+    q = torch.randn(2, H, 1, D)
+    got = attend(q, keys, values, plan(window, S - 1, 1, 0, has_bias=bias), window, scheme, S - 1, 0, rotated=True)
+    logits = q.double() @ k[order].double().transpose(-1, -2) / math.sqrt(D)
+    if bias:
+        logits = logits + torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None] * -torch.arange(
+            S - 1, -1, -1, dtype=torch.float64)
+    expected = torch.softmax(logits, dim=-1) @ v[order].double()
+    assert (got.double() - expected).abs().max() <= 1e-5
+    keys, values, _ = cache.view(queries=2)
+    assert keys.stride(-1) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
+
+
+def test_half_precision_caches_stay_sequence_major(monkeypatch):
+    """bf16 / fp16 caches (and every GPU cache) keep (S, D) rows, the layout SDPA's kernels read."""
+    from lex_plugin.modules.attention import KeyValueCache, kv_cache
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 1)
+    cache = KeyValueCache("full")
+    cache.append(torch.randn(1, 2, 5, 8, dtype=torch.bfloat16), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16))
+    assert cache.view(queries=1)[0].stride(-1) == 1
+
+
+@pytest.mark.parametrize("pos_emb", ["xpos", "alibi"])
+def test_generation_after_a_chunked_prefill_equals_parallel_through_both_layouts(pos_emb, monkeypatch):
+    """Full attention: a chunked prefill (sequence-major), single steps (feature-major from 40 keys), a
+    chunk again (back), single steps again: the same logits as one parallel forward."""
+    from lex_plugin.modules.attention import kv_cache
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 40)
+    model = build_lex_model(tokens_per_sample=L_TRAIN, pos_emb=pos_emb)
+    tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN, seed=17)
+    cuts = [0, 40, 50, 70, tokens.size(1)]
+    layouts = []
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state, outs = {}, []
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            if i % 2 == 0:  # positions a .. b - 1 as one chunk
+                outs.append(model.decoder(tokens[:, :b], incremental_state=state)[0])
+            else:
+                outs += [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(a, b)]
+            layouts.append(model.decoder.layers[0].self_attn._cache(state).feature_major)
+    assert layouts == [False, True, False, True]
+    assert (torch.cat(outs, 1) - full).abs().max() <= 1e-4
 
 
 def test_changing_the_window_mid_generation_is_refused():

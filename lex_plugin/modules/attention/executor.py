@@ -3,7 +3,8 @@
 For each chunk it (1) rotates queries and keys with the scheme unless they already are (a generation
 cache stores rotated keys), (2) asks the scheme for its additive bias, (3) builds SDPA's mask, the
 cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused kernels), or an explicit
-boolean / float mask, and (4) calls ``F.scaled_dot_product_attention``. With an ``observer`` it also hands
+boolean / float mask, and (4) calls ``F.scaled_dot_product_attention``, except for one query over a
+feature-major generation cache (``KeyValueCache``), which runs as two matrix-vector products. With an ``observer`` it also hands
 the pre-softmax logits it would feed SDPA to the observer (the analysis tools read them from here, so
 they follow any change to attention).
 
@@ -123,6 +124,8 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
         if kpm is not None and chunk.mask == "explicit":
             allowed = see_self(allowed[None, None] & ~kpm[:, None, None, chunk.k0 : chunk.k1], offset=q_pos - k_pos)
         _observe(observer, qc, kc, bias, query - key, allowed)
+    if tq == 1 and chunk.mask == "all" and not dropout_p and kc.stride(-1) != 1:  # a feature-major cache
+        return _one_query(qc, kc, vc, bias)
     is_causal, mask = False, None
     if bias is not None:
         mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
@@ -134,6 +137,25 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
         else:
             mask = causal_lower_right(tq, tk)
     return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """One query per (batch, head) that sees every key of a feature-major cache (keys and values stored
+    (D, S), ``KeyValueCache``): two matrix-vector products with a softmax between, both reading long
+    contiguous rows, so a generation step reads each cached key and value once at about the memory
+    bandwidth (on CPU, PyTorch's SDPA kernel over the same keys takes 1.5x as long; BENCHMARKS.md,
+    "Generation at the memory bandwidth").
+
+    Args:
+        q: (B, H, 1, D); k, v: (B, H, S, D) views of (B, H, D, S) memory; bias: (H, 1, S) or None.
+
+    Returns:
+        (B, H, 1, D).
+    """
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)  # (B, H, 1, S)
+    if bias is not None:
+        scores = scores + bias
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def _window_views(q, k, v, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:

@@ -6,6 +6,13 @@ cache moves its centre when new positions get too far from it (``XPos.max_center
 keys are multiplied by one (d,) factor (``rescale_keys``), which only shrinks them, so every stored
 value stays finite at any length.
 
+Layout: a buffer is sequence-major, (B, H, cap, D) in memory, what SDPA's kernels read, or, for a
+generation step's single query over at least ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32, feature-major,
+(B, H, D, cap) in memory: the step's two matrix-vector products (``executor``) then read keys and values
+as long contiguous rows, at about the memory bandwidth. ``view(queries)`` re-lays the buffers when the
+kind of reader changes (once when generation starts after a chunked prefill; back if several queries
+come again); ``view`` always gives (B, H, T, D) views.
+
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
 attention): O(1) amortised per token, no copy of the whole cache per step. Under BCA or a sliding window
@@ -22,6 +29,7 @@ from torch import Tensor
 __all__ = ["KeyValueCache"]
 
 MIN_CAPACITY = 64
+FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md)
 
 
 class KeyValueCache:
@@ -41,6 +49,7 @@ class KeyValueCache:
         self._v: Optional[Tensor] = None
         self._pad: Optional[Tensor] = None  # (B, cap) bool, allocated on the first padded key
         self._offset = 0  # buffer row of position ``start``
+        self.feature_major = False  # layout of the buffers (module docstring)
         self._length = 0
         self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
         self.sink_v: Optional[Tensor] = None
@@ -64,22 +73,24 @@ class KeyValueCache:
         need = self._length + extra
         if self._k is not None and self._offset + need <= self._k.size(2):
             return
-        bsz, heads, _, dim = like.shape
         cap = self.capacity
         if self._k is not None and need <= cap // 2:
             new_cap = cap  # bounded window: move the live rows to the front
         else:
             new_cap = max(MIN_CAPACITY, 2 * need, 2 * cap)
-        k = like.new_empty(bsz, heads, new_cap, dim)
-        v = like.new_empty(bsz, heads, new_cap, dim)
-        pad = None if self._pad is None else torch.zeros(bsz, new_cap, dtype=torch.bool, device=like.device)
+        self._move(like, new_cap, self.feature_major)
+
+    def _move(self, like: Tensor, cap: int, feature_major: bool) -> None:
+        """New buffers of ``cap`` rows in the given layout, the live rows copied to their front."""
+        k, v = (_buffer(like, like.size(0), cap, feature_major) for _ in range(2))
+        pad = None if self._pad is None else torch.zeros(like.size(0), cap, dtype=torch.bool, device=like.device)
         if self._k is not None and self._length:
             live = slice(self._offset, self._offset + self._length)
             k[:, :, : self._length] = self._k[:, :, live]
             v[:, :, : self._length] = self._v[:, :, live]
             if pad is not None:
                 pad[:, : self._length] = self._pad[:, live]
-        self._k, self._v, self._pad, self._offset = k, v, pad, 0
+        self._k, self._v, self._pad, self._offset, self.feature_major = k, v, pad, 0, feature_major
 
     def append(self, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, start: Optional[int] = None) -> None:
         """Store keys ``k`` (already rotated at ``center``) and values ``v``, both (B, H, T, D), for the
@@ -99,8 +110,21 @@ class KeyValueCache:
             self._pad[:, rows] = False if key_padding_mask is None else key_padding_mask
         self._length += tokens
 
-    def view(self) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        """(keys (B, H, length, D), values, padding (B, length) or None): views, no copy."""
+    def view(self, queries: Optional[int] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """(keys (B, H, length, D), values, padding (B, length) or None): views, no copy.
+
+        Args:
+            queries: how many new queries will read the views, to lay the buffers out for them (module
+                docstring; a change of layout copies the live rows once): one query over at least
+                ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32 -> feature-major, several -> sequence-major.
+                None keeps the layout.
+        """
+        if queries is not None and self._k is not None:
+            if queries > 1 and self.feature_major:
+                self._move(self._k, self.capacity, False)
+            elif (queries == 1 and not self.feature_major and self._length >= FEATURE_MAJOR_KEYS
+                  and self._k.device.type == "cpu" and self._k.dtype == torch.float32):
+                self._move(self._k, self.capacity, True)
         live = slice(self._offset, self._offset + self._length)
         pad = None if self._pad is None else self._pad[:, live]
         return self._k[:, :, live], self._v[:, :, live], pad
@@ -144,6 +168,18 @@ class KeyValueCache:
             self.sink_k, self.sink_v = self.sink_k.index_select(0, order), self.sink_v.index_select(0, order)
         if self._k is None:
             return
-        self._k, self._v = self._k.index_select(0, order), self._v.index_select(0, order)
+        k, v = (_buffer(t, order.numel(), self.capacity, self.feature_major) for t in (self._k, self._v))
+        k.copy_(self._k.index_select(0, order))
+        v.copy_(self._v.index_select(0, order))
+        self._k, self._v = k, v
         if self._pad is not None:
             self._pad = self._pad.index_select(0, order)
+
+
+def _buffer(like: Tensor, batch: int, rows: int, feature_major: bool) -> Tensor:
+    """An uninitialised (batch, H, rows, D) buffer with ``like``'s H, D, dtype and device: contiguous, or a
+    transposed view of (batch, H, D, rows) memory (feature-major)."""
+    _, heads, _, dim = like.shape
+    if feature_major:
+        return like.new_empty(batch, heads, dim, rows).transpose(-1, -2)
+    return like.new_empty(batch, heads, rows, dim)

@@ -204,7 +204,7 @@ class LexSelfAttention(nn.Module):
             qr = position.rotate(q[:, :, a:b], first, cache.center, keys=False)
             cache.append(position.rotate(k[:, :, a:b], first, cache.center, keys=True), v[:, :, a:b], pad)
             cache.keep_sinks(k[:, :, a:b], v[:, :, a:b], first, window.sinks)
-            keys, values, kpm = cache.view()
+            keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
             chunks = self._plan(window, first, b - a, cache.start, position, kpm, q.size(0))
