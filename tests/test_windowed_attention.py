@@ -150,10 +150,11 @@ def test_generation_cache_is_bounded_and_exact(window):
     assert (torch.cat(steps, 1) - full).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "padded"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "alibi"])
-def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, monkeypatch):
+def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, padded, monkeypatch):
     """A generation step's one query over a long cache (on CPU in fp32: keys and values re-laid (D, S), two
-    matrix-vector products) equals float64 softmax attention, with an ALiBi bias too; the layout survives
+    matrix-vector products) equals float64 softmax attention, with an ALiBi bias and padded keys too; the layout survives
     growth and a beam reorder (which keeps the selected rows), and goes back for several queries."""
     from lex_plugin.modules.attention import KeyValueCache, attend, kv_cache, plan
     from lex_plugin.modules.positions import ALiBi, NoPositions
@@ -176,11 +177,16 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, mon
     keys, values, _ = cache.view()
     assert keys.stride(-2) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
     q = torch.randn(2, H, 1, D)
-    got = attend(q, keys, values, plan(window, S - 1, 1, 0, has_bias=bias), window, scheme, S - 1, 0, rotated=True)
+    pad = torch.zeros(2, S, dtype=torch.bool)
+    pad[1, :57] = True  # a left-padded prompt
+    chunks = plan(window, S - 1, 1, 0, has_bias=bias, padded=padded)
+    got = attend(q, keys, values, chunks, window, scheme, S - 1, 0, rotated=True, key_padding_mask=pad if padded else None)
     logits = q.double() @ k[order].double().transpose(-1, -2) / math.sqrt(D)
     if bias:
         logits = logits + torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None] * -torch.arange(
             S - 1, -1, -1, dtype=torch.float64)
+    if padded:
+        logits = logits.masked_fill(pad[:, None, None, :], float("-inf"))
     expected = torch.softmax(logits, dim=-1) @ v[order].double()
     assert (got.double() - expected).abs().max() <= 1e-5
     keys, values, _ = cache.view(queries=2)

@@ -124,8 +124,8 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
         if kpm is not None and chunk.mask == "explicit":
             allowed = see_self(allowed[None, None] & ~kpm[:, None, None, chunk.k0 : chunk.k1], offset=q_pos - k_pos)
         _observe(observer, qc, kc, bias, query - key, allowed)
-    if tq == 1 and chunk.mask == "all" and not dropout_p and kc.stride(-1) != 1:  # a feature-major cache
-        return _one_query(qc, kc, vc, bias)
+    if tq == 1 and not dropout_p and kc.stride(-1) != 1:  # one query over a feature-major cache
+        return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None)
     is_causal, mask = False, None
     if bias is not None:
         mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
@@ -139,15 +139,16 @@ def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm
     return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
-def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """One query per (batch, head) that sees every key of a feature-major cache (keys and values stored
+def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor]) -> Tensor:
+    """One query per (batch, head) over the keys of a feature-major cache (keys and values stored
     (D, S), ``KeyValueCache``): two matrix-vector products with a softmax between, both reading long
     contiguous rows, so a generation step reads each cached key and value once at about the memory
     bandwidth (on CPU, PyTorch's SDPA kernel over the same keys takes 1.5x as long; BENCHMARKS.md,
     "Generation at the memory bandwidth").
 
     Args:
-        q: (B, H, 1, D); k, v: (B, H, S, D) views of (B, H, D, S) memory; bias: (H, 1, S) or None.
+        q: (B, H, 1, D); k, v: (B, H, S, D) views of (B, H, D, S) memory; bias: (H, 1, S) or None;
+        allowed: boolean visibility broadcastable to (B, H, 1, S) (padded keys), or None: every key.
 
     Returns:
         (B, H, 1, D).
@@ -155,6 +156,8 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tenso
     scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)  # (B, H, 1, S)
     if bias is not None:
         scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 

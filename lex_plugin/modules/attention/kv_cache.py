@@ -168,10 +168,10 @@ class KeyValueCache:
             self.sink_k, self.sink_v = self.sink_k.index_select(0, order), self.sink_v.index_select(0, order)
         if self._k is None:
             return
-        k, v = (_buffer(t, order.numel(), self.capacity, self.feature_major) for t in (self._k, self._v))
-        k.copy_(self._k.index_select(0, order))
-        v.copy_(self._v.index_select(0, order))
-        self._k, self._v = k, v
+        if self.feature_major:  # select in the (B, H, D, cap) memory, so the copy keeps the layout
+            self._k, self._v = (t.transpose(-1, -2).index_select(0, order).transpose(-1, -2) for t in (self._k, self._v))
+        else:
+            self._k, self._v = self._k.index_select(0, order), self._v.index_select(0, order)
         if self._pad is not None:
             self._pad = self._pad.index_select(0, order)
 
