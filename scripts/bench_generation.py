@@ -7,8 +7,9 @@ and with full attention (the cache keeps every position).
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
-(median ms/token; the prefill's wall time is reported too), and so is reading every layer's cached keys and values once (the step's memory
-floor). Memory: the process's resident memory after the steps, and its peak, above the state before the
+(median ms/token; the prefill's wall time is reported too), then as many again under the profiler
+(the attention kernels' share of a step); then reading every layer's cached keys and values once (the
+step's memory floor) and as many bytes of a contiguous array (the machine's read bandwidth) are timed. Memory: the process's resident memory after the steps, and its peak, above the state before the
 context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
 this script (its lex_plugin), right after this one's. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
@@ -24,6 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from lex_plugin.evaluation import benchmark  # noqa: E402
 
+# profiler names of the attention's kernels: SDPA's, and the matrix products and softmax of a one-query step
+ATTENTION_KERNELS = ("scaled_dot_product", "aten::bmm", "aten::_softmax")
 VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols (as bench_attention.py)
 
 
@@ -39,7 +42,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
                                share_decoder_input_output_embed=True)
     window = {"bca": AttentionWindow.bca(training_length), "bca_sinks": AttentionWindow.bca(training_length).with_sinks(4),
               "lambda": AttentionWindow.lambda_shaped(10, training_length)}.get(mode, AttentionWindow.full())
-    tokens = torch.randint(d.nspecial, len(d), (1, context + steps))
+    tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
     with torch.no_grad(), model.decoder.use_window(window):
         base = benchmark.rss_mb()
@@ -50,11 +53,22 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         # logits of one token per step, as in generation
         ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
                                           range(context + 1, context + steps + 1))
-        # the memory floor of a step: read every layer's cached keys and values once
+        # the attention's share of a step: its kernels' time in a profile of --steps more steps
+        with torch.profiler.profile() as prof:
+            for n in range(context + steps + 1, context + 2 * steps + 1):
+                model(tokens[:, :n], incremental_state=state)
+        attention_ms = sum(e.self_cpu_time_total for e in prof.key_averages() if any(
+            k in e.key for k in ATTENTION_KERNELS)) / 1000 / steps
+        # the memory floor of a step: read every layer's cached keys and values once; and the machine's
+        # read bandwidth: the same number of bytes of a contiguous array (fp32)
         caches = [layer.self_attn._cache(state).view()[:2] for layer in model.decoder.layers]
         read_ms = 1000 * benchmark.median_time(lambda _: [t.sum() for kv in caches for t in kv], range(steps))
-        cache_mb = sum(t.numel() * t.element_size() for kv in caches for t in kv) / 2**20
-    return {"mode": mode, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms, "cache_mb": cache_mb,
+        cache_bytes = sum(t.numel() * t.element_size() for kv in caches for t in kv)
+        flat = torch.ones(cache_bytes // 4)
+        stream_ms = 1000 * benchmark.median_time(lambda _: flat.sum(), range(steps))
+        del flat
+    return {"mode": mode, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms,
+            "cache_mb": cache_bytes / 2**20, "attention_ms": attention_ms, "read_gb_per_s": cache_bytes / stream_ms / 1e6,
             "rss_mb_above_start": benchmark.rss_mb() - base,
             "peak_mb_above_start": benchmark.peak_rss_mb() - base,
             "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
@@ -112,11 +126,15 @@ def main():
             cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
         table.append(cells)
     print(benchmark.markdown_table(header, table))
-    print("\nA step against the memory floor (reading every layer's cached keys and values once, same process):\n")
+    print("\nA step against the memory floor (same process: reading every layer's cached keys and values once; "
+          "the attention kernels' time per step in a profile; the cache's bytes at the bandwidth of summing a "
+          "contiguous array as large):\n")
     print(benchmark.markdown_table(
-        ["mode", "context", "ms/token", "cache read ms", "cache MB", "step / read"],
+        ["mode", "context", "ms/token", "cache read ms", "cache MB", "step / read", "attention ms", "read GB/s",
+         "attention GB/s"],
         [[r["mode"], f"{r['context']:,}", f"{r['ms_per_token']:.2f}", f"{r['cache_read_ms']:.2f}", f"{r['cache_mb']:,.0f}",
-          f"{r['ms_per_token'] / r['cache_read_ms']:.2f}"] for r in rows]))
+          f"{r['ms_per_token'] / r['cache_read_ms']:.2f}", f"{r['attention_ms']:.2f}", f"{r['read_gb_per_s']:.1f}",
+          f"{r['cache_mb'] * 2**20 / r['attention_ms'] / 1e6:.1f}"] for r in rows]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
 
