@@ -53,7 +53,9 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         # logits of one token per step, as in generation
         ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
                                           range(context + 1, context + steps + 1))
-        # the attention's share of a step: its kernels' time in a profile of --steps more steps
+        memory = {"rss_mb_above_start": benchmark.rss_mb() - base, "peak_mb_above_start": benchmark.peak_rss_mb() - base,
+                  "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
+        # (below: measurements that would change those three) the attention's share of a step: its kernels' time in a profile of --steps more steps
         with torch.profiler.profile() as prof:
             for n in range(context + steps + 1, context + 2 * steps + 1):
                 model(tokens[:, :n], incremental_state=state)
@@ -69,9 +71,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         del flat
     return {"mode": mode, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms,
             "cache_mb": cache_bytes / 2**20, "attention_ms": attention_ms, "read_gb_per_s": cache_bytes / stream_ms / 1e6,
-            "rss_mb_above_start": benchmark.rss_mb() - base,
-            "peak_mb_above_start": benchmark.peak_rss_mb() - base,
-            "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
+            **memory}
 
 
 def main():
