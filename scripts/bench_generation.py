@@ -9,8 +9,9 @@ For each (mode, N) in a fresh process: a context of N tokens is fed block by blo
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
 (median ms/token; the prefill's wall time is reported too), then as many again under the profiler
 (the attention kernels' share of a step); then reading every layer's cached keys and values once (the
-step's memory floor) and as many bytes of a contiguous array (the machine's read bandwidth) are timed. Memory: the process's resident memory after the steps, and its peak, above the state before the
-context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
+step's memory floor) and as many bytes of a contiguous array (the machine's read bandwidth) are timed.
+Memory: the process's resident memory after the timed steps, and its peak until then, above the state
+before the context was fed. With --baseline PATH, every (mode, N) is also measured by PATH's own copy of
 this script (its lex_plugin), right after this one's. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
