@@ -4,9 +4,9 @@ For each chunk it (1) rotates queries and keys with the scheme unless they alrea
 cache stores rotated keys), (2) asks the scheme for its additive bias, (3) builds SDPA's mask, the
 cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused kernels), or an explicit
 boolean / float mask, and (4) calls ``F.scaled_dot_product_attention``, except for one query over a
-feature-major generation cache (``KeyValueCache``), which runs as two matrix-vector products. With an ``observer`` it also hands
-the pre-softmax logits it would feed SDPA to the observer (the analysis tools read them from here, so
-they follow any change to attention).
+feature-major generation cache (``KeyValueCache``), which runs as two matrix-vector products. With an
+``observer`` it also hands the pre-softmax logits it would feed SDPA to the observer (the analysis tools
+read them from here, so they follow any change to attention).
 
 Rotation of un-rotated inputs uses positions local to the chunk: a dense chunk rotates queries and keys
 at their own positions with one centre (the middle of its keys, ``XPos.forward``); a windows chunk
