@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from lex_plugin.evaluation import benchmark  # noqa: E402
 
 # profiler names of the attention's kernels: SDPA's, and the matrix products and softmax of a one-query step
+# (kernels only: the elementwise scaling, bias and mask ops around them are left out, a few % at most)
 ATTENTION_KERNELS = ("scaled_dot_product", "aten::bmm", "aten::_softmax")
 VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols (as bench_attention.py)
 

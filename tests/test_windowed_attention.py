@@ -168,7 +168,7 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     cache = KeyValueCache(str(window))
     cache.append(k[:, :, :70], v[:, :, :70])
     assert cache.view(queries=1)[0].stride(-1) == 1  # 70 keys: below the threshold, SDPA's layout
-    for a in range(70, S, 70):  # grows 64 -> 280 -> 560 rows, feature-major from 140 keys on
+    for a in range(70, S, 70):  # grows 140 -> 420 rows, feature-major from 140 keys on
         cache.append(k[:, :, a : a + 70], v[:, :, a : a + 70])
         keys, values, _ = cache.view(queries=1)
         assert keys.stride(-2) == 1 and values.stride(-2) == 1 and torch.equal(keys, k[:, :, : a + 70])
@@ -194,7 +194,8 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
 
 
 def test_half_precision_caches_stay_sequence_major(monkeypatch):
-    """bf16 / fp16 caches (and every GPU cache) keep (S, D) rows, the layout SDPA's kernels read."""
+    """A bf16 cache keeps (S, D) rows, the layout SDPA's kernels read, whatever its length (only CPU fp32
+    caches are re-laid)."""
     from lex_plugin.modules.attention import KeyValueCache, kv_cache
 
     monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 1)

@@ -81,7 +81,8 @@ class KeyValueCache:
         self._move(like, new_cap, self.feature_major)
 
     def _move(self, like: Tensor, cap: int, feature_major: bool) -> None:
-        """New buffers of ``cap`` rows in the given layout, the live rows copied to their front."""
+        """New buffers of ``cap`` rows in the given layout, the live rows copied to their front (the old
+        buffers are freed after the copy: a layer's cache is held twice for that moment)."""
         k, v = (_buffer(like, like.size(0), cap, feature_major) for _ in range(2))
         pad = None if self._pad is None else torch.zeros(like.size(0), cap, dtype=torch.bool, device=like.device)
         if self._k is not None and self._length:
