@@ -341,9 +341,8 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
                               rope_scaling, rope_scaling_factor, max(sizes))
         window_list = [hub.window_for(m, sliding_window, training_length, sink_tokens=sink_tokens if m in ("bca", "sliding") else 0,
                                       n_global=n_global, l_local=l_local) for m in modes]
-        encode = lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()  # noqa: E731
         filler = split_stream(data, split, hub.src_dict)
-        results = passkey_accuracy(hub.models[0], encode, filler, sizes, fractions, window_list, hub.src_dict.eos(),
+        results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, window_list, hub.src_dict.eos(),
                                    hub.src_dict.pad(), trials, distractors, seed)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
@@ -390,8 +389,7 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
         l = hub.training_length
         if l is None and max_length is None:
             raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
-        encode = lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()  # noqa: E731
-        rows = finetune_samples(encode, split_stream(data, split, hub.src_dict), samples, max_length or l - 1, seed)
+        rows = finetune_samples(hub.encode_fragment, split_stream(data, split, hub.src_dict), samples, max_length or l - 1, seed)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     dest.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,11 @@ class LexHubInterface(GeneratorHubInterface):
             raise ValueError(f"none of the symbols of {sentence[:60]!r} is in the model's dictionary.")
         return tokens
 
+    def encode_fragment(self, text: str) -> torch.LongTensor:
+        """Text -> (n,) int64 token ids as the corpus was prepared, without ``</s>`` and without the checks of
+        :meth:`encode`: a piece of a longer prompt (the passkey probe's intro, needle, question and key)."""
+        return self.binarize(self.apply_bpe(self.tokenize(text)))[:-1].long()
+
     def score_document(self, text: str, name: str = "document"):
         """Score a raw document under :attr:`window`: encoded as ``lex prepare`` encodes a corpus, run
         whole through the key/value cache (never truncated).

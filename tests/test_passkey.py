@@ -23,7 +23,7 @@ def hub(trained, data_bin):
 
 @pytest.fixture(scope="module")
 def encode(hub):
-    return lambda text: hub.binarize(hub.apply_bpe(hub.tokenize(text)))[:-1].long()
+    return hub.encode_fragment
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,8 @@ def build_prompt(encode, filler: Tensor, length: int, depth: float, key: int) ->
     """The prompt of exactly ``length`` tokens with ``key`` at relative ``depth`` of the filler.
 
     Args:
-        encode: text -> (n,) int64 ids without end-of-sentence (the model's tokenizer and BPE).
+        encode: text -> (n,) int64 ids without end-of-sentence (the model's tokenizer and BPE:
+            ``LexLanguageModel.encode_fragment``).
         filler: (>= F,) int64 ids of running text; its first F tokens are used.
         length: L, tokens of the whole prompt (intro, filler, needle, question).
         depth: relative position of the needle in the filler, in [0, 1].

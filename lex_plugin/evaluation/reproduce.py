@@ -606,8 +606,9 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
 
     passkey_bin = work / "passkey-bin"
-    tuned_runs = [n for n in runs if "passkey_finetuned" in methods_of(n, o.get("methods", []))]
-    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + len(methods_of(n, o.get("methods", []))) for n in runs)
+    run_methods = {n: methods_of(n, o.get("methods", [])) for n in runs}
+    tuned_runs = [n for n in runs if "passkey_finetuned" in run_methods[n]]
+    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + len(run_methods[n]) for n in runs)
              + len(tuned_runs) + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
@@ -626,7 +627,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
         for w in ("full", "bca"):
             out = rdir / f"resolution_{w}.json"
             run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)
-        for method in methods_of(name, o.get("methods", [])):
+        for method in run_methods[name]:
             if method == "passkey":
                 out = rdir / "passkey.json"
                 run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)

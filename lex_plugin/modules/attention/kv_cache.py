@@ -29,7 +29,7 @@ from torch import Tensor
 __all__ = ["KeyValueCache"]
 
 MIN_CAPACITY = 64
-FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md)
+FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md, fourth run)
 
 
 class KeyValueCache:
