@@ -39,6 +39,7 @@ class KeyValueCache:
         start: position of the first held key; ``end``: one past the last.
         center: the centre the stored keys are rotated at.
         window: the window the cache was filled under (a cache is never reused across windows).
+        feature_major: the buffers' layout: (B, H, D, cap) in memory (True) or (B, H, cap, D) (module docstring).
     """
 
     def __init__(self, window: str):
