@@ -2,6 +2,10 @@
 
 Use with ``fairseq-train --user-dir lex_plugin --arch lex_lm_tiny ...``. Importing this package
 registers the ``lex_lm`` model and its ``lex_lm_*`` architectures.
+
+The attention core (``lex_plugin.modules``: positions, windows, planner, executor, cache, layers) needs
+torch (and TorchScale's components) only: where fairseq is not installed, ``import lex_plugin.modules``
+works and the fairseq registrations are skipped.
 """
 
 __version__ = "0.1.0"
@@ -10,11 +14,18 @@ from . import logs
 
 logs.silence_known_warnings()  # before fairseq is imported (its imports trigger some of them)
 
-from . import checkpoints, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
-from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
-from .models import LexLanguageModel
+try:
+    import fairseq  # noqa: F401
+except ModuleNotFoundError as err:  # the fairseq-free core; any other import error is real and raised
+    if err.name != "fairseq":
+        raise
+    __all__ = []
+else:
+    from . import checkpoints, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
+    from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
+    from .models import LexLanguageModel
 
-checkpoints.install()  # clear errors for truncated / corrupt checkpoints
-logs.repair_fairseq_logging()  # fairseq-eval-lm & co.: undo the DEBUG root logger fairseq's wav2vec import sets
+    checkpoints.install()  # clear errors for truncated / corrupt checkpoints
+    logs.repair_fairseq_logging()  # fairseq-eval-lm & co.: undo the DEBUG root logger fairseq's wav2vec import sets
 
-__all__ = ["LexLanguageModel"]
+    __all__ = ["LexLanguageModel"]

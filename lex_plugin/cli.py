@@ -9,8 +9,10 @@ from pathlib import Path
 import click
 
 from .data.prepare import PrepareConfig, PrepareError, prepare
-from .modules.attention.window import LM_INFINITE_N_GLOBAL, selected_mode
+from .modules.attention.spec import AttentionOptions
+from .modules.attention.window import LM_INFINITE_N_GLOBAL
 from .modules.positions.xpos import GAMMA, SCALE_BASE
+from .options import parse_float_list, parse_int_list, parse_name_list
 
 
 def _window_options(fn):
@@ -46,13 +48,13 @@ def _scaling_options(fn):
     return fn
 
 
-def _hub_options(options: dict, evaluation_length=None) -> dict:
-    """``from_pretrained``'s window and scaling keywords from the flags of :func:`_window_options`."""
-    return dict(window=selected_mode(options["bca"], options["sliding_window"], options["lm_infinite"]),
-                sliding_window=options["sliding_window"], training_length=options["training_length"],
-                sink_tokens=options["sink_tokens"], n_global=options["n_global"], l_local=options["l_local"],
-                rope_scaling=options["rope_scaling"], rope_scaling_factor=options["rope_scaling_factor"],
-                evaluation_length=evaluation_length)
+def _hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
+    """The hub of ``checkpoint`` under the attention spec of the flags of :func:`_window_options`
+    (``AttentionOptions.from_flags``; ValueError as ``AttentionOptions.spec``)."""
+    from .hub_interface import from_pretrained
+
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+    return hub.under(hub.spec_for(AttentionOptions.from_flags(flags), evaluation_length))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -155,10 +157,8 @@ def plot_cmd(reports, out, labels, protocol, title):
 def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, beam, seed, **window):
     """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
     beam search)."""
-    from .hub_interface import from_pretrained
-
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **_hub_options(window))
+        hub = _hub(checkpoint, data, window)
         for prompt in prompts:
             if beam > 1:  # fairseq's length limits count the prompt too
                 prompt_len = len(hub.encode(prompt))
@@ -175,7 +175,7 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
 def _analysis_model(checkpoint, data, window: dict, evaluation_length=None):
     from .analysis.report import load_model
 
-    return load_model(checkpoint, data, **_hub_options(window, evaluation_length))
+    return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length)
 
 
 def _outputs(report, table, json_out, plot_out, plotter):
@@ -214,12 +214,11 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, json_out
     from .analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
 
     try:
-        parts = [x.strip() for x in lengths.split(",") if x.strip()]
-        sizes = [int(x) for x in parts if x.isdigit()]
-        if not parts or len(sizes) != len(parts) or min(sizes) < 2:
+        sizes = parse_int_list(lengths, "--lengths")
+        if not sizes or min(sizes) < 2:
             raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
-        model, dictionary = _analysis_model(checkpoint, data, window)
-        report = resolution_report(model, split_stream(data, split, dictionary), sizes, texts, batch_size)
+        model, dictionary, spec = _analysis_model(checkpoint, data, window)
+        report = resolution_report(model, split_stream(data, split, dictionary), sizes, spec, texts, batch_size)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     _outputs(report, format_resolution(report), json_out, plot_out, plot_resolution)
@@ -258,8 +257,8 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, json_out, plo
     from .analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
 
     try:
-        model, dictionary = _analysis_model(checkpoint, data, window, evaluation_length=length)
-        report = receptive_field_report(model, split_stream(data, split, dictionary), length, segments)
+        model, dictionary, spec = _analysis_model(checkpoint, data, window, evaluation_length=length)
+        report = receptive_field_report(model, split_stream(data, split, dictionary), length, spec, segments)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     _outputs(report, format_receptive_field(report), json_out, plot_out, plot_receptive_field)
@@ -278,10 +277,9 @@ def score_cmd(checkpoint, data, files, json_out, **window):
     encodes a corpus; long documents run through the key/value cache, never truncated."""
     from .analysis.report import write_json
     from .evaluation.documents import format_scores
-    from .hub_interface import from_pretrained
 
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **_hub_options(window))
+        hub = _hub(checkpoint, data, window)
         scores = []
         for path in files:
             try:
@@ -295,9 +293,10 @@ def score_cmd(checkpoint, data, files, json_out, **window):
     nll = sum(s.nll for s in scores)
     click.echo(format_scores(scores, hub.training_length))
     overall = 2 ** (nll / tokens / math.log(2))
-    click.echo(f"\n{len(scores)} documents, {tokens:,} tokens, window {hub.window}: ppl {overall:.2f}")
+    click.echo(f"\n{len(scores)} documents, {tokens:,} tokens, window {hub.spec}: ppl {overall:.2f}")
     report = {"checkpoint": str(checkpoint), "data": str(data), "window": str(hub.window),
-              "rope_scaling": None if hub.rope_scaling is None else str(hub.rope_scaling),
+              "attention": hub.spec.fields(),
+              "rope_scaling": None if hub.spec.rope_scaling is None else str(hub.spec.rope_scaling),
               "training_length": hub.training_length, "tokens": tokens, "ppl": overall,
               "documents": [s.to_dict() for s in scores]}
     write_json(report, json_out)
@@ -332,24 +331,25 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
     from .hub_interface import from_pretrained
 
     try:
-        sizes = [int(x) for x in lengths.split(",") if x.strip()]
-        fractions = [float(x) for x in depths.split(",") if x.strip()]
-        modes = [m.strip() for m in windows.split(",") if m.strip()]
+        sizes = parse_int_list(lengths, "--lengths")
+        fractions = parse_float_list(depths, "--depths", 0.0, 1.0)
+        modes = parse_name_list(windows, "--windows")
         if not sizes or not fractions or not modes:
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full", None, training_length,
-                              rope_scaling, rope_scaling_factor, max(sizes))
-        window_list = [hub.window_for(m, sliding_window, training_length, sink_tokens=sink_tokens if m in ("bca", "sliding") else 0,
-                                      n_global=n_global, l_local=l_local) for m in modes]
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+        options = AttentionOptions(sliding_window=sliding_window, training_length=training_length, sink_tokens=sink_tokens,
+                                   n_global=n_global, l_local=l_local, rope_scaling=rope_scaling,
+                                   rope_scaling_factor=rope_scaling_factor)
+        specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
         filler = split_stream(data, split, hub.src_dict)
-        results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, window_list, hub.src_dict.eos(),
+        results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, specs, hub.src_dict.eos(),
                                    hub.src_dict.pad(), trials, distractors, seed)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     l = training_length or hub.training_length
     click.echo(format_passkey(results, l))
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l,
-              "rope_scaling": None if hub.rope_scaling is None else str(hub.rope_scaling),
+              "rope_scaling": None if specs[0].rope_scaling is None else str(specs[0].rope_scaling),
               "results": [r.to_dict() for r in results]}
     from .analysis.report import write_json
 

@@ -14,20 +14,20 @@ under BCA memory and per-token time stay flat however long it generates. ``sampl
 are fairseq's (beam search, sampling), which feed the prompt one token per step.
 """
 
+import copy
 import json
 import logging
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional, Union
+from typing import List, Optional, Union
 
 import torch
 from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
-from torch import Tensor
+from torch import Tensor, nn
 
 from .data.prepare import BPE_MODEL, META_FILE
-from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow, window_from_options
-from .modules.positions.rope_scaling import RopeScaling, rope_scaling_from_options
+from .modules.attention.spec import AttentionOptions, AttentionSpec
+from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow
 
 logger = logging.getLogger(__name__)
 
@@ -57,45 +57,33 @@ class LexHubInterface(GeneratorHubInterface):
         return getattr(self.models[0], "training_length", None)
 
     @property
-    def window(self) -> AttentionWindow:
-        """The attention window every model uses when called without one (sample, score, continue_text)."""
-        return self.models[0].decoder.default_window
-
-    @window.setter
-    def window(self, window: AttentionWindow) -> None:
-        for model in self.models:
-            model.decoder.default_window = window
-
-    def window_for(self, mode: str = "full", sliding_window=None, training_length: Optional[int] = None,
-                   **options) -> AttentionWindow:
-        """The window ``mode`` for this checkpoint (``window_from_options``; ``options``: ``sink_tokens``,
-        ``n_global``, ``l_local``; ValueError as there)."""
-        return window_from_options(mode, sliding_window, training_length, self.training_length, **options)
-
-    @contextmanager
-    def use_window(self, window: AttentionWindow) -> Iterator[AttentionWindow]:
-        """Within the block every model attends with ``window``; the previous window comes back after."""
-        previous = self.window
-        self.window = window
-        try:
-            yield window
-        finally:
-            self.window = previous
+    def spec(self) -> AttentionSpec:
+        """The attention spec (window, RoPE scaling) every call without one uses: sample, score,
+        generate, continue_text, score_document. Fixed; :meth:`under` gives a hub with another."""
+        return self.models[0].decoder.spec
 
     @property
-    def rope_scaling(self) -> Optional[RopeScaling]:
-        """The RoPE scaling every model applies (None: as trained)."""
-        return self.models[0].decoder.rope_scaling
+    def window(self) -> AttentionWindow:
+        """The window of :attr:`spec`."""
+        return self.spec.window
 
-    @rope_scaling.setter
-    def rope_scaling(self, scaling: Optional[RopeScaling]) -> None:
-        for model in self.models:
-            model.decoder.rope_scaling = scaling  # ValueError on a non-rotary model
+    def spec_for(self, options: Optional[AttentionOptions] = None, evaluation_length: Optional[int] = None,
+                 **flags) -> AttentionSpec:
+        """The spec of ``options`` (or of keyword ``flags``: ``AttentionOptions`` fields) for this checkpoint's
+        training length (``AttentionOptions.spec``; ValueError as there)."""
+        options = AttentionOptions(**flags) if options is None else options
+        return options.spec(self.training_length, evaluation_length)
 
-    def rope_scaling_for(self, kind: Optional[str], factor=None, evaluation_length: Optional[int] = None,
-                         training_length: Optional[int] = None) -> Optional[RopeScaling]:
-        """``--rope-scaling KIND --rope-scaling-factor S|auto`` for this checkpoint (``rope_scaling_from_options``)."""
-        return rope_scaling_from_options(kind, factor, training_length or self.training_length, evaluation_length)
+    def under(self, spec: AttentionSpec) -> "LexHubInterface":
+        """This hub with ``spec`` as the default of every call: the same models viewed under it
+        (``LexLanguageModel.under``, no copy of the weights), the same task, tokenizer and BPE.
+
+        Raises:
+            TypeError, ValueError: a spec the models cannot take.
+        """
+        view = copy.copy(self)
+        object.__setattr__(view, "_modules", {**self._modules, "models": nn.ModuleList(m.under(spec) for m in self.models)})
+        return view
 
     def encode(self, sentence: str) -> torch.LongTensor:
         """Text -> token ids (ending with ``</s>``), as the corpus was prepared.
@@ -118,9 +106,9 @@ class LexHubInterface(GeneratorHubInterface):
         :meth:`encode`: a piece of a longer prompt (the passkey probe's intro, needle, question and key)."""
         return self.binarize(self.apply_bpe(self.tokenize(text)))[:-1].long()
 
-    def score_document(self, text: str, name: str = "document"):
-        """Score a raw document under :attr:`window`: encoded as ``lex prepare`` encodes a corpus, run
-        whole through the key/value cache (never truncated).
+    def score_document(self, text: str, name: str = "document", spec: Optional[AttentionSpec] = None):
+        """Score a raw document under ``spec`` (default :attr:`spec`): encoded as ``lex prepare`` encodes a
+        corpus, run whole through the key/value cache (never truncated).
 
         Returns:
             ``evaluation.documents.DocumentScore`` (tokens, loss in bits, ppl, buckets at multiples of l).
@@ -131,10 +119,8 @@ class LexHubInterface(GeneratorHubInterface):
         from .evaluation.documents import encode_document, score_tokens
 
         tokens = encode_document(self, text)
-        score = score_tokens(self.models[0], tokens, self.window, self.src_dict.eos(), name, self.training_length)
-        if self.rope_scaling is not None:
-            score.window = f"{score.window}+{self.rope_scaling}"
-        return score
+        return score_tokens(self.models[0], tokens, self.spec if spec is None else spec, self.src_dict.eos(), name,
+                            self.training_length)
 
     def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
         """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the
@@ -152,9 +138,10 @@ class LexHubInterface(GeneratorHubInterface):
         top_p: float = 1.0,
         seed: Optional[int] = None,
         stop_at_eos: bool = False,
+        spec: Optional[AttentionSpec] = None,
     ) -> Tensor:
         """Sample up to ``max_len`` token ids after ``prompt`` (temperature 0: greedy; ``top_k`` > 0 and
-        ``top_p`` < 1 filter the distribution first).
+        ``top_p`` < 1 filter the distribution first) under ``spec`` (default :attr:`spec`).
 
         The prompt (``</s>`` + its tokens, as fairseq's LM task builds it) runs in one parallel pass; each
         new token then runs alone against the key/value cache, which BCA keeps to l positions.
@@ -178,7 +165,7 @@ class LexHubInterface(GeneratorHubInterface):
         state: dict = {}
         generated: List[int] = []
         for _ in range(max_len):
-            logits, _ = model(buffer[:, :length], incremental_state=state)
+            logits, _ = model(buffer[:, :length], incremental_state=state, spec=spec)
             last = logits[0, -1].float()
             last[self.src_dict.pad()] = float("-inf")
             if temperature <= 0:
@@ -249,7 +236,6 @@ def from_pretrained(
         str(model_dir), checkpoint_file, str(data.resolve()), **overrides
     )
     hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
-    hub.window = window_from_options(window, sliding_window, training_length, hub.training_length, sink_tokens,
-                                     n_global, l_local)
-    hub.rope_scaling = hub.rope_scaling_for(rope_scaling, rope_scaling_factor, evaluation_length, training_length)
-    return hub
+    options = AttentionOptions(window, sliding_window, training_length, sink_tokens, n_global, l_local, rope_scaling,
+                               rope_scaling_factor)
+    return hub.under(hub.spec_for(options, evaluation_length))

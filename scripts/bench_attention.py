@@ -55,17 +55,13 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
     from lex_plugin.models.builder import build_random_lm
-    from lex_plugin.modules.attention import AttentionWindow
+    from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
-    if mode in ("bca", "bca_blockwise"):
-        window = AttentionWindow.bca(training_length)
-    elif mode == "sliding":
-        window = AttentionWindow.sliding(training_length)
-    else:
-        window = AttentionWindow.full()
+    options = AttentionOptions({"bca_blockwise": "bca", "reference": "full"}.get(mode, mode))
+    model = model.under(options.spec(training_length))
     if mode == "reference":
         use_reference_attention(model)
     tokens = torch.randint(d.nspecial, len(d), (1, length))
@@ -75,7 +71,7 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
             for _ in blockwise_forward(model, t, training_length // 2, features_only=True):
                 pass
 
-    with torch.no_grad(), model.decoder.use_window(window):
+    with torch.no_grad():
         run(tokens[:, : min(length, 256)])  # warm-up
         base = benchmark.rss_mb()
         peak_before = benchmark.peak_rss_mb()

@@ -37,16 +37,17 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
     from lex_plugin.models.builder import build_random_lm
-    from lex_plugin.modules.attention import AttentionWindow
+    from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
-    window = {"bca": AttentionWindow.bca(training_length), "bca_sinks": AttentionWindow.bca(training_length).with_sinks(4),
-              "lambda": AttentionWindow.lambda_shaped(10, training_length)}.get(mode, AttentionWindow.full())
+    options = {"bca": AttentionOptions("bca"), "bca_sinks": AttentionOptions("bca", sink_tokens=4),
+               "lambda": AttentionOptions("lambda", n_global=10)}.get(mode, AttentionOptions())
+    model = model.under(options.spec(training_length))
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
-    with torch.no_grad(), model.decoder.use_window(window):
+    with torch.no_grad():
         base = benchmark.rss_mb()
         start = time.perf_counter()
         for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):

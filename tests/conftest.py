@@ -107,13 +107,22 @@ def real_batches(data_bin):
     return stream[: n * 65].view(n, 65), d
 
 
+def xpos_pair(xpos, q, k, q_start: int, k_start: int = 0):
+    """xPos on the queries (at q_start ..) and keys (at k_start ..) of one attention call, with one shared
+    centre (the middle of the keys, rounded as the executor rounds it)."""
+    from lex_plugin.modules.positions.xpos import CENTER_STEP
+
+    center = (k_start + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
+    return xpos.rotate(q, q_start, center, keys=False), xpos.rotate(k, k_start, center, keys=True)
+
+
 def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_options):
     """Attention of queries and keys at positions 0 .. L-1 through the package's one path: the planner
     and the executor (q, k, v (B, H, L, D) before any rotation; ``scheme`` a position scheme or None)."""
-    from lex_plugin.modules.attention import attend, plan
+    from lex_plugin.modules.attention import AttentionSpec, attend, plan
     from lex_plugin.modules.positions import NoPositions
 
     scheme = scheme if scheme is not None else NoPositions()
     chunks = plan(window, 0, q.size(2), 0, has_bias=scheme.kind == "bias", padded=key_padding_mask is not None,
                   batch_heads=q.size(0) * q.size(1), **plan_options)
-    return attend(q, k, v, chunks, window, scheme, 0, 0, False, key_padding_mask)
+    return attend(q, k, v, chunks, AttentionSpec(window), scheme, 0, 0, None, key_padding_mask)

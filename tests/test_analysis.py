@@ -13,7 +13,7 @@ from lex_plugin.analysis import (attention_resolution, cumulative_gradient, effe
                                  expectation_curve, score_by_distance, theoretical_receptive_field)
 from lex_plugin.analysis.report import load_model, split_stream
 from lex_plugin.modules.positions import POSITION_SCHEMES, alibi_slopes
-from lex_plugin.modules.attention import AttentionWindow
+from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow
 
 SCHEMES = list(POSITION_SCHEMES)
 
@@ -69,9 +69,8 @@ def test_estimator_recovers_a_known_bias(window):
     """With q = 0 the logits are the ALiBi bias alone: the estimate must be -mean_h(m_h) n exactly, at every
     visible distance (BCA: < l; sliding: < W), in every layer."""
     model = zero_queries(build_lex_model(tokens_per_sample=32, pos_emb="alibi"))
-    model.decoder.default_window = window
     tokens = random_tokens(model.decoder.dictionary, 3, 150)
-    sums, counts = score_by_distance(model, tokens)
+    sums, counts = score_by_distance(model, tokens, AttentionSpec(window))
     reach = {"full": 150, "bca": 32, "sliding": 24}[window.mode]
     assert (counts[:reach] > 0).all() and (counts[reach:] == 0).all()
     s = sums[:, :, :reach] / counts[:reach]  # (layers, H, D)
@@ -94,7 +93,7 @@ def test_estimator_recovers_a_known_bias_with_content_noise():
         attn = model.decoder.layers[0].self_attn
         attn.q_proj.weight.mul_(0.05)  # small content term
     tokens = random_tokens(model.decoder.dictionary, 8, 200, seed=3)
-    sums, counts = score_by_distance(model, tokens)
+    sums, counts = score_by_distance(model, tokens, AttentionSpec())
     s = (sums[0].mean(0) / counts)[:64]
     expected = -2.0 * torch.log1p(0.5 * torch.arange(64, dtype=torch.float64))
     assert torch.allclose(s - s[0], expected - expected[0], atol=0.05)
@@ -103,11 +102,11 @@ def test_estimator_recovers_a_known_bias_with_content_noise():
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_analysis_runs_for_every_scheme(scheme):
     model = build_lex_model(tokens_per_sample=32, pos_emb=scheme, decoder_layers=2)
-    model.decoder.default_window = AttentionWindow.bca(32)
+    spec = AttentionSpec(AttentionWindow.bca(32))
     tokens = random_tokens(model.decoder.dictionary, 2, 32 if scheme == "learned" else 80)
-    sums, counts = score_by_distance(model, tokens)
+    sums, counts = score_by_distance(model, tokens, spec)
     assert torch.isfinite(sums).all() and counts.sum() > 0
-    curve = cumulative_gradient(model, tokens[0])
+    curve = cumulative_gradient(model, tokens[0], spec)
     assert curve["c"][-1].item() == pytest.approx(1.0) and (curve["s"] >= 0).all()
 
 
@@ -116,7 +115,7 @@ def test_analysis_runs_for_every_scheme(scheme):
 @pytest.fixture(scope="module")
 def real_model(trained, data_bin):
     ckpt, _ = trained
-    model, dictionary = load_model(ckpt, data_bin)
+    model, dictionary, _ = load_model(ckpt, data_bin, AttentionOptions())
     return model, split_stream(data_bin, "test", dictionary)
 
 
@@ -125,17 +124,15 @@ def test_erf_is_within_the_window_bound_on_real_text(real_model, window):
     """Chi et al.: a model of R layers whose queries reach W - 1 back (BCA: l - 1) has a receptive field of at
     most R (W - 1): the gradient is exactly zero farther away, so c reaches 1 there and ERF <= the bound."""
     model, stream = real_model
-    with model.decoder.use_window(window):
-        bound = theoretical_receptive_field(window, model.decoder.num_layers, 400)
-        assert bound == (4 * 15 if window.mode == "sliding" else 4 * 63)
-        for i in range(2):
-            curve = cumulative_gradient(model, stream[i * 401:(i + 1) * 401])
-            assert (curve["s"][bound + 1:] == 0).all() and (curve["s"][: bound + 1] > 0).any()
-            erf = effective_receptive_field(curve["c"])
-            assert erf <= bound <= window.stride * model.decoder.num_layers * (2 if window.mode == "bca" else 1)
-    assert model.decoder.default_window == AttentionWindow.full()  # use_window restored it
+    bound = theoretical_receptive_field(window, model.decoder.num_layers, 400)
+    assert bound == (4 * 15 if window.mode == "sliding" else 4 * 63)
+    for i in range(2):
+        curve = cumulative_gradient(model, stream[i * 401:(i + 1) * 401], AttentionSpec(window))
+        assert (curve["s"][bound + 1:] == 0).all() and (curve["s"][: bound + 1] > 0).any()
+        erf = effective_receptive_field(curve["c"])
+        assert erf <= bound <= window.stride * model.decoder.num_layers * (2 if window.mode == "bca" else 1)
     # full attention reaches past that bound on the same text
-    full = cumulative_gradient(model, stream[:401])
+    full = cumulative_gradient(model, stream[:401], AttentionSpec())
     assert (full["s"][300:] > 0).any()
 
 
@@ -160,4 +157,4 @@ def test_analysis_commands_end_to_end(trained, data_bin, tmp_path):
 
     bad = subprocess.run([*lex, "resolution", "--path", str(ckpt), str(data_bin), "--lengths", "64,x"],
                          capture_output=True, text=True, cwd=REPO)
-    assert bad.returncode != 0 and "--lengths takes integers" in bad.stderr
+    assert bad.returncode != 0 and "--lengths takes positive integers" in bad.stderr

@@ -29,17 +29,17 @@ def test_text_round_trips_through_the_corpus_tokenization(hub):
 def test_greedy_generation_equals_the_parallel_argmax(hub, mode):
     """Prompt in one pass, then 3l tokens one at a time through the (bounded) cache: every generated token
     is the argmax of an independent parallel forward over the same sequence under the same window."""
-    with hub.use_window(hub.window_for(mode)):
-        generated = hub.continue_tokens(PROMPT, max_len=3 * TRAIN_LEN, temperature=0)
-        prompt = hub.encode(PROMPT)[:-1]
-        sequence = torch.cat([prompt.new_tensor([hub.src_dict.eos()]), prompt, generated])
-        with torch.no_grad():
-            logits, _ = hub.models[0](sequence[None])
-        logits[..., hub.src_dict.pad()] = float("-inf")
-        predicted = logits[0, prompt.numel() : -1].argmax(-1)
-        assert generated.numel() == 3 * TRAIN_LEN
-        assert torch.equal(predicted, generated)
-    assert str(hub.window) == "full"
+    spec = hub.spec_for(mode=mode)
+    generated = hub.continue_tokens(PROMPT, max_len=3 * TRAIN_LEN, temperature=0, spec=spec)
+    prompt = hub.encode(PROMPT)[:-1]
+    sequence = torch.cat([prompt.new_tensor([hub.src_dict.eos()]), prompt, generated])
+    with torch.no_grad():
+        logits, _ = hub.models[0](sequence[None], spec=spec)
+    logits[..., hub.src_dict.pad()] = float("-inf")
+    predicted = logits[0, prompt.numel() : -1].argmax(-1)
+    assert generated.numel() == 3 * TRAIN_LEN
+    assert torch.equal(predicted, generated)
+    assert str(hub.window) == "full"  # the hub's own default is untouched
 
 
 def test_sampling_is_seeded_and_filtered(hub):
@@ -58,22 +58,22 @@ def test_filter_logits_top_k_and_top_p():
 
 
 def test_fairseq_sample_and_score_with_bca(hub):
-    with hub.use_window(hub.window_for("bca")):
-        prompt_len = len(hub.encode(PROMPT))  # fairseq's length limits count the prompt
-        text = hub.sample(PROMPT, beam=2, max_len_b=prompt_len + 12, min_len=prompt_len + 1)
-        assert text.startswith(PROMPT) and len(text) > len(PROMPT)
-        batch = hub.sample([PROMPT, "The night"], beam=2, max_len_b=3 * TRAIN_LEN, min_len=2 * TRAIN_LEN)
-        assert batch[0].startswith("It was the best of times") and batch[1].startswith("The night")
-        assert all(len(hub.encode(t)) > 2 * TRAIN_LEN for t in batch)  # past the training length, BCA cache
-        scored = hub.score("It was the best of times.")
-        tokens = hub.encode("It was the best of times.")
-        source = torch.cat([tokens.new_tensor([hub.src_dict.eos()]), tokens[:-1]])
-        with torch.no_grad():
-            logits, _ = hub.models[0](source[None])
-        expected = torch.log_softmax(logits[0].float(), -1).gather(-1, tokens[:, None])[:, 0]
-        # fairseq's LM scoring strips the sentence's final </s> before scoring
-        assert scored["positional_scores"].numel() == tokens.numel() - 1
-        assert torch.allclose(scored["positional_scores"], expected[:-1], atol=1e-4)
+    bca = hub.under(hub.spec_for(mode="bca"))
+    prompt_len = len(bca.encode(PROMPT))  # fairseq's length limits count the prompt
+    text = bca.sample(PROMPT, beam=2, max_len_b=prompt_len + 12, min_len=prompt_len + 1)
+    assert text.startswith(PROMPT) and len(text) > len(PROMPT)
+    batch = bca.sample([PROMPT, "The night"], beam=2, max_len_b=3 * TRAIN_LEN, min_len=2 * TRAIN_LEN)
+    assert batch[0].startswith("It was the best of times") and batch[1].startswith("The night")
+    assert all(len(bca.encode(t)) > 2 * TRAIN_LEN for t in batch)  # past the training length, BCA cache
+    scored = bca.score("It was the best of times.")
+    tokens = bca.encode("It was the best of times.")
+    source = torch.cat([tokens.new_tensor([bca.src_dict.eos()]), tokens[:-1]])
+    with torch.no_grad():
+        logits, _ = bca.models[0](source[None])
+    expected = torch.log_softmax(logits[0].float(), -1).gather(-1, tokens[:, None])[:, 0]
+    # fairseq's LM scoring strips the sentence's final </s> before scoring
+    assert scored["positional_scores"].numel() == tokens.numel() - 1
+    assert torch.allclose(scored["positional_scores"], expected[:-1], atol=1e-4)
 
 
 def test_bad_prompts_are_explained(hub):

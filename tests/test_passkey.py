@@ -53,7 +53,7 @@ def test_prompt_has_the_length_and_the_needle_at_its_depth(encode, filler, hub):
 def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, filler, mode):
     """The prompt through the (bounded) cache, the candidates as one reordered batch == each full sequence
     in one parallel forward, log-probabilities summed in float64."""
-    window = hub.window_for(mode)
+    window = hub.spec_for(mode=mode)
     model = hub.models[0]
     prompt = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.3, 12345)
     cands = _candidates(encode, [12345, 80085, 67890])
@@ -63,7 +63,7 @@ def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, fi
     for i, cand in enumerate(cands):
         seq = torch.cat([eos, prompt.tokens, cand])
         with torch.no_grad():
-            logits, _ = model(seq[None, :-1], window=window)
+            logits, _ = model(seq[None, :-1], spec=window)
         lp = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
         assert float(got[i]) == pytest.approx(float(lp), abs=1e-6)
 
@@ -85,10 +85,10 @@ def test_a_key_beyond_every_querys_reach_cannot_change_the_scores(hub, encode, f
     assert length - a.needle_end > reach + 1
     cands = _candidates(encode, keys)
     ids = hub.src_dict.eos(), hub.src_dict.pad()
-    window = hub.window_for(mode)
+    window = hub.spec_for(mode=mode)
     assert torch.equal(score_candidates(hub.models[0], a.tokens, cands, window, *ids),
                        score_candidates(hub.models[0], b.tokens, cands, window, *ids))
-    full = hub.window_for("full")
+    full = hub.spec_for(mode="full")
     assert not torch.equal(score_candidates(hub.models[0], a.tokens, cands, full, *ids),
                            score_candidates(hub.models[0], b.tokens, cands, full, *ids))
 

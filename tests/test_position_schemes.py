@@ -10,7 +10,7 @@ from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositional
 from torchscale.component.relative_position_bias import RelativePositionBias
 
 from conftest import build_lex_model, random_tokens, run_attention
-from lex_plugin.modules.attention import AttentionWindow, LexSelfAttention
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.positions import (
     POSITION_SCHEMES, ALiBi, KerpleLog, KerplePower, LearnedPositions, Sandwich, SinusoidalPositions, SmoothedSandwich,
     T5Bias, XPos, alibi_slopes, scheme_table,
@@ -235,7 +235,7 @@ def test_bias_under_bca_is_finite_at_64k_in_half_precision(kind, dtype):
     attn = LexSelfAttention(64, 4).eval().to(dtype)
     x = torch.randn(1, 65536, 64).to(dtype)
     with torch.no_grad():
-        out = attn(x, make_bias(kind, 4), window=AttentionWindow.bca(512))
+        out = attn(x, make_bias(kind, 4), spec=AttentionSpec(AttentionWindow.bca(512)))
     assert out.dtype == dtype and torch.isfinite(out).all()
 
 
@@ -247,7 +247,7 @@ def test_incremental_equals_parallel_for_every_scheme(scheme, window):
     """Prompt in parallel, then token by token through the (bounded) cache: the logits of one parallel
     forward, to 1e-4 in fp32, past the training length (learned: up to its table)."""
     model = build_lex_model(tokens_per_sample=L_TRAIN, pos_emb=scheme)
-    model.decoder.default_window = window
+    model = model.under(AttentionSpec(window))
     length = L_TRAIN if scheme == "learned" else 3 * L_TRAIN + 7
     tokens = random_tokens(model.decoder.dictionary, 2, length, seed=5)
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN_LEN, build_lex_model, random_tokens, run_cli
-from lex_plugin.modules.positions import XPos
+from lex_plugin.modules.positions import XPos, alibi_slopes
 
 SCHEMES = ["xpos", "rope", "alibi", "t5", "kerple_log", "sinusoidal", "learned", "none"]
 
@@ -49,24 +49,40 @@ def test_relative_schemes_see_only_differences(pos_emb):
         assert torch.allclose(a, b, atol=1e-4)
 
 
-def test_xpos_attention_at_random_positions_matches_float64():
-    """The attention output at arbitrary positions == float64 attention with q and k rotated one row at a
-    time at their own position (XPos.rotate, one centre), causal in index order."""
-    from lex_plugin.modules.attention import LexSelfAttention
+@pytest.mark.parametrize("scheme", ["xpos", "alibi"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_attention_at_random_positions_matches_float64(scheme, padded):
+    """Attention at arbitrary positions through the planner and executor == float64 attention with q and k
+    rotated one row at a time at their own position (XPos.rotate, one centre) or the ALiBi bias of their
+    distances, causal in index order, padded keys hidden."""
+    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+    from lex_plugin.modules.positions import ALiBi
 
     torch.manual_seed(0)
     B, H, T, D = 2, 4, 24, 16
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
     positions = torch.rand(B, 2000).argsort(1)[:, :T].sort(1).values
-    xpos = XPos(D)
-    got = LexSelfAttention._at_positions(q, k, v, xpos, positions, None, 0.0)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, :5] = True  # left padding of the second sample
+    pos = XPos(D) if scheme == "xpos" else ALiBi(H)
+    chunks = plan(AttentionWindow.full(), 0, T, 0, has_bias=scheme == "alibi", padded=padded)
+    got = attend(q, k, v, chunks, AttentionSpec(), pos, 0, 0, key_padding_mask=pad if padded else None,
+                 positions=positions)
     center = 1024
     expected = torch.empty(B, H, T, D, dtype=torch.float64)
     for b in range(B):
-        qr = torch.cat([xpos.rotate(q[b, :, t : t + 1], int(positions[b, t]), center) for t in range(T)], 1).double()
-        kr = torch.cat([xpos.rotate(k[b, :, t : t + 1], int(positions[b, t]), center, keys=True) for t in range(T)], 1).double()
-        logits = (qr @ kr.transpose(-1, -2) / math.sqrt(D)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        expected[b] = torch.softmax(logits, -1) @ v[b].double()
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        if padded:
+            allowed = (allowed & ~pad[b][None, :]) | torch.eye(T, dtype=torch.bool)
+        if scheme == "xpos":
+            qr = torch.cat([pos.rotate(q[b, :, t : t + 1], int(positions[b, t]), center) for t in range(T)], 1).double()
+            kr = torch.cat([pos.rotate(k[b, :, t : t + 1], int(positions[b, t]), center, keys=True) for t in range(T)], 1).double()
+            logits = qr @ kr.transpose(-1, -2) / math.sqrt(D)
+        else:
+            slopes = torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None]
+            distance = (positions[b][:, None] - positions[b][None, :]).clamp(min=0).double()
+            logits = q[b].double() @ k[b].double().transpose(-1, -2) / math.sqrt(D) - slopes * distance
+        expected[b] = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1) @ v[b].double()
     assert (got.double() - expected).abs().max() < 1e-5
 
 
@@ -85,9 +101,12 @@ def test_bad_random_positions_are_explained():
         build_lex_model(random_positions=16, tokens_per_sample=32)
     with pytest.raises(ValueError, match="needs --max-target-positions >= 512"):
         build_lex_model(pos_emb="learned", random_positions=512, tokens_per_sample=32, max_target_positions=64)
-    xpos = XPos(16)
+    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+
+    x = torch.randn(1, 1, 2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="too far apart"):
-        xpos.rotate_at(torch.randn(1, 1, 2, 16, dtype=torch.float16), torch.tensor([[0, 20000]]), keys=False)
+        attend(x, x, x, plan(AttentionWindow.full(), 0, 2, 0), AttentionSpec(), XPos(16), 0, 0,
+               positions=torch.tensor([[0, 20000]]))
 
 
 def test_fairseq_train_with_random_positions_then_ordinary_evaluation(data_bin, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN_LEN, build_lex_model, random_tokens, run_cli
+from lex_plugin.modules.attention import AttentionSpec
 from lex_plugin.modules.positions.rope_scaling import RopeScaling, resolve_factor, rope_scaling_from_options
 from lex_plugin.modules.positions.xpos import XPos
 
@@ -51,7 +52,6 @@ def test_rotated_logits_equal_the_float64_formula(kind, s, use_scale):
     zeta_i^((n - m) / (B div)) t, with div = s for linear (else 1) and t = (0.1 ln s + 1)^2 for YaRN."""
     scaling = RopeScaling(kind, s, L_TRAIN)
     xpos = XPos(D, use_scale=use_scale)
-    xpos.scaling = scaling
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, D, generator=g), torch.randn(1, D, generator=g)
     theta = torch.tensor(paper_angles(kind, s), dtype=torch.float64)
@@ -62,7 +62,7 @@ def test_rotated_logits_equal_the_float64_formula(kind, s, use_scale):
     kc = torch.complex(k[0, 0::2].double(), k[0, 1::2].double())
     for n, m in [(5, 3), (900, 10), (3000, 2999), (4100, 100)]:
         center = (m // 256) * 256
-        got = float((xpos.rotate(q, n, center) * xpos.rotate(k, m, center, keys=True)).sum())
+        got = float((xpos.rotate(q, n, center, False, scaling) * xpos.rotate(k, m, center, True, scaling)).sum())
         decay = zeta ** ((n - m) / (512 * div)) if use_scale else torch.ones_like(zeta)
         want = float((qc * kc.conj() * torch.exp(1j * (n - m) * theta) * decay).real.sum()) * temperature
         assert got == pytest.approx(want, rel=1e-4, abs=1e-4), (n, m)
@@ -74,8 +74,7 @@ def test_factor_one_is_the_trained_model(kind):
     tokens = random_tokens(model.decoder.dictionary, 2, 200)
     with torch.no_grad():
         plain = model(tokens)[0]
-        with model.decoder.use_rope_scaling(RopeScaling(kind, 1.0, 32)):
-            scaled = model(tokens)[0]
+        scaled = model(tokens, spec=AttentionSpec(rope_scaling=RopeScaling(kind, 1.0, 32)))[0]
         again = model(tokens)[0]
     assert torch.allclose(plain, scaled, atol=1e-5) and torch.equal(plain, again)
 
@@ -84,7 +83,8 @@ def test_factor_one_is_the_trained_model(kind):
 def test_token_by_token_equals_parallel_under_scaling(pos_emb):
     model = build_lex_model(pos_emb=pos_emb)
     tokens = random_tokens(model.decoder.dictionary, 1, 150)
-    with torch.no_grad(), model.decoder.use_rope_scaling(RopeScaling("linear", 4.0, 32)):
+    model = model.under(AttentionSpec(rope_scaling=RopeScaling("linear", 4.0, 32)))
+    with torch.no_grad():
         parallel = model(tokens)[0]
         state = {}
         steps = [model(tokens[:, : t + 1], incremental_state=state)[0] for t in range(tokens.size(1))]
@@ -93,7 +93,7 @@ def test_token_by_token_equals_parallel_under_scaling(pos_emb):
 
 def test_bad_scaling_options_are_explained():
     with pytest.raises(ValueError, match="scales rotary positions"):
-        build_lex_model(pos_emb="alibi").decoder.rope_scaling = RopeScaling("linear", 2.0, 32)
+        build_lex_model(pos_emb="alibi").under(AttentionSpec(rope_scaling=RopeScaling("linear", 2.0, 32)))
     with pytest.raises(ValueError, match="must be > 0"):
         rope_scaling_from_options("linear", "0", 32)
     with pytest.raises(ValueError, match="must be > 0"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, build_lex_model, random_tokens, run_cli
-from lex_plugin.modules.attention import AttentionWindow
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 
 SCHEMES = ["xpos", "rope", "alibi", "sandwich", "kerple_log", "t5", "sinusoidal", "learned", "none"]
 
@@ -130,7 +130,7 @@ def test_half_precision_forward_is_close_to_fp32_for_every_scheme(scheme):
 @pytest.mark.parametrize("scheme", ["xpos", "alibi"])
 def test_half_precision_model_with_bca_is_finite_at_64k(scheme):
     model = build_lex_model(tokens_per_sample=512, pos_emb=scheme, decoder_layers=1).half()
-    model.decoder.default_window = AttentionWindow.bca(512)
+    model = model.under(AttentionSpec(AttentionWindow.bca(512)))
     tokens = random_tokens(model.decoder.dictionary, 1, 65536, seed=2)
     with torch.no_grad():
         features, _ = model.decoder(tokens, features_only=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import build_lex_model, random_tokens, run_attention
-from lex_plugin.modules.attention import AttentionWindow
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 from lex_plugin.modules.attention.window import window_from_options
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.biases import ALiBi, alibi_slopes
@@ -80,11 +80,11 @@ def test_token_by_token_equals_parallel_with_an_exact_cache_size(window, pos_emb
     model = build_lex_model(pos_emb=pos_emb, tokens_per_sample=L_TRAIN)
     tokens = random_tokens(model.decoder.dictionary, 1, 4 * L_TRAIN + 7)
     with torch.no_grad():
-        parallel, _ = model(tokens, window=window)
+        parallel, _ = model(tokens, spec=AttentionSpec(window))
         state, steps = {}, []
         layer = model.decoder.layers[0].self_attn
         for t in range(tokens.size(1)):
-            steps.append(model(tokens[:, : t + 1], incremental_state=state, window=window)[0])
+            steps.append(model(tokens[:, : t + 1], incremental_state=state, spec=AttentionSpec(window))[0])
             first = window.first_key(t + 1)  # what the next query needs: its window from first_key, and the
             assert layer.cached_keys(state) == (t + 1 - first) + min(window.sinks, t + 1)  # k sinks kept un-rotated
     assert torch.allclose(torch.cat(steps, dim=1), parallel, atol=2e-4)
@@ -97,8 +97,8 @@ def test_blockwise_prefill_equals_parallel():
     model = build_lex_model(tokens_per_sample=L_TRAIN)
     tokens = random_tokens(model.decoder.dictionary, 2, 6 * L_TRAIN)
     with torch.no_grad():
-        parallel, _ = model(tokens, window=window)
-        chunks = torch.cat([out for _, _, out in blockwise_forward(model, tokens, L_TRAIN // 2, window=window)], dim=1)
+        parallel, _ = model(tokens, spec=AttentionSpec(window))
+        chunks = torch.cat([out for _, _, out in blockwise_forward(model, tokens, L_TRAIN // 2, spec=AttentionSpec(window))], dim=1)
     assert torch.allclose(chunks, parallel, atol=2e-4)
 
 

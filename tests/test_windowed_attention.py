@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens, run_attention
+from conftest import build_lex_model, random_tokens, run_attention, xpos_pair
 from lex_plugin.modules.attention import LexSelfAttention
-from lex_plugin.modules.attention import AttentionWindow
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 from lex_plugin.modules.positions import XPos, alibi_slopes
 
 L_TRAIN = 32  # training length l: BCA blocks of 16
@@ -27,7 +27,7 @@ def reference(q, k, v, window, xpos, pad=None):
     if pad is not None:
         allowed = allowed & ~pad[:, None, None, :]
         allowed = allowed | torch.eye(L, dtype=torch.bool)  # a pad query sees itself (as the module does)
-    qx, kx = xpos(q, k, q_start=0, k_start=0)
+    qx, kx = xpos_pair(xpos, q, k, q_start=0, k_start=0)
     return naive_attention(qx, kx, v, allowed)
 
 
@@ -76,11 +76,11 @@ def test_bca_is_full_attention_up_to_the_training_length():
     tokens = random_tokens(model.decoder.dictionary, 2, L_TRAIN)
     with torch.no_grad():
         full, _ = model(tokens)
-        model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
+        model = model.under(AttentionSpec(AttentionWindow.bca(L_TRAIN)))
         bca, _ = model(tokens)
         longer = random_tokens(model.decoder.dictionary, 2, 4 * L_TRAIN)
         bca_long, _ = model(longer)
-        model.decoder.default_window = AttentionWindow.full()
+        model = model.under(AttentionSpec(AttentionWindow.full()))
         full_long, _ = model(longer)
     assert torch.equal(full, bca)
     assert torch.allclose(bca_long[:, :L_TRAIN], full_long[:, :L_TRAIN], atol=1e-5)
@@ -90,7 +90,7 @@ def test_bca_is_full_attention_up_to_the_training_length():
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 def test_prompt_then_token_by_token_equals_parallel_window(window):
     model = build_lex_model(tokens_per_sample=L_TRAIN)
-    model.decoder.default_window = window
+    model = model.under(AttentionSpec(window))
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=3)
     with torch.no_grad():
         full, _ = model(tokens)
@@ -108,7 +108,7 @@ def test_bca_is_finite_at_64k_in_half_precision(dtype):
     attn = LexSelfAttention(64, 1).eval().to(dtype)
     x = torch.randn(1, 65536, 64).to(dtype)
     with torch.no_grad():
-        out = attn(x, XPos(64), window=AttentionWindow.bca(512))
+        out = attn(x, XPos(64), spec=AttentionSpec(AttentionWindow.bca(512)))
     assert out.dtype == dtype and torch.isfinite(out).all()
     # the same keys under global positions overflow in this dtype: zeta_min^(-L/2B) is astronomically large
     assert XPos(64).rotate(x[:, :, :], 0, center=0, keys=True).isinf().any()
@@ -133,7 +133,7 @@ def test_generation_cache_is_bounded_and_exact(window):
     """Token by token over 3l + 7 tokens: the same logits as the parallel windowed forward, while every
     layer's cache holds at most l (BCA) or W (sliding) keys and the reported length keeps counting."""
     model = build_lex_model(tokens_per_sample=L_TRAIN)
-    model.decoder.default_window = window
+    model = model.under(AttentionSpec(window))
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=11)
     bound = L_TRAIN if window.mode == "bca" else window.stride
     sizes = []
@@ -165,7 +165,7 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     window = AttentionWindow.full()
     scheme = ALiBi(H) if bias else NoPositions()
     k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
-    cache = KeyValueCache(str(window))
+    cache = KeyValueCache(AttentionSpec(window))
     cache.append(k[:, :, :70], v[:, :, :70])
     assert cache.view(queries=1)[0].stride(-1) == 1  # 70 keys: below the threshold, SDPA's layout
     for a in range(70, S, 70):  # grows 140 -> 420 rows, feature-major from 140 keys on
@@ -180,7 +180,8 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     pad = torch.zeros(2, S, dtype=torch.bool)
     pad[1, :57] = True  # a left-padded prompt
     chunks = plan(window, S - 1, 1, 0, has_bias=bias, padded=padded)
-    got = attend(q, keys, values, chunks, window, scheme, S - 1, 0, rotated=True, key_padding_mask=pad if padded else None)
+    got = attend(q, keys, values, chunks, AttentionSpec(window), scheme, S - 1, 0, center=0,
+                 key_padding_mask=pad if padded else None, feature_major=True)
     logits = q.double() @ k[order].double().transpose(-1, -2) / math.sqrt(D)
     if bias:
         logits = logits + torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None] * -torch.arange(
@@ -199,7 +200,7 @@ def test_half_precision_caches_stay_sequence_major(monkeypatch):
     from lex_plugin.modules.attention import KeyValueCache, kv_cache
 
     monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 1)
-    cache = KeyValueCache("full")
+    cache = KeyValueCache(AttentionSpec())
     cache.append(torch.randn(1, 2, 5, 8, dtype=torch.bfloat16), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16))
     assert cache.view(queries=1)[0].stride(-1) == 1
 
@@ -234,7 +235,7 @@ def test_changing_the_window_mid_generation_is_refused():
     state = {}
     with torch.no_grad():
         model.decoder(tokens[:, :5], incremental_state=state)
-        model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
+        model = model.under(AttentionSpec(AttentionWindow.bca(L_TRAIN)))
         with pytest.raises(ValueError, match="new incremental state"):
             model.decoder(tokens[:, :6], incremental_state=state)
 
@@ -252,13 +253,13 @@ def test_blockwise_evaluation_equals_parallel(window):
     stream = random_tokens(d, 1, 7 * L_TRAIN + 3, seed=21)[0]
     length = 3 * L_TRAIN
     kwargs = dict(eos=d.eos(), pad=d.pad(), max_tokens=4 * L_TRAIN, training_length=L_TRAIN, progress=False)
-    blockwise = evaluate_lengths(model, stream, [length], window, **kwargs)[0]
+    blockwise = evaluate_lengths(model, stream, [length], AttentionSpec(window), **kwargs)[0]
     source = torch.cat([stream.new_tensor([d.eos()]), stream[:-1]])
     nll = 0.0
     with torch.no_grad():
         for start in range(0, stream.numel(), length):
             src, tgt = source[start : start + length][None], stream[start : start + length][None]
-            logits = model(src, window=window)[0]
+            logits = model(src, spec=AttentionSpec(window))[0]
             nll += float(F.cross_entropy(logits[0].double(), tgt[0], reduction="sum"))
     assert blockwise.tokens == stream.numel()
     assert blockwise.window == str(window)
@@ -273,7 +274,7 @@ def test_blockwise_evaluation_equals_parallel(window):
 def test_other_rotary_schemes_work_under_windows_and_the_cache(overrides):
     """RoPE, the Table 4 ablations and NoPE go through the same windows and bounded cache as xPos."""
     model = build_lex_model(tokens_per_sample=L_TRAIN, **overrides)
-    model.decoder.default_window = AttentionWindow.bca(L_TRAIN)
+    model = model.under(AttentionSpec(AttentionWindow.bca(L_TRAIN)))
     tokens = random_tokens(model.decoder.dictionary, 2, 3 * L_TRAIN + 7, seed=13)
     with torch.no_grad():
         full, _ = model(tokens)

@@ -16,7 +16,7 @@ from fairseq.data import Dictionary, data_utils
 from conftest import REPO, TRAIN_LEN, build_lex_model, run_cli, shared_data
 from lex_plugin import LexLanguageModel
 from lex_plugin.evaluation.documents import encode_document, score_tokens
-from lex_plugin.modules.attention.window import AttentionWindow
+from lex_plugin.modules.attention import AttentionSpec
 
 HELD_OUT_CHARS = 12_000
 
@@ -111,7 +111,7 @@ def test_document_score_equals_one_parallel_forward(hub, held_out, mode):
     """A document of many training lengths, scored block by block through the cache, has the same loss
     per token as one parallel forward of the whole document under the same window (float64 sums)."""
     text = sorted((held_out / "test").glob("*.txt"))[0].read_text(encoding="utf-8")[:HELD_OUT_CHARS]
-    window = hub.window_for(mode)
+    window = hub.spec_for(mode=mode)
     tokens = encode_document(hub, text)
     assert tokens.numel() > 8 * TRAIN_LEN
     model = hub.models[0]
@@ -119,7 +119,7 @@ def test_document_score_equals_one_parallel_forward(hub, held_out, mode):
     score = score_tokens(model, tokens, window, eos, "book", TRAIN_LEN)
     with torch.no_grad():
         source = torch.cat([tokens.new_tensor([eos]), tokens[:-1]])[None]
-        logits, _ = model(source, window=window)
+        logits, _ = model(source, spec=window)
     nll = F.cross_entropy(logits[0].double(), tokens, reduction="none")
     assert score.tokens == tokens.numel()
     assert score.nll == pytest.approx(float(nll.sum()), rel=1e-5)
@@ -147,8 +147,8 @@ def test_documents_past_learned_positions_are_refused_not_truncated():
     model = build_lex_model(pos_emb="learned", tokens_per_sample=32, max_target_positions=64)
     tokens = torch.arange(4, 100) % 50 + 4
     with pytest.raises(ValueError, match="max_positions"):
-        score_tokens(model, tokens, AttentionWindow.full(), eos=2)
-    assert score_tokens(model, tokens[:64], AttentionWindow.full(), eos=2).tokens == 64
+        score_tokens(model, tokens, AttentionSpec(), eos=2)
+    assert score_tokens(model, tokens[:64], AttentionSpec(), eos=2).tokens == 64
 
 
 # ---- fairseq integration: readable output, TensorBoard, hydra, FSDP -----------------------------------

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torchscale.component.xpos_relative_position import XPOS as TorchScaleXPOS
 
+from conftest import xpos_pair
 from lex_plugin.modules.positions import XPos
 
 GAMMA, B = 0.4, 512
@@ -56,7 +57,7 @@ def test_matches_complex_reference(d, L):
     assert rel_err(xpos.rotate(q, 0, center), complex_reference(q, 0, center, False, d)) <= 1e-6
     assert rel_err(xpos.rotate(k, 0, center, keys=True), complex_reference(k, 0, center, True, d)) <= 1e-6
     # the logits (the quantity attention sees); the reference uses uncentred positions
-    qx, kx = xpos(q, k, q_start=0)
+    qx, kx = xpos_pair(xpos, q, k, q_start=0)
     ours = qx @ kx.transpose(-1, -2)
     assert rel_err(ours, complex_logits(q, k, d)) <= 2e-6
 
@@ -87,7 +88,7 @@ def test_torchscale_incremental_offset_matches():
     ts = TorchScaleXPOS(d, scale_base=B)
     ours = XPos(d, scale_base=B, gamma=GAMMA)
     ts_logit = ts(q_last, offset=L - 1) @ ts(k, downscale=True).transpose(-1, -2)
-    qx, kx = ours(q_last, k, q_start=L - 1)
+    qx, kx = xpos_pair(ours, q_last, k, q_start=L - 1)
     assert rel_err(qx @ kx.transpose(-1, -2), ts_logit) <= 1e-5
 
 
@@ -98,12 +99,12 @@ def test_logits_depend_only_on_relative_position(shift):
     torch.manual_seed(shift)
     q, k = torch.randn(3, L, d), torch.randn(3, L, d)
     xpos = XPos(d)
-    q0, k0 = xpos(q, k, q_start=0, k_start=0)
-    q1, k1 = xpos(q, k, q_start=shift, k_start=shift)
+    q0, k0 = xpos_pair(xpos, q, k, q_start=0, k_start=0)
+    q1, k1 = xpos_pair(xpos, q, k, q_start=shift, k_start=shift)
     assert rel_err(q1 @ k1.transpose(-1, -2), q0 @ k0.transpose(-1, -2)) <= 1e-5
     # a query alone shifted by `shift` sees keys `shift` further back: same as the un-shifted diagonal band
-    qs, ks = xpos(q[:, :1], k[:, :1], q_start=shift, k_start=0)
-    qt, kt = xpos(q[:, :1], k[:, :1], q_start=shift + 10, k_start=10)
+    qs, ks = xpos_pair(xpos, q[:, :1], k[:, :1], q_start=shift, k_start=0)
+    qt, kt = xpos_pair(xpos, q[:, :1], k[:, :1], q_start=shift + 10, k_start=10)
     assert rel_err(qs @ ks.transpose(-1, -2), qt @ kt.transpose(-1, -2)) <= 1e-5
 
 
@@ -131,7 +132,7 @@ def test_figure2_xpos_oscillates_far_less_than_rope():
     m = 2048
     q = torch.zeros(1, d)
     q[:, 0::2] = 1.0
-    qx, kx = xpos(q.expand(1, d).unsqueeze(0), q.unsqueeze(0), q_start=m, k_start=0)
+    qx, kx = xpos_pair(xpos, q.expand(1, d).unsqueeze(0), q.unsqueeze(0), q_start=m, k_start=0)
     assert math.isclose((qx @ kx.transpose(-1, -2)).item(), g_xpos[m].item(), rel_tol=1e-5, abs_tol=1e-5)
 
 
@@ -167,21 +168,20 @@ def test_low_precision_inputs_use_fp32_math(dtype):
     torch.manual_seed(4)
     q, k = torch.randn(2, L, d), torch.randn(2, L, d)
     xpos = XPos(d)
-    q32, k32 = xpos(q, k, q_start=0)
-    qh, kh = xpos(q.to(dtype), k.to(dtype), q_start=0)
+    q32, k32 = xpos_pair(xpos, q, k, q_start=0)
+    qh, kh = xpos_pair(xpos, q.to(dtype), k.to(dtype), q_start=0)
     assert qh.dtype == kh.dtype == dtype
     tol = 1e-3 if dtype == torch.float16 else 8e-3
     assert rel_err(qh.float(), q32) <= tol and rel_err(kh.float(), k32) <= tol
     # tables are fp32 whatever the input dtype
-    cos, sin = xpos.tables(0, L, L // 2, False, q.device)
-    assert cos.dtype == sin.dtype == torch.float32
+    assert xpos.complex_table(0, L, L // 2, False, q.device).dtype == torch.complex64  # fp32 cos + i sin
 
 
 def test_tables_are_cached_and_not_state():
     xpos = XPos(64)
-    a = xpos.tables(0, 100, 50, False, "cpu")
-    b = xpos.tables(10, 90, 50, False, "cpu")  # a slice of the same cached table
-    assert b[0].data_ptr() == a[0][10:].data_ptr() and torch.equal(b[0], a[0][10:])
+    a = xpos.complex_table(0, 100, 50, False, "cpu")
+    b = xpos.complex_table(10, 90, 50, False, "cpu")  # a slice of the same cached table
+    assert b.data_ptr() == a[10:].data_ptr() and torch.equal(b, a[10:])
     assert len(xpos.state_dict()) == 0 and len(list(xpos.buffers())) == 0
 
 

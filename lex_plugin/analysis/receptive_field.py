@@ -17,17 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..modules.attention.spec import AttentionSpec
 from ..modules.attention.window import AttentionWindow
 
 __all__ = ["cumulative_gradient", "effective_receptive_field", "theoretical_receptive_field"]
 
 
-def cumulative_gradient(model, tokens: Tensor) -> Dict[str, Tensor]:
+def cumulative_gradient(model, tokens: Tensor, spec: AttentionSpec) -> Dict[str, Tensor]:
     """s_m and c_m for one text.
 
     Args:
         model: a lex_lm model; switched to eval mode (no dropout) for the call.
         tokens: (L + 1,) int64: L inputs and the target of the last one.
+        spec: the attention window and scaling of the forward.
 
     Returns:
         {"s": (L,) float64 normalized gradient norms by distance m from the last input, "c": (L,) their
@@ -50,7 +52,7 @@ def cumulative_gradient(model, tokens: Tensor) -> Dict[str, Tensor]:
     hook = decoder.embed_tokens.register_forward_hook(keep)
     try:
         with torch.enable_grad():
-            logits, _ = model(tokens[None, :-1])
+            logits, _ = model(tokens[None, :-1], spec=spec)
             loss = F.cross_entropy(logits[0, -1].float(), tokens[-1])
             loss.backward()
     finally:

@@ -9,24 +9,25 @@ import torch
 from tqdm import tqdm
 
 from ..data.stream import split_stream  # re-exported: callers import it from here
+from ..modules.attention.spec import AttentionOptions, AttentionSpec
 from .receptive_field import cumulative_gradient, effective_receptive_field, theoretical_receptive_field
 from .resolution import attention_resolution, expectation_curve, score_by_distance
 
 __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
 
 
-def load_model(checkpoint: Path, data: Path, **options):
-    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device) with the window and
-    RoPE scaling of ``options`` (``from_pretrained``'s keywords: ``window``, ``sliding_window``,
-    ``training_length``, ``sink_tokens``, ``n_global``, ``l_local``, ``rope_scaling``, ...)."""
+def load_model(checkpoint: Path, data: Path, options: AttentionOptions, evaluation_length: Optional[int] = None):
+    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device), its dictionary, and
+    the attention spec of ``options`` for it (``AttentionOptions.spec``; ValueError as there)."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, **options)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+    spec = hub.spec_for(options, evaluation_length)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)
     if torch.cuda.is_available():
         model = model.cuda()
-    return model, hub.task.source_dictionary
+    return model, hub.task.source_dictionary, spec
 
 
 def _segments(stream: torch.Tensor, length: int, count: int) -> List[torch.Tensor]:
@@ -58,22 +59,22 @@ def _plot(out: Path, curves: Dict[str, Sequence[float]], xlabel: str, ylabel: st
     plt.close(fig)
 
 
-def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], texts: int = 8, batch_size: int = 4,
-                      progress: bool = True) -> dict:
+def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], spec: AttentionSpec, texts: int = 8,
+                      batch_size: int = 4, progress: bool = True) -> dict:
     """Attention resolution at each length: s[n] per layer (mean over texts, heads and queries), R(s) per
-    layer (Eq. 4) and their mean over layers (the LeX Table 3 protocol), under the model's window.
+    layer (Eq. 4) and their mean over layers (the LeX Table 3 protocol), under ``spec``.
 
     Returns:
         {"window": str, "lengths": {L: {"texts", "R", "R_layers", "s": per-layer lists}}}.
     """
     device = next(model.parameters()).device
-    out = {"window": str(model.decoder.default_window), "lengths": {}}
+    out = {"window": str(spec), "attention": spec.fields(), "lengths": {}}
     for length in lengths:
         segments = _segments(stream, length, texts)
         sums = counts = None
         for i in tqdm(range(0, len(segments), batch_size), desc=f"resolution L={length}", disable=not progress or None, leave=False):
             batch = torch.stack(segments[i:i + batch_size]).to(device)
-            s, c = score_by_distance(model, batch)
+            s, c = score_by_distance(model, batch, spec)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
         seen = counts > 0
         per_layer = sums[:, :, seen].mean(1) / counts[seen]  # (layers, D): mean over heads of the mean logit
@@ -126,19 +127,19 @@ def plot_decay_curve(report: dict, out: Path):
           f"B = {report['scale_base']:g})")
 
 
-def receptive_field_report(model, stream: torch.Tensor, length: int, segments: int = 8, progress: bool = True) -> dict:
+def receptive_field_report(model, stream: torch.Tensor, length: int, spec: AttentionSpec, segments: int = 8,
+                           progress: bool = True) -> dict:
     """Cumulative normalized gradient c_m averaged over ``segments`` texts of ``length`` inputs, the ERF of
     the average, and the theoretical bound of the window and depth."""
     texts = _segments(stream, length + 1, segments)
     device = next(model.parameters()).device
     s = torch.zeros(length, dtype=torch.float64)
     for text in tqdm(texts, desc=f"receptive field L={length}", disable=not progress or None, leave=False):
-        s += cumulative_gradient(model, text.to(device))["s"].cpu()
+        s += cumulative_gradient(model, text.to(device), spec)["s"].cpu()
     s /= len(texts)
     c = s.cumsum(0)
-    window = model.decoder.default_window
-    return {"window": str(window), "length": length, "segments": len(texts),
-            "erf": effective_receptive_field(c), "theoretical": theoretical_receptive_field(window, model.decoder.num_layers, length),
+    return {"window": str(spec), "attention": spec.fields(), "length": length, "segments": len(texts),
+            "erf": effective_receptive_field(c), "theoretical": theoretical_receptive_field(spec.window, model.decoder.num_layers, length),
             "s": s.tolist(), "c": c.tolist()}
 
 

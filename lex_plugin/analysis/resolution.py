@@ -11,22 +11,19 @@
 * ``score_by_distance``: the estimate of s[n] from a model's pre-softmax logits a_ij = q_i . k_j / sqrt(d)
   (+ the position bias) of Eq. 5: the mean of a_{i, i-n} over every visible (query, key) pair at distance n,
   over texts and heads, one curve per layer. The logits are the ones the attention executor feeds SDPA
-  (``capture_logits``), taken while the model runs block by block through its cache, so they follow any
+  (the ``observer`` argument of the model's forward), taken while the model runs block by block through
+  its cache, so they follow any
   window and any position scheme, and memory stays bounded at any length.
 """
-
-from contextlib import contextmanager
-from functools import partial
-from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 from ..evaluation.length_eval import blockwise_forward
-from ..modules.attention.window import AttentionWindow
+from ..modules.attention.spec import AttentionSpec
 from ..modules.positions.xpos import GAMMA, SCALE_BASE, rope_theta, xpos_zeta
 
-__all__ = ["attention_resolution", "capture_logits", "expectation_curve", "score_by_distance"]
+__all__ = ["attention_resolution", "expectation_curve", "score_by_distance"]
 
 CHUNK_ELEMENTS = 2**24  # logits per chunk of queries
 
@@ -64,36 +61,22 @@ def expectation_curve(head_dim: int, max_distance: int, gamma: float = GAMMA, sc
     return curve.sum(-1)
 
 
-@contextmanager
-def capture_logits(model, callback: Callable[[int, Tensor, Tensor, Tensor], None]) -> Iterator[None]:
-    """Within the block, every attention layer of ``model`` hands its pre-softmax logits to
-    ``callback(layer, logits, distance, visible)`` (see ``modules.attention.executor.Observer``)."""
-    layers = model.decoder.layers
-    for index, layer in enumerate(layers):
-        layer.self_attn.observer = partial(callback, index)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.self_attn.observer = None
-
-
 @torch.no_grad()
-def score_by_distance(model, tokens: Tensor, window: Optional[AttentionWindow] = None):
+def score_by_distance(model, tokens: Tensor, spec: AttentionSpec):
     """Sum and count of pre-softmax logits by distance, per layer and head, for one batch of texts.
 
     Args:
         model: a lex_lm model (eval mode).
         tokens: (B, L) int64 token ids (no padding).
-        window: the attention window (default: the decoder's default window); the forward that feeds each
-            layer and the pairs counted both follow it.
+        spec: the attention window and scaling; the forward that feeds each layer and the pairs counted
+            both follow it.
 
     Returns:
         (sums, counts): sums (layers, H, L) float64 of a_{i, i-n} over texts and queries; counts (L,) int64,
         the number of visible pairs at each distance over the batch.
     """
     decoder = model.decoder
-    window = decoder.default_window if window is None else window
+    window = spec.window
     bsz, length = tokens.shape
     heads = decoder.layers[0].self_attn.num_heads
     sums = torch.zeros(len(decoder.layers), heads, length, dtype=torch.float64)
@@ -108,7 +91,6 @@ def score_by_distance(model, tokens: Tensor, window: Optional[AttentionWindow] =
             counts.index_add_(0, d, torch.full(d.shape, float(bsz), dtype=torch.float64))
 
     chunk = window.stride if window.bounded else max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
-    with capture_logits(model, observe):
-        for _ in blockwise_forward(model, tokens, min(chunk, length), window=window, features_only=True):
-            pass
+    for _ in blockwise_forward(model, tokens, min(chunk, length), spec=spec, observer=observe, features_only=True):
+        pass
     return sums, counts.long()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.prepare import paragraphs
-from ..modules.attention.window import AttentionWindow
+from ..modules.attention.spec import AttentionSpec
 from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges, bucket_table
 
 __all__ = ["DocumentScore", "encode_document", "score_tokens", "format_scores"]
@@ -66,7 +66,7 @@ def encode_document(hub, text: str) -> Tensor:
 def score_tokens(
     model,
     tokens: Tensor,
-    window: AttentionWindow,
+    spec: AttentionSpec,
     eos: int,
     name: str = "",
     training_length: Optional[int] = None,
@@ -94,14 +94,15 @@ def score_tokens(
     device = next(model.parameters()).device
     target = tokens.to(device)[None]
     source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
+    window = spec.window
     block = window.stride if window.bounded else FULL_BLOCK
     nll = torch.cat([
         F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
-        for a, b, out in blockwise_forward(model, source, block, window=window)
+        for a, b, out in blockwise_forward(model, source, block, spec=spec)
     ])
     edges = bucket_edges(length, training_length)
     buckets = [Bucket(a, b, b - a, float(nll[a:b].sum())) for a, b in zip(edges[:-1], edges[1:])]
-    return DocumentScore(name, str(window), length, float(nll.sum()), buckets)
+    return DocumentScore(name, str(spec), length, float(nll.sum()), buckets)
 
 
 def format_scores(scores: Sequence[DocumentScore], training_length: Optional[int] = None) -> str:

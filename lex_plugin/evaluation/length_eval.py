@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from ..modules.attention.window import AttentionWindow
+from ..modules.attention.spec import AttentionSpec
 
 __all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
 
@@ -59,7 +59,9 @@ class Bucket(_Scored):
 
 @dataclass
 class LengthResult(_Scored):
-    """Scores of one (window, length) pass. ``loss`` in bits per token, ``ppl`` = 2 ** loss."""
+    """Scores of one (spec, length) pass. ``loss`` in bits per token, ``ppl`` = 2 ** loss. ``window`` is the
+    row's label (``str(spec)``); ``attention`` the spec's structured fields (``AttentionSpec.fields``:
+    mode, stride, sinks, rope_scaling, rope_scaling_factor), what tables select on."""
 
     window: str
     length: int
@@ -67,6 +69,7 @@ class LengthResult(_Scored):
     tokens: int = 0
     nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
+    attention: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready fields, with loss and ppl for the pass and each bucket."""
@@ -129,14 +132,15 @@ def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Opti
 
 
 @torch.no_grad()
-def _token_nll(model, source: Tensor, target: Tensor, pad: int, window: AttentionWindow) -> Tensor:
+def _token_nll(model, source: Tensor, target: Tensor, pad: int, spec: AttentionSpec) -> Tensor:
     """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding. Under BCA or a sliding
     window, computed block by block through :func:`blockwise_forward` (c = the window's stride; memory
     flat in L, logits included); under full attention in one parallel forward."""
     nll = lambda logits, tgt: F.cross_entropy(logits.float().transpose(1, 2), tgt, ignore_index=pad, reduction="none")  # noqa: E731
+    window = spec.window
     if not window.bounded or window.stride >= source.size(1):
-        return nll(model(source, window=window)[0], target)
-    chunks = blockwise_forward(model, source, window.stride, window=window)
+        return nll(model(source, spec=spec)[0], target)
+    chunks = blockwise_forward(model, source, window.stride, spec=spec)
     return torch.cat([nll(out, target[:, a:b]) for a, b, out in chunks], dim=1)
 
 
@@ -151,7 +155,7 @@ def evaluate_lengths(
     model,
     stream: Tensor,
     lengths: Sequence[int],
-    window: AttentionWindow,
+    spec: AttentionSpec,
     eos: int,
     pad: int,
     max_tokens: int = 32768,
@@ -165,8 +169,8 @@ def evaluate_lengths(
         model: a lex_lm model in eval mode.
         stream: (T,) token ids.
         lengths: evaluation lengths L (tokens per sample).
-        window: the attention window (its name labels the report, e.g. ``bca(128)``); BCA and sliding
-            windows run samples block by block through the bounded key/value cache (memory flat in L).
+        spec: the attention window and RoPE scaling (its name labels the report, e.g. ``bca(128)``); BCA and
+            sliding windows run samples block by block through the bounded key/value cache (memory flat in L).
         max_tokens: batch size bound: max(1, max_tokens // L) samples per forward.
         training_length: l, for the position buckets.
 
@@ -177,14 +181,15 @@ def evaluate_lengths(
     results = []
     for length in lengths:
         edges = bucket_edges(length, training_length)
-        result = LengthResult(str(window), length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])])
+        result = LengthResult(str(spec), length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])],
+                              attention=spec.fields())
         batch_size = max(1, max_tokens // length)
         total = -(-stream.numel() // length)
-        bar = tqdm(total=total, desc=f"{window} L={length}", unit="sample", disable=not progress or None, leave=False)
+        bar = tqdm(total=total, desc=f"{spec} L={length}", unit="sample", disable=not progress or None, leave=False)
         for batch in _batches(_samples(stream, length, eos), batch_size):
             source = _pad_batch([s for _, s, _ in batch], length, pad).to(device)
             target = _pad_batch([t for _, _, t in batch], length, pad).to(device)
-            nll = _token_nll(model, source, target, pad, window).double()
+            nll = _token_nll(model, source, target, pad, spec).double()
             real = target.ne(pad)
             result.tokens += int(real.sum())
             result.nll += float(nll.sum())
@@ -202,7 +207,7 @@ def evaluate_fixed_target(
     model,
     stream: Tensor,
     lengths: Sequence[int],
-    window: AttentionWindow,
+    spec: AttentionSpec,
     pad: int,
     target_tokens: int,
     max_windows: int = 64,
@@ -216,7 +221,7 @@ def evaluate_fixed_target(
 
     Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
     its full context (``longest``: place them as for that length instead, so that calls for single lengths
-    score the same windows). ``window`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is
+    score the same windows). ``spec`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is
     shorter than the longest length + target_tokens or if target_tokens exceeds the smallest length.
     """
     longest = max([*lengths, longest or 0])
@@ -232,13 +237,13 @@ def evaluate_fixed_target(
     device = device or next(model.parameters()).device
     results = []
     for length in lengths:
-        result = LengthResult(str(window), length, protocol="fixed_target")
+        result = LengthResult(str(spec), length, protocol="fixed_target", attention=spec.fields())
         batch_size = max(1, max_tokens // length)
-        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {window} L={length}",
+        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {spec} L={length}",
                           disable=not progress or None, leave=False):
             source = torch.stack([stream[e - length - 1 : e - 1] for e in batch]).to(device)
             target = torch.stack([stream[e - length : e] for e in batch]).to(device)
-            nll = _token_nll(model, source, target, pad, window)[:, -target_tokens:].double()
+            nll = _token_nll(model, source, target, pad, spec)[:, -target_tokens:].double()
             result.tokens += nll.numel()
             result.nll += float(nll.sum())
         results.append(result)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ..modules.attention.window import AttentionWindow
+from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward
 
 __all__ = ["PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
@@ -153,7 +153,7 @@ def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) 
 
 
 @torch.no_grad()
-def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], window: AttentionWindow, eos: int, pad: int) -> Tensor:
+def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: AttentionSpec, eos: int, pad: int) -> Tensor:
     """Log-probability (nats, float64) of each candidate's tokens after ``prompt``.
 
     Args:
@@ -161,7 +161,7 @@ def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], window
         prompt: (L,) int64 prompt ids (``</s>`` is put in front, as fairseq's LM task does).
         candidates: N 1-D int64 tensors, the ids of each candidate key (lengths may differ: a BPE may split
             some digits; the score is then the log-probability of the key's text either way).
-        window: the attention window.
+        spec: the attention window and RoPE scaling.
         eos, pad: the dictionary's end-of-sentence and padding ids.
 
     Returns:
@@ -170,9 +170,9 @@ def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], window
     device = next(model.parameters()).device
     source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
     state: Dict = {}
-    block = window.stride if window.bounded else FULL_BLOCK
+    block = spec.window.stride if spec.window.bounded else FULL_BLOCK
     last = None
-    for _, _, out in blockwise_forward(model, source, block, state, window=window):
+    for _, _, out in blockwise_forward(model, source, block, state, spec=spec):
         last = out[:, -1]
     n, m = len(candidates), max(c.numel() for c in candidates)
     cands = torch.full((n, m), pad, dtype=torch.long, device=device)
@@ -181,7 +181,7 @@ def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], window
     model.decoder.reorder_incremental_state_scripting(state, torch.zeros(n, dtype=torch.long, device=device))
     logits = last.expand(n, -1)[:, None]
     if m > 1:  # the decoder runs only the uncached columns; right padding never reaches earlier positions
-        more, _ = model(torch.cat([source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=state, window=window)
+        more, _ = model(torch.cat([source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=state, spec=spec)
         logits = torch.cat([logits, more], dim=1)
     steps = logits.double().log_softmax(-1).gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
     return steps.masked_fill(cands.eq(pad), 0.0).sum(-1).cpu()
@@ -215,7 +215,7 @@ def passkey_accuracy(
     filler: Tensor,
     lengths: Sequence[int],
     depths: Sequence[float],
-    windows: Sequence[AttentionWindow],
+    specs: Sequence[AttentionSpec],
     eos: int,
     pad: int,
     trials: int = 10,
@@ -240,17 +240,17 @@ def passkey_accuracy(
     g = torch.Generator().manual_seed(seed)
     results = []
     cells = [(L, d) for L in lengths for d in depths]
-    bar = tqdm(total=len(cells) * trials * len(windows), desc="passkey", unit="prompt", disable=not progress or None)
+    bar = tqdm(total=len(cells) * trials * len(specs), desc="passkey", unit="prompt", disable=not progress or None)
     for length, depth in cells:
-        cell = {str(w): PasskeyResult(str(w), length, depth, distractors) for w in windows}
+        cell = {str(w): PasskeyResult(str(w), length, depth, distractors) for w in specs}
         for _ in range(trials):
             offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
             keys = torch.randperm(10**DIGITS, generator=g)[: distractors + 1].tolist()  # keys[0] is the true one
             prompt = build_prompt(encode, filler[offset:], length, depth, keys[0])
             candidates = [encode(_spell(k)) for k in keys]
-            for window in windows:
-                scores = score_candidates(model, prompt.tokens, candidates, window, eos, pad)
-                result = cell[str(window)]
+            for spec in specs:
+                scores = score_candidates(model, prompt.tokens, candidates, spec, eos, pad)
+                result = cell[str(spec)]
                 result.trials += 1
                 result.retrieved += int(scores[0] > scores[1:].max())
                 result.margins.append(float(scores[0] - scores[1:].max()))

@@ -1,9 +1,10 @@
 """``LexDecoder``: TorchScale's ``Decoder`` (decoder-only) as a fairseq ``FairseqIncrementalDecoder``."""
 
+import copy
 import hashlib
 import math
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from fairseq.models import FairseqIncrementalDecoder
@@ -13,10 +14,9 @@ from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 
 from ..modules.attention.self_attention import IncrementalState
-from ..modules.attention.window import AttentionWindow
+from ..modules.attention.spec import FULL_SPEC, AttentionSpec
 from ..modules.decoder_layer import LexDecoderLayer
 from ..modules.positions import PositionScheme, build_positions
-from ..modules.positions.rope_scaling import RopeScaling
 
 __all__ = ["LexDecoder", "UNBOUNDED_POSITIONS", "dictionary_digest", "is_right_padded"]
 
@@ -35,17 +35,19 @@ class LexDecoder(FairseqIncrementalDecoder):
     from the ``--pos-emb`` registry (``modules.positions``): one module shared by every layer, or one per
     layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme.
 
-    The attention window (full, BCA, sliding) is an argument of ``forward``; ``default_window`` is used
-    when none is given (fairseq's own generator and scorer call ``forward`` without one), and
-    ``use_window`` scopes a temporary default.
+    How attention runs at inference (window, RoPE scaling: an :class:`AttentionSpec`) is an argument of
+    ``forward``; :attr:`spec`, fixed when the decoder is built, is used when none is given (fairseq's own
+    generator and scorer call ``forward`` without one). :meth:`under` gives a view of the same weights
+    with another default: nothing is ever set on a decoder and restored.
 
     Args:
         config: ``DecoderConfig``; also read: ``pos_emb`` and its options (see ``lex_lm.build_decoder_config``).
         dictionary: fairseq ``Dictionary`` of the targets.
         embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
+        spec: the default attention spec (full causal attention, as trained).
 
     Raises:
-        ValueError: an unknown ``pos_emb`` or options it cannot take.
+        ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme cannot take.
 
     State dict (TorchScale's ``Decoder`` names): ``embed_tokens``, ``layernorm_embedding``, ``layers.N.*``
     (see :class:`LexDecoderLayer`), ``positions.N.*`` (KERPLE, T5, learned), ``layer_norm``,
@@ -53,9 +55,8 @@ class LexDecoder(FairseqIncrementalDecoder):
     checkpoint names the vocabulary its ids index).
     """
 
-    def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding):
+    def __init__(self, config: DecoderConfig, dictionary, embed_tokens: nn.Embedding, spec: AttentionSpec = FULL_SPEC):
         super().__init__(dictionary)
-        self.config = config
         dim = config.decoder_embed_dim
         self.embed_dim = dim
         self.padding_idx = embed_tokens.padding_idx
@@ -68,9 +69,7 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
-        # Which keys each query attends when forward() is given no window: full causal unless set for
-        # evaluation (the task's --bca / --sliding-window, the hub's window).
-        self.default_window = AttentionWindow.full()
+        self._spec = self.check_spec(spec)
         self.num_layers = len(self.layers)
         self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
         # Which dictionary the token ids mean: saved with the weights, checked when a checkpoint is loaded.
@@ -104,7 +103,8 @@ class LexDecoder(FairseqIncrementalDecoder):
         incremental_state: Optional[IncrementalState] = None,
         features_only: bool = False,
         src_lengths: Optional[Any] = None,
-        window: Optional[AttentionWindow] = None,
+        spec: Optional[AttentionSpec] = None,
+        observer: Optional[Callable[[int, Tensor, Tensor, Tensor], None]] = None,
         **unused,
     ) -> Tuple[Tensor, Dict[str, Any]]:
         """Next-token logits.
@@ -115,19 +115,24 @@ class LexDecoder(FairseqIncrementalDecoder):
                 be passed at once).
             incremental_state: fairseq's key/value cache, or None for a parallel forward.
             features_only: return the final hidden states (B, T', C) instead of logits (B, T', V).
-            window: the attention window (default: ``default_window``).
+            spec: the attention window and RoPE scaling (default: :attr:`spec`).
+            observer: ``observer(layer, logits, distance, visible)`` receives the pre-softmax logits of every
+                attention chunk of every layer (``modules.attention.executor.Observer``), or None.
 
         Returns:
             (logits or features, {"attn": [None], "inner_states": [(B, T', C), ...]}), T' the new positions.
+
+        Raises:
+            ValueError: a spec the position scheme cannot take (:meth:`check_spec`).
         """
-        x, extra = self.extract_features(prev_output_tokens, incremental_state, window)
+        x, extra = self.extract_features(prev_output_tokens, incremental_state, spec, observer)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
 
     def extract_features(
         self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None,
-        window: Optional[AttentionWindow] = None, **unused
+        spec: Optional[AttentionSpec] = None, observer: Optional[Callable] = None, **unused
     ) -> Tuple[Tensor, Dict[str, Any]]:
         """Final hidden states (B, T', C) of the positions not yet cached, and fairseq's extras.
 
@@ -155,9 +160,10 @@ class LexDecoder(FairseqIncrementalDecoder):
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)
         inner_states = [x]
-        window = self.default_window if window is None else window
+        spec = self._spec if spec is None else self.check_spec(spec)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.position(i), padding_mask, incremental_state, window, positions)
+            x = layer(x, self.position(i), padding_mask, incremental_state, spec, positions,
+                      None if observer is None else partial(observer, i))
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
@@ -183,44 +189,37 @@ class LexDecoder(FairseqIncrementalDecoder):
         """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes)."""
         return self.positions[layer if len(self.positions) > 1 else 0]
 
-    @contextmanager
-    def use_window(self, window: AttentionWindow) -> Iterator[AttentionWindow]:
-        """Within the block, ``forward`` without a window attends with ``window``; the previous default
-        comes back afterwards, also on errors."""
-        previous = self.default_window
-        self.default_window = window
-        try:
-            yield window
-        finally:
-            self.default_window = previous
-
     @property
-    def rope_scaling(self) -> Optional[RopeScaling]:
-        """The RoPE scaling the rotary scheme applies now (None: as trained, and for other schemes)."""
-        return getattr(self.positions[0], "scaling", None) if self.position_kind == "rotary" else None
+    def spec(self) -> AttentionSpec:
+        """The attention spec ``forward`` uses when given none (read-only; :meth:`under` for another)."""
+        return self._spec
 
-    @rope_scaling.setter
-    def rope_scaling(self, scaling: Optional[RopeScaling]) -> None:
-        if self.position_kind != "rotary":
-            if scaling is not None:
-                raise ValueError(
-                    f"--rope-scaling {scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
-                    f"({self.position_kind}). Use it with rope or xpos checkpoints."
-                )
-            return
-        for scheme in self.positions:
-            scheme.scaling = scaling
+    def check_spec(self, spec: AttentionSpec) -> AttentionSpec:
+        """``spec`` if this decoder can run it.
 
-    @contextmanager
-    def use_rope_scaling(self, scaling: Optional[RopeScaling]) -> Iterator[Optional[RopeScaling]]:
-        """Within the block the rotary scheme applies ``scaling`` (ValueError on a non-rotary scheme); the
-        previous scaling comes back afterwards, also on errors."""
-        previous = self.rope_scaling
-        self.rope_scaling = scaling
-        try:
-            yield scaling
-        finally:
-            self.rope_scaling = previous
+        Raises:
+            TypeError: not an :class:`AttentionSpec`.
+            ValueError: a RoPE scaling on a scheme that is not rotary.
+        """
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
+        if spec.rope_scaling is not None and self.position_kind != "rotary":
+            raise ValueError(
+                f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
+                f"({self.position_kind}). Use it with rope or xpos checkpoints."
+            )
+        return spec
+
+    def under(self, spec: AttentionSpec) -> "LexDecoder":
+        """A view of this decoder whose ``forward`` defaults to ``spec``: every parameter, buffer and layer is
+        shared (loading weights into one loads them into both; no copy), only the default differs.
+
+        Raises:
+            TypeError, ValueError: as :meth:`check_spec`.
+        """
+        view = copy.copy(self)  # a new __dict__ holding the same _modules / _parameters / _buffers
+        object.__setattr__(view, "_spec", self.check_spec(spec))
+        return view
 
     def output_layer(self, features: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V) logits."""

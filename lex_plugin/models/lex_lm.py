@@ -8,6 +8,7 @@ into ``store_true`` flags). Layers are pre-LN (TorchScale's LM default) unless `
 Every default lives in this dataclass (the xPos constants in ``modules.positions.xpos``).
 """
 
+import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -169,6 +170,17 @@ class LexLanguageModel(FairseqLanguageModel):
 
         return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, sliding_window,
                                training_length, **kwargs)
+
+    def under(self, spec) -> "LexLanguageModel":
+        """This model with ``spec`` (an ``AttentionSpec``: window, RoPE scaling) as the default of every call that
+        passes none (fairseq's scorer and generator): a view sharing every weight (``LexDecoder.under``).
+
+        Raises:
+            TypeError, ValueError: a spec the position scheme cannot take.
+        """
+        view = copy.copy(self)
+        object.__setattr__(view, "_modules", {**self._modules, "decoder": self.decoder.under(spec)})
+        return view
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint was trained with this model's dictionary.

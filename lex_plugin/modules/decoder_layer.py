@@ -3,13 +3,13 @@
 import math
 from typing import Optional
 
-from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 from torchscale.component.feedforward_network import FeedForwardNetwork
 
-from .attention.self_attention import FULL, NOPE, IncrementalState, LexSelfAttention
-from .attention.window import AttentionWindow
+from .attention.executor import Observer
+from .attention.self_attention import NOPE, IncrementalState, LexSelfAttention
+from .attention.spec import FULL_SPEC, AttentionSpec
 from .drop_path import DropPath
 from .positions.scheme import PositionScheme
 
@@ -44,7 +44,7 @@ class LexDecoderLayer(nn.Module):
             subln=config.subln,
             layernorm_eps=config.layernorm_eps,
         )
-        self.self_attn_layer_norm = LayerNorm(dim, eps=config.layernorm_eps)
+        self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(
             dim,
             config.decoder_ffn_embed_dim,
@@ -54,7 +54,7 @@ class LexDecoderLayer(nn.Module):
             config.layernorm_eps,
             config.subln,
         )
-        self.final_layer_norm = LayerNorm(dim, eps=config.layernorm_eps)
+        self.final_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.normalize_before = config.decoder_normalize_before
         self.alpha = math.pow(2.0 * config.decoder_layers, 0.25) if config.deepnorm else 1.0
 
@@ -69,14 +69,15 @@ class LexDecoderLayer(nn.Module):
         position: PositionScheme = NOPE,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
-        window: AttentionWindow = FULL,
+        spec: AttentionSpec = FULL_SPEC,
         positions: Optional[Tensor] = None,
+        observer: Optional[Observer] = None,
     ) -> Tensor:
         """x: (B, T, C) -> (B, T, C); arguments as in :meth:`LexSelfAttention.forward`."""
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, position, key_padding_mask, incremental_state, window, positions)
+        x = self.self_attn(x, position, key_padding_mask, incremental_state, spec, positions, observer)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

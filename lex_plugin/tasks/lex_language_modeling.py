@@ -4,8 +4,8 @@
         --path checkpoint_best.pt --tokens-per-sample 8192 --bca \\
         --eval-lengths 256,512,1024,2048,4096,8192 --eval-windows full,bca --report-json report.json
 
-* ``--bca`` / ``--sliding-window W|l`` set the model's default attention window when fairseq builds it
-  from the checkpoint (no ``--model-overrides``). The training length l is the ``tokens_per_sample``
+* ``--bca`` / ``--sliding-window W|l`` give the model fairseq builds from the checkpoint its default
+  attention spec (``LexLanguageModel.under``: a view, no ``--model-overrides``). The training length l is the ``tokens_per_sample``
   recorded in the checkpoint, or ``--training-length``.
 * ``--eval-lengths`` scores the same token stream cut into each length, for each ``--eval-windows``
   mode, prints a table (and the per-position buckets), and writes ``--report-json``
@@ -26,15 +26,16 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
-from ..modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow, selected_mode, window_from_options
-from ..modules.positions.rope_scaling import rope_scaling_from_options
+from ..modules.attention.spec import AttentionOptions
+from ..modules.attention.window import LM_INFINITE_N_GLOBAL
+from ..options import parse_int_list
 
 logger = logging.getLogger(__name__)
 
@@ -97,66 +98,37 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
 
 
-def parse_lengths(text: Optional[str]) -> List[int]:
-    """'256,512' -> [256, 512]. Raises ValueError on anything but positive integers."""
-    if not text:
-        return []
-    lengths = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) <= 0:
-            raise ValueError(f"--eval-lengths takes positive integers separated by commas; got {part!r} in {text!r}.")
-        lengths.append(int(part))
-    return lengths
-
-
-def task_window(mode: str, cfg, model_training_length: Optional[int]) -> AttentionWindow:
-    """The window ``mode`` under the task's flags (:func:`window_from_options`); ``--sink-tokens`` applies
-    to the bca and sliding modes."""
-    sinks = cfg.sink_tokens if mode in ("bca", "sliding") else 0
-    return window_from_options(mode, cfg.sliding_window, cfg.training_length, model_training_length, sinks,
-                               cfg.n_global, cfg.l_local)
-
-
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
 class LexLanguageModelingTask(LanguageModelingTask):
     """fairseq ``language_modeling`` with BCA / sliding-window evaluation and length-stratified reports."""
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
-        self.selected_mode = selected_mode(args.bca, args.sliding_window, args.lm_infinite)
-        if args.sink_tokens and self.selected_mode not in ("bca", "sliding") and not args.eval_windows:
+        self.attention_options = AttentionOptions.from_flags(args)
+        if args.sink_tokens and self.attention_options.mode not in ("bca", "sliding") and not args.eval_windows:
             raise ValueError("--sink-tokens attach to a bounded window: add --bca or --sliding-window (or --eval-windows bca,...).")
-        self.eval_lengths = parse_lengths(args.eval_lengths)
+        self.eval_lengths = parse_int_list(args.eval_lengths, "--eval-lengths")
         self._models = []
 
     def build_model(self, cfg, from_checkpoint=False):
-        """fairseq's hook (eval-lm builds models through it): give a lex_lm model the selected window as
-        its default (fairseq's scorer calls the model without one).
+        """fairseq's hook (eval-lm builds models through it): a lex_lm model comes back as a view whose
+        default attention spec is the selected window and scaling (fairseq's scorer calls the model
+        without one; ``LexLanguageModel.under``).
 
         Raises:
-            ValueError: a window flag on a model that is not lex_lm, or a window it cannot take.
+            ValueError: a window or scaling flag on a model that is not lex_lm, or one it cannot take.
         """
         model = super().build_model(cfg, from_checkpoint)
-        decoder = getattr(model, "decoder", None)
-        if self.selected_mode != "full" or self.eval_lengths:
-            if not hasattr(decoder, "default_window"):
-                raise ValueError(f"--bca / --sliding-window / --eval-lengths need a lex_lm model, not {type(model).__name__}.")
-            window = task_window(self.selected_mode, self.args, getattr(model, "training_length", None))
-            decoder.default_window = window
-            logger.info("attention window: %s (training length %s)", window, getattr(model, "training_length", None))
-        scaling = self._rope_scaling(model, self.args.tokens_per_sample)
-        if scaling is not None:
-            decoder.rope_scaling = scaling  # ValueError on a non-rotary model
-            logger.info("RoPE scaling: %s", scaling)
+        options = self.attention_options
+        if options != AttentionOptions(n_global=options.n_global, l_local=options.l_local) or self.eval_lengths:
+            if not hasattr(model, "under"):
+                raise ValueError(f"--bca / --sliding-window / --rope-scaling / --eval-lengths need a lex_lm model, "
+                                 f"not {type(model).__name__}.")
+            spec = options.for_mode(options.mode).spec(getattr(model, "training_length", None), self.args.tokens_per_sample)
+            model = model.under(spec)
+            logger.info("attention: %s (training length %s)", spec, getattr(model, "training_length", None))
         self._models.append(weakref.ref(model))
         return model
-
-    def _rope_scaling(self, model, evaluation_length: Optional[int]):
-        """``--rope-scaling`` for ``model`` at ``evaluation_length`` (None without the flag)."""
-        return rope_scaling_from_options(self.args.rope_scaling, self.args.rope_scaling_factor,
-                                         self.args.training_length or getattr(model, "training_length", None),
-                                         evaluation_length)
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, **kwargs):
         """fairseq's eval-lm batches. fairseq-eval-lm calls no other task hook between loading the models
@@ -206,22 +178,22 @@ class LexLanguageModelingTask(LanguageModelingTask):
             raise ValueError(f"--eval-tokens must be >= 0, got {self.args.eval_tokens}.")
         if self.args.eval_tokens:
             stream = stream[: self.args.eval_tokens]
-        modes = [m.strip() for m in (self.args.eval_windows or self.selected_mode).split(",") if m.strip()]
+        modes = [m.strip() for m in (self.args.eval_windows or self.attention_options.mode).split(",") if m.strip()]
         results = []
         scaled = self.args.rope_scaling is not None
         for mode in modes:
-            window = task_window(mode, self.args, l)
+            options = self.attention_options.for_mode(mode)
             for lengths in ([[L] for L in self.eval_lengths] if scaled else [self.eval_lengths]):  # auto: s per length
-                with decoder.use_rope_scaling(self._rope_scaling(model, lengths[0]) if scaled else None):
-                    rows = evaluate_lengths(model, stream, lengths, window, self.dictionary.eos(),
-                                            self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
-                    if self.args.fixed_target_tokens:
-                        rows += evaluate_fixed_target(model, stream, lengths, window, self.dictionary.pad(),
-                                                      self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens,
-                                                      longest=max(self.eval_lengths))
+                spec = options.spec(l, lengths[0])
+                rows = evaluate_lengths(model, stream, lengths, spec, self.dictionary.eos(),
+                                        self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
+                if self.args.fixed_target_tokens:
+                    rows += evaluate_fixed_target(model, stream, lengths, spec, self.dictionary.pad(),
+                                                  self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens,
+                                                  longest=max(self.eval_lengths))
                 if scaled:  # one label for every length: "full+yarn(s=auto)"
                     for r in rows:
-                        r.window = f"{r.window}+{self.args.rope_scaling}(s={self.args.rope_scaling_factor})"
+                        r.window = f"{spec.window}+{self.args.rope_scaling}(s={self.args.rope_scaling_factor})"
                 results += rows
         table = format_table(results, l)
         print(f"\nLength-stratified evaluation of {split} ({stream.numel():,} tokens), training length l = {l}\n{table}\n", flush=True)

@@ -5,9 +5,10 @@ from .executor import Observer, attend, see_self
 from .kv_cache import KeyValueCache
 from .planner import Chunk, plan
 from .self_attention import LexSelfAttention
+from .spec import FULL_SPEC, AttentionOptions, AttentionSpec
 from .window import AttentionWindow, window_from_options
 
 __all__ = [
-    "AttentionWindow", "Chunk", "KeyValueCache", "LexSelfAttention", "Observer", "attend", "plan", "see_self",
+    "AttentionOptions", "AttentionSpec", "AttentionWindow", "Chunk", "FULL_SPEC", "KeyValueCache", "LexSelfAttention", "Observer", "attend", "plan", "see_self",
     "window_from_options",
 ]

@@ -1,21 +1,28 @@
-"""The attention executor: runs the chunks of :func:`~.planner.plan` on SDPA, with the position scheme.
+"""The attention executor: the one place attention scores exist. It runs the chunks of
+:func:`~.planner.plan` on SDPA, with the position scheme.
 
 For each chunk it (1) rotates queries and keys with the scheme unless they already are (a generation
-cache stores rotated keys), (2) asks the scheme for its additive bias, (3) builds SDPA's mask, the
-cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused kernels), or an explicit
-boolean / float mask, and (4) calls ``F.scaled_dot_product_attention``, except for one query over a
-feature-major generation cache (``KeyValueCache``), which runs as two matrix-vector products. With an
-``observer`` it also hands the pre-softmax logits it would feed SDPA to the observer (the analysis tools
-read them from here, so they follow any change to attention).
+cache stores keys rotated at its centre, ``center``), (2) asks the scheme for its additive bias, (3)
+builds SDPA's mask, the cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused
+kernels), or an explicit boolean / additive float mask (:func:`additive_mask`), and (4) calls
+``F.scaled_dot_product_attention``, except for one query over a feature-major generation cache
+(``KeyValueCache``), which runs as two matrix-vector products. Sink tokens (StreamingLLM, LM-Infinite)
+are keys placed at virtual positions: the scheme rotates them (or biases them) there, and the executor
+scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
+per-sample position ids for the same dense chunks. With an ``observer`` it also hands the pre-softmax
+logits it computes to the observer (the analysis tools read them from here, so they follow any change
+to attention).
 
-Rotation of un-rotated inputs uses positions local to the chunk: a dense chunk rotates queries and keys
-at their own positions with one centre (the middle of its keys, ``XPos.forward``); a windows chunk
-rotates every window at local positions (queries c .. 2c - 1, keys 0 .. 2c - 1), so one (2c, d/2) table
-serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32, bf16
-and fp16. In exact arithmetic this equals global positions (the logit depends only on n - m).
+Positions of un-rotated inputs: a dense chunk rotates queries and keys at their own positions with one
+centre (``scheme.center_near`` of the middle of its keys); a windows chunk rotates every window at local
+positions (queries c .. 2c - 1, keys 0 .. 2c - 1; shifted by k with k sinks), so one (2c, d/2) table
+serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32,
+bf16 and fp16. For a translation-invariant scheme this equals global positions (the logit depends only
+on n - m); the planner gives the others dense chunks only, at true positions.
 """
 
 import math
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -24,11 +31,11 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from ..positions.scheme import PositionScheme
-from ..positions.xpos import CENTER_STEP
 from .planner import Chunk
+from .spec import AttentionSpec
 from .window import AttentionWindow
 
-__all__ = ["Observer", "attend", "see_self"]
+__all__ = ["Observer", "additive_mask", "attend", "see_self"]
 
 # observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
 Observer = Callable[[Tensor, Tensor, Tensor], None]
@@ -39,104 +46,326 @@ def attend(
     k: Tensor,
     v: Tensor,
     chunks: List[Chunk],
-    window: AttentionWindow,
+    spec: AttentionSpec,
     scheme: PositionScheme,
     q_start: int,
     k_start: int,
-    rotated: bool = False,
+    center: Optional[int] = None,
     key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     observer: Optional[Observer] = None,
-    q_raw: Optional[Tensor] = None,
     sinks: Optional[Tuple[Tensor, Tensor]] = None,
+    positions: Optional[Tensor] = None,
+    feature_major: bool = False,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
 
     Args:
         q: (B, H, T, D) queries at positions q_start .. q_start + T - 1.
         k, v: (B, H, S, D) keys and values at positions k_start .. q_start + T - 1.
-        chunks: ``plan(window, q_start, T, k_start, ...)``.
-        window: the window the plan was made for (explicit masks are built from it).
+        chunks: ``plan(spec.window, q_start, T, k_start, ...)``.
+        spec: the window the plan was made for (explicit masks are built from it) and the RoPE scaling
+            the scheme rotates with.
         scheme: the position scheme (rotation and / or bias; a no-op for NoPE and absolute schemes).
-        rotated: q and k already carry the scheme's rotation (cached generation); else each chunk rotates.
+        center: None: q and k are raw and each chunk rotates them; an int: both already carry the scheme's
+            rotation at this centre (a generation cache's, ``KeyValueCache.center``).
         key_padding_mask: (B, S) bool, True at padding, or None. A padded query still sees itself
             (``see_self``), so no softmax row is empty; those rows are ignored by the loss.
         dropout_p: attention dropout.
         observer: called once per chunk (per window for windows chunks) with the fp32 pre-softmax
             logits, the distances n - m and the visibility mask.
-        q_raw: with ``rotated`` and sink tokens, the queries before rotation (sinks are scored at virtual
-            distances, ``PositionScheme.logits_at``).
-        sinks: (keys, values), each (B, H, s, D), of positions 0 .. s - 1 before rotation, s <= window.sinks;
-            default the first keys of ``k`` (a pass that starts at position 0).
+        sinks: (keys, values), each (B, H, s, D), of positions 0 .. s - 1 before rotation, s <= the
+            window's sinks; default the first keys of ``k`` (a pass that starts at position 0).
+        positions: (B, T) int64 strictly increasing position ids of each sample's queries and keys
+            (randomized positions at training), or None: positions q_start ..; full attention, no cache.
+        feature_major: k and v are views of (B, H, D, S) memory (``KeyValueCache`` laid out for one
+            query): a one-query chunk then runs as two matrix-vector products.
 
     Returns:
         (B, H, T, D) in q's dtype.
 
     Raises:
-        ValueError: a window with sinks over rotated or offset keys without ``sinks``.
+        ValueError: sinks over rotated or offset keys without ``sinks``; ``positions`` with a bounded
+            window, a cache or sinks, or spread too far for the scheme's scale in q's dtype.
     """
-    if window.sinks:
+    run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, k_start, center, key_padding_mask,
+               dropout_p, observer, feature_major)
+    if positions is not None:
+        run.use_positions(positions)
+    if run.window.sinks:
         if sinks is None:
-            if rotated or k_start:
+            if center is not None or k_start:
                 raise ValueError("attention with sink tokens over a cache needs the cache's un-rotated sink keys.")
-            sinks = (k[:, :, : window.sinks], v[:, :, : window.sinks])
-        q_raw = q if q_raw is None else q_raw
-        outs = [_with_sinks(q, k, v, chunk, window, scheme, q_start, k_start, rotated, key_padding_mask, dropout_p,
-                            observer, q_raw, sinks) for chunk in chunks]
+            sinks = (k[:, :, : run.window.sinks], v[:, :, : run.window.sinks])
+        outs = [run.with_sinks(chunk, *sinks) for chunk in chunks]
     else:
-        outs = [
-            (_windows if chunk.windows else _dense)(q, k, v, chunk, window, scheme, q_start, k_start, rotated,
-                                                    key_padding_mask, dropout_p, observer)
-            for chunk in chunks
-        ]
+        outs = [run.windows(chunk) if chunk.windows else run.dense(chunk) for chunk in chunks]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def _rotate_pair(scheme: PositionScheme, q: Tensor, k: Tensor, q_pos: int, k_pos: int):
-    if scheme.kind != "rotary":
-        return q, k
-    center = (k_pos + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
-    return scheme.rotate(q, q_pos, center, keys=False), scheme.rotate(k, k_pos, center, keys=True)
+def additive_mask(allowed: Tensor, bias: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """SDPA's mask from a boolean visibility (True: may attend) and an optional fp32 bias that broadcast
+    together: the boolean itself without a bias, else the bias with -inf where not allowed, in ``dtype``."""
+    if bias is None:
+        return allowed
+    return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
 
-def _observe(observer: Optional[Observer], q: Tensor, k: Tensor, bias: Optional[Tensor], distance: Tensor, visible: Tensor):
-    """Hand the fp32 pre-softmax logits of one chunk to ``observer`` (nothing without one)."""
-    if observer is None:
-        return
+def see_self(allowed: Tensor, offset: int = 0) -> Tensor:
+    """Let query t of a (..., T, S) boolean mask see key t + offset (its own position), in place, so that
+    masking padded keys never leaves a softmax row empty (pad rows then give finite values the loss
+    ignores). Returns ``allowed``."""
+    rows = torch.arange(allowed.size(-2), device=allowed.device)
+    allowed[..., rows, rows + offset] = True
+    return allowed
+
+
+def _logits(q: Tensor, k: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """fp32 q k^T / sqrt(d) (+ bias) over the last two dimensions."""
     logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.size(-1))
-    if bias is not None:
-        logits = logits + bias
-    observer(logits, distance, visible)
+    return logits if bias is None else logits + bias
 
 
-def _dense(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer) -> Tensor:
-    qc, kc, vc = q[:, :, chunk.q0 : chunk.q1], k[:, :, chunk.k0 : chunk.k1], v[:, :, chunk.k0 : chunk.k1]
-    q_pos, k_pos = q_start + chunk.q0, k_start + chunk.k0
-    tq, tk = qc.size(2), kc.size(2)
-    if not rotated:
-        qc, kc = _rotate_pair(scheme, qc, kc, q_pos, k_pos)
-    bias = scheme.bias(q_pos, tq, k_pos, tk, q.device)
-    allowed = None
-    if chunk.mask == "explicit" or bias is not None or observer is not None:
-        query = torch.arange(q_pos, q_pos + tq, device=q.device)[:, None]
-        key = torch.arange(k_pos, k_pos + tk, device=q.device)[None, :]
-        allowed = window.allowed(query, key)  # (Tq, Tk)
-        if kpm is not None and chunk.mask == "explicit":
-            allowed = see_self(allowed[None, None] & ~kpm[:, None, None, chunk.k0 : chunk.k1], offset=q_pos - k_pos)
-        _observe(observer, qc, kc, bias, query - key, allowed)
-    if tq == 1 and not dropout_p and kc.stride(-1) != 1:  # one query over a feature-major cache
-        return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None)
-    is_causal, mask = False, None
-    if bias is not None:
-        mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
-    elif chunk.mask == "explicit":
-        mask = allowed
-    elif chunk.mask == "causal":
-        if tq == tk:
-            is_causal = True
+@dataclass
+class _Run:
+    """One ``attend`` call: its inputs, and one method per chunk shape."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    window: AttentionWindow
+    scheme: PositionScheme
+    scaling: object
+    q_start: int
+    k_start: int
+    center: Optional[int]
+    kpm: Optional[Tensor]
+    dropout_p: float
+    observer: Optional[Observer]
+    feature_major: bool
+    positions: Optional[Tensor] = None
+    positions_center: int = 0
+
+    def use_positions(self, positions: Tensor) -> None:
+        if self.window.bounded or self.center is not None or self.k_start or self.q_start:
+            raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
+        low, high = int(positions.min()), int(positions.max())
+        self.positions_center = self.scheme.center_near((low + high) // 2)
+        limit = self.scheme.max_center_offset(self.q.dtype, self.scaling)
+        if limit is not None and max(high - self.positions_center, self.positions_center - low) > limit:
+            raise ValueError(
+                f"positions {low}..{high} are too far apart for --pos-emb {type(self.scheme).__name__} in {self.q.dtype} "
+                f"(at most {limit} from the centre): lower --random-positions or train in fp32."
+            )
+        self.positions = positions
+
+    # ---- positions, rotation and bias of a block of queries and keys ------------------------------------
+
+    def _rotate(self, q: Tensor, k: Tensor, q_pos, k_pos, center: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        """Raw q and k at positions q_pos .., k_pos .. (ints: contiguous) rotated with one centre (default:
+        near the middle of the keys)."""
+        if self.scheme.kind != "rotary":
+            return q, k
+        if center is None:
+            center = self.scheme.center_near(k_pos + k.size(-2) // 2)
+        return (self.scheme.rotate(q, q_pos, center, False, self.scaling),
+                self.scheme.rotate(k, k_pos, center, True, self.scaling))
+
+    def _block(self, chunk: Chunk):
+        """Queries, keys, values of a dense chunk rotated, their bias (broadcastable to (B, H, Tq, Tk) or
+        None) and the (Tq, Tk) or (B, Tq, Tk) query and key positions."""
+        qc, kc, vc = self.q[:, :, chunk.q0 : chunk.q1], self.k[:, :, chunk.k0 : chunk.k1], self.v[:, :, chunk.k0 : chunk.k1]
+        if self.positions is not None:  # per-sample positions: (B, 1, T) for rotation, (B, Tq, Tk) pairs
+            pq, pk = self.positions[:, chunk.q0 : chunk.q1], self.positions[:, chunk.k0 : chunk.k1]
+            if self.scheme.kind == "rotary":
+                qc = self.scheme.rotate_at(qc, pq[:, None], self.positions_center, False, self.scaling)
+                kc = self.scheme.rotate_at(kc, pk[:, None], self.positions_center, True, self.scaling)
+            query, key = pq[:, :, None], pk[:, None, :]
+            bias = self.scheme.bias_at(query, key)
+            return qc, kc, vc, None if bias is None else bias.transpose(0, 1), query, key
+        q_pos, k_pos = self.q_start + chunk.q0, self.k_start + chunk.k0
+        if self.center is None:
+            qc, kc = self._rotate(qc, kc, q_pos, k_pos)
+        query = torch.arange(q_pos, q_pos + qc.size(2), device=qc.device)[:, None]
+        key = torch.arange(k_pos, k_pos + kc.size(2), device=qc.device)[None, :]
+        return qc, kc, vc, self.scheme.bias(q_pos, qc.size(2), k_pos, kc.size(2), qc.device), query, key
+
+    def _allowed(self, chunk: Chunk, query: Tensor, key: Tensor) -> Tensor:
+        """Visibility of a dense chunk by position (by index with per-sample positions: causal), with the
+        padded keys hidden (each query still sees itself)."""
+        if self.positions is not None:
+            rows = torch.arange(chunk.q0, chunk.q1, device=query.device)[:, None]
+            allowed = self.window.allowed(rows, torch.arange(chunk.k0, chunk.k1, device=query.device)[None, :])
         else:
-            mask = causal_lower_right(tq, tk)
-    return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+            allowed = self.window.allowed(query, key)  # (Tq, Tk)
+        if self.kpm is not None and chunk.mask == "explicit":
+            allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],
+                               offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)
+        return allowed
+
+    # ---- the chunk shapes ---------------------------------------------------------------------------------
+
+    def dense(self, chunk: Chunk) -> Tensor:
+        qc, kc, vc, bias, query, key = self._block(chunk)
+        allowed = None
+        if chunk.mask == "explicit" or bias is not None or self.observer is not None:
+            allowed = self._allowed(chunk, query, key)
+            if self.observer is not None:
+                self.observer(_logits(qc, kc, bias), query - key, allowed)
+        if qc.size(2) == 1 and not self.dropout_p and self.feature_major:
+            return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None)
+        is_causal, mask = False, None
+        if bias is not None or chunk.mask == "explicit":
+            mask = additive_mask(allowed, bias, qc.dtype)
+        elif chunk.mask == "causal":
+            if qc.size(2) == kc.size(2):
+                is_causal = True
+            else:
+                mask = causal_lower_right(qc.size(2), kc.size(2))
+        return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal)
+
+    def _window_views(self, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
+        """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""
+        n, c = chunk.windows, chunk.stride
+        qw = self.q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
+        kw = self.k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+        vw = self.v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
+        return qw, kw, vw
+
+    def _window_padding(self, chunk: Chunk) -> Optional[Tensor]:
+        """(B, 1, n, 1, 2c) padding of each window's keys, or None."""
+        if self.kpm is None:
+            return None
+        return self.kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * chunk.stride, chunk.stride)[:, None, :, None, :]
+
+    def windows(self, chunk: Chunk) -> Tensor:
+        """n windows of c queries against their 2c keys, at window-local positions, in one SDPA call on 4-D
+        inputs ((B, H n, c, D): the shape of SDPA's fast CPU kernels); a mask or bias is 4-D too, one
+        (H or 1, c, 2c) for every window unless padding makes it per window."""
+        n, c = chunk.windows, chunk.stride
+        bsz, heads, _, dim = self.q.shape
+        qw, kw, vw = self._window_views(chunk)
+        if self.center is None:
+            qw, kw = self._rotate(qw, kw, c, 0)  # window-local positions
+        bias = self.scheme.bias(c, c, 0, 2 * c, self.q.device)  # (H, c, 2c): only distances matter
+        allowed = None
+        if chunk.mask == "explicit" or self.observer is not None:
+            query = torch.arange(c, 2 * c, device=self.q.device)[:, None]
+            key = torch.arange(0, 2 * c, device=self.q.device)[None, :]
+            allowed = self.window.allowed(query, key)  # (c, 2c) in local positions
+            pad = self._window_padding(chunk) if chunk.mask == "explicit" else None
+            if pad is not None:
+                allowed = see_self(allowed[None, None] & ~pad, offset=c)  # (B, 1, n, c, 2c)
+            if self.observer is not None:
+                self.observer(_logits(qw, kw, None if bias is None else bias[:, None]), query - key, allowed)
+            if pad is not None and bias is not None:
+                bias = bias[:, None]  # (H, 1, c, 2c) against (B, 1, n, c, 2c)
+        if chunk.mask == "causal":  # BCA's (c, 2c) mask is causal aligned to the lower right: fused kernels
+            shape = (bsz, heads * n)
+            out = F.scaled_dot_product_attention(
+                qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c, dim), vw.reshape(*shape, 2 * c, dim),
+                attn_mask=causal_lower_right(c, 2 * c), dropout_p=self.dropout_p)
+            return out.view(bsz, heads, n, c, dim).flatten(2, 3)
+        # windows in the batch: (B n, H, c or 2c, D), so one (H, c, 2c) bias (or (c, 2c) mask) serves every
+        # window and sample, or padding gives a (B n, 1 or H, c, 2c) mask: 4-D, SDPA's fast kernels
+        mask = additive_mask(allowed, bias, self.q.dtype)  # (c, 2c) | (H, c, 2c) | (B, H or 1, n, c, 2c)
+        if mask.dim() == 5:
+            mask = mask.transpose(1, 2).flatten(0, 1)
+        out = F.scaled_dot_product_attention(_windows_in_batch(qw), _windows_in_batch(kw), _windows_in_batch(vw),
+                                             attn_mask=mask, dropout_p=self.dropout_p)
+        return out.unflatten(0, (bsz, n)).transpose(1, 2).flatten(2, 3)
+
+    def with_sinks(self, chunk: Chunk, sink_k: Tensor, sink_v: Tensor) -> Tensor:
+        """One chunk with sink tokens, computed explicitly in fp32: the window's keys at their own positions,
+        the sinks at virtual positions (``window.sink_distance`` before each query), one softmax over both."""
+        window, dev, held = self.window, self.q.device, sink_k.size(2)
+        if (chunk.windows and window.mode == "bca" and self.q_start + chunk.q0 >= 2 * chunk.stride and self.center is None
+                and self.kpm is None and self.observer is None and held == window.sinks and self.scheme.kind != "bias"):
+            return self._bca_windows_with_sinks(chunk, sink_k, sink_v)
+        if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window (shifted by k)
+            n, c = chunk.windows, chunk.stride
+            qb, kb, vb = self._window_views(chunk)
+            step = torch.arange(n, device=dev)[:, None] * c
+            query = self.q_start + chunk.q0 + step + torch.arange(c, device=dev)  # (n, c) global positions
+            key = self.k_start + chunk.k0 + step + torch.arange(2 * c, device=dev)  # (n, 2c)
+            if self.center is None:  # local frame, shifted by k so that every sink's virtual position is >= 0
+                frame = c + window.sinks  # local position of each window's first query
+                qb, kb = self._rotate(qb, kb, frame, window.sinks)
+                q_local, center = (frame + torch.arange(c, device=dev)).expand(n, c), self.scheme.center_near(window.sinks + c)
+            else:  # rotated by the cache: global positions at its centre
+                q_local, center = query, self.center
+            bias = self.scheme.bias(c, c, 0, 2 * c, dev)
+            bias = None if bias is None else bias[:, None]
+            pad = self._window_padding(chunk)
+        else:
+            qb, kb, vb = (t[:, :, None, a:b] for t, (a, b) in ((self.q, (chunk.q0, chunk.q1)), (self.k, (chunk.k0, chunk.k1)),
+                                                               (self.v, (chunk.k0, chunk.k1))))
+            q_pos, k_pos = self.q_start + chunk.q0, self.k_start + chunk.k0
+            center = self.center if self.center is not None else self.scheme.center_near(k_pos + kb.size(-2) // 2)
+            if self.center is None:
+                qb, kb = self._rotate(qb, kb, q_pos, k_pos, center)
+            query = torch.arange(q_pos, q_pos + qb.size(-2), device=dev)[None]  # (1, Tq)
+            key = torch.arange(k_pos, k_pos + kb.size(-2), device=dev)[None]
+            q_local = query
+            bias = self.scheme.bias(q_pos, qb.size(-2), k_pos, kb.size(-2), dev)
+            bias = None if bias is None else bias[:, None]  # (H, 1, Tq, Tk) against (B, H, 1, Tq, Tk)
+            pad = None if self.kpm is None else self.kpm[:, None, None, None, chunk.k0 : chunk.k1]
+        logits = _logits(qb, kb, bias)  # (B, H, G, Tq, Tk)
+        visible = window.in_window(query[..., None], key[..., None, :])  # (G, Tq, Tk)
+        if pad is not None:
+            visible = see_self(visible[None, None] & ~pad, offset=int(query[0, 0] - key[0, 0]))
+        j = torch.arange(held, device=dev)
+        sink_visible = window.sink_visible(query[..., None], j)  # (G, Tq, s)
+        distance = window.sink_distance(query[..., None], j).clamp(min=0)  # (G, Tq, s)
+        sink_logits = self._sink_logits(qb, sink_k, q_local[..., None] - distance, query[..., None] - distance, query, center)
+        all_logits = torch.cat([logits, sink_logits], dim=-1)
+        all_visible = torch.cat([visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
+        if self.observer is not None:
+            self.observer(all_logits, torch.cat([query[..., None] - key[..., None, :], distance], dim=-1), all_visible)
+        probs = torch.softmax(all_logits.masked_fill(~all_visible, float("-inf")), dim=-1)
+        if self.dropout_p:
+            probs = F.dropout(probs, self.dropout_p)
+        out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2):] @ sink_v.float()[:, :, None]
+        return out.flatten(2, 3).to(self.q.dtype)
+
+    def _sink_logits(self, qb: Tensor, sink_k: Tensor, local: Tensor, virtual: Tensor, query: Tensor, center: int) -> Tensor:
+        """fp32 logits (B, H, G, Tq, s) of rotated queries qb (B, H, G, Tq, D) against the raw sink keys
+        (B, H, s, D) placed at virtual positions: ``local`` (G, Tq, s) in the queries' rotation frame (the
+        scheme rotates each sink key there, with the queries' centre), ``virtual`` (G, Tq, s) global ones for
+        the bias at true positions ``query`` (G, Tq)."""
+        columns = []
+        for j in range(sink_k.size(2)):  # one sink at a time: (B, H, G, Tq, D) rotated copies, not s of them
+            key = sink_k[:, :, None, None, j]  # (B, H, 1, 1, D)
+            if self.scheme.kind == "rotary":
+                key = self.scheme.rotate_at(key, local[..., j], center, True, self.scaling)  # (B, H, G, Tq, D)
+            columns.append((qb.float() * key.float()).sum(-1))
+        logits = torch.stack(columns, dim=-1) / math.sqrt(qb.size(-1))
+        bias = self.scheme.bias_at(query[..., None], virtual)  # (H, G, Tq, s)
+        return logits if bias is None else logits + bias
+
+    def _bca_windows_with_sinks(self, chunk: Chunk, sink_k: Tensor, sink_v: Tensor) -> Tensor:
+        """BCA windows with k sinks on SDPA's fused kernel. Every query of block b >= 2 (the caller checks) has
+        the same first key f = (b - 1) c >= c >= k, so StreamingLLM places the sinks at f - k .. f - 1 for the
+        whole window: prepended to the window's 2c keys at local positions 0 .. k - 1 (queries then at
+        k + c .., keys at k ..), the (c, k + 2c) mask is causal aligned to the lower right."""
+        n, c = chunk.windows, chunk.stride
+        bsz, heads, _, dim = self.q.shape
+        sinks = sink_k.size(2)
+        qw, kw, vw = self._window_views(chunk)
+        kw = torch.cat([sink_k[:, :, None].expand(-1, -1, n, -1, -1), kw], dim=3)  # (B, H, n, k + 2c, D)
+        vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
+        qw, kw = self._rotate(qw, kw, c + sinks, 0)
+        shape = (bsz, heads * n)
+        out = F.scaled_dot_product_attention(
+            qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
+            attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=self.dropout_p,
+        ).view(bsz, heads, n, c, dim)
+        return out.flatten(2, 3)
+
+
+def _windows_in_batch(x: Tensor) -> Tensor:
+    """(B, H, n, L, D) windows -> (B n, H, L, D) (a copy: windows of keys overlap)."""
+    return x.transpose(1, 2).flatten(0, 1)
 
 
 def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor]) -> Tensor:
@@ -159,122 +388,3 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
-
-
-def _window_views(q, k, v, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
-    """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""
-    n, c = chunk.windows, chunk.stride
-    qw = q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
-    kw = k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
-    vw = v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
-    return qw, kw, vw
-
-
-def _windows(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer) -> Tensor:
-    n, c = chunk.windows, chunk.stride
-    bsz, heads, _, dim = q.shape
-    qw, kw, vw = _window_views(q, k, v, chunk)
-    if not rotated:
-        qw, kw = _rotate_pair(scheme, qw, kw, c, 0)  # window-local positions
-    bias = scheme.bias(c, c, 0, 2 * c, q.device)  # (H, c, 2c): only distances matter
-    if chunk.mask == "explicit" or observer is not None:
-        query = torch.arange(c, 2 * c, device=q.device)[:, None]
-        key = torch.arange(0, 2 * c, device=q.device)[None, :]
-        allowed = window.allowed(query, key)  # (c, 2c) in local positions
-        if kpm is not None and chunk.mask == "explicit":
-            kpm_w = kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)  # (B, n, 2c)
-            allowed = see_self(allowed[None, None] & ~kpm_w[:, None, :, None, :], offset=c)  # (B, 1, n, c, 2c)
-        _observe(observer, qw, kw, None if bias is None else bias[:, None], query - key, allowed)
-    if chunk.mask == "causal":
-        # BCA's (c, 2c) mask is causal aligned to the lower right: SDPA's fused kernels take it as is
-        shape = (bsz, heads * n)
-        out = F.scaled_dot_product_attention(
-            qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c, dim), vw.reshape(*shape, 2 * c, dim),
-            attn_mask=causal_lower_right(c, 2 * c), dropout_p=dropout_p,
-        ).view(bsz, heads, n, c, dim)
-    else:
-        mask = allowed if bias is None else bias[:, None].masked_fill(~allowed, float("-inf")).to(q.dtype)
-        out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
-    return out.flatten(2, 3)
-
-
-def _with_sinks(q, k, v, chunk: Chunk, window, scheme, q_start, k_start, rotated, kpm, dropout_p, observer, q_raw,
-                sinks) -> Tensor:
-    """One chunk with sink tokens, computed explicitly in fp32: the window's keys at their own positions,
-    the sinks at virtual distances (``window.sink_distance``), one softmax over both."""
-    sink_k, sink_v = sinks
-    held = sink_k.size(2)
-    dev = q.device
-    if (chunk.windows and window.mode == "bca" and q_start + chunk.q0 >= 2 * chunk.stride and not rotated
-            and kpm is None and observer is None and held == window.sinks and scheme.kind != "bias"):
-        return _bca_windows_with_sinks(q, k, v, chunk, scheme, sink_k, sink_v, dropout_p)
-    if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window
-        n, c = chunk.windows, chunk.stride
-        qb, kb, vb = _window_views(q, k, v, chunk)
-        if not rotated:
-            qb, kb = _rotate_pair(scheme, qb, kb, c, 0)
-        bias = scheme.bias(c, c, 0, 2 * c, dev)
-        step = torch.arange(n, device=dev)[:, None] * c
-        query = q_start + chunk.q0 + step + torch.arange(c, device=dev)  # (n, c) global positions
-        key = k_start + chunk.k0 + step + torch.arange(2 * c, device=dev)  # (n, 2c)
-        pad = None if kpm is None else kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * c, c)[:, None, :, None, :]
-    else:
-        qb, kb, vb = (t[:, :, None, a:b] for t, (a, b) in ((q, (chunk.q0, chunk.q1)), (k, (chunk.k0, chunk.k1)),
-                                                           (v, (chunk.k0, chunk.k1))))
-        q_pos, k_pos = q_start + chunk.q0, k_start + chunk.k0
-        if not rotated:
-            qb, kb = _rotate_pair(scheme, qb, kb, q_pos, k_pos)
-        bias = scheme.bias(q_pos, qb.size(-2), k_pos, kb.size(-2), dev)
-        query = torch.arange(q_pos, q_pos + qb.size(-2), device=dev)[None]  # (1, Tq)
-        key = torch.arange(k_pos, k_pos + kb.size(-2), device=dev)[None]
-        pad = None if kpm is None else kpm[:, None, None, None, chunk.k0 : chunk.k1]
-    groups, tq = query.shape
-    logits = (qb.float() @ kb.float().transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, G, Tq, Tk)
-    if bias is not None:
-        logits = logits + bias[:, None].float()
-    visible = window.in_window(query[..., None], key[..., None, :])  # (G, Tq, Tk)
-    if pad is not None:
-        visible = see_self(visible[None, None] & ~pad, offset=int(query[0, 0] - key[0, 0]))
-    j = torch.arange(held, device=dev)
-    sink_visible = window.sink_visible(query[..., None], j)  # (G, Tq, s)
-    distance = window.sink_distance(query[..., None], j).clamp(min=0)
-    qr = q_raw[:, :, chunk.q0 : chunk.q1]
-    sink_logits = scheme.logits_at(qr, sink_k, distance.flatten(0, 1)).unflatten(2, (groups, tq))
-    all_logits = torch.cat([logits, sink_logits], dim=-1)
-    all_visible = torch.cat([visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
-    if observer is not None:
-        observer(all_logits, torch.cat([query[..., None] - key[..., None, :], distance], dim=-1), all_visible)
-    probs = torch.softmax(all_logits.masked_fill(~all_visible, float("-inf")), dim=-1)
-    if dropout_p:
-        probs = F.dropout(probs, dropout_p)
-    out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2) :] @ sink_v.float()[:, :, None]
-    return out.flatten(2, 3).to(q.dtype)
-
-
-def _bca_windows_with_sinks(q, k, v, chunk: Chunk, scheme, sink_k, sink_v, dropout_p) -> Tensor:
-    """BCA windows with k sinks on SDPA's fused kernel. Every query of block b >= 2 (the caller checks) has
-    the same first key f = (b - 1) c >= c >= k, so StreamingLLM places the sinks at f - k .. f - 1 for the
-    whole window: prepended to the window's 2c keys at local positions 0 .. k - 1 (queries then at
-    k + c .., keys at k ..), the (c, k + 2c) mask is causal aligned to the lower right."""
-    n, c = chunk.windows, chunk.stride
-    bsz, heads, _, dim = q.shape
-    sinks = sink_k.size(2)
-    qw, kw, vw = _window_views(q, k, v, chunk)
-    kw = torch.cat([sink_k[:, :, None].expand(-1, -1, n, -1, -1), kw], dim=3)  # (B, H, n, k + 2c, D)
-    vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
-    qw, kw = _rotate_pair(scheme, qw, kw, c + sinks, 0)
-    shape = (bsz, heads * n)
-    out = F.scaled_dot_product_attention(
-        qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
-        attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=dropout_p,
-    ).view(bsz, heads, n, c, dim)
-    return out.flatten(2, 3)
-
-
-def see_self(allowed: Tensor, offset: int = 0) -> Tensor:
-    """Let query t of a (..., T, S) boolean mask see key t + offset (its own position), in place, so that
-    masking padded keys never leaves a softmax row empty (pad rows then give finite values the loss
-    ignores). Returns ``allowed``."""
-    rows = torch.arange(allowed.size(-2), device=allowed.device)
-    allowed[..., rows, rows + offset] = True
-    return allowed

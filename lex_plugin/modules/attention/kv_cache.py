@@ -1,5 +1,12 @@
 """The key/value cache of one attention layer: preallocated, grown geometrically, trimmed to the window.
 
+The cache owns its protocol. :meth:`KeyValueCache.after_prefill` starts it from a parallel pass;
+:meth:`KeyValueCache.extend` takes each later segment of new positions (at most :meth:`segment_length`
+of them): it re-centres if needed, stores the segment's keys rotated, keeps the sink tokens, and returns
+the segment's queries rotated at the same centre; :meth:`trim` then drops what no later query sees.
+The scheme says how its keys depend on a centre (``center_near``, ``max_center_offset``,
+``rescale_keys``); the cache decides when to move it.
+
 Keys are stored *rotated* by the position scheme at the cache's centre (xPos: zeta^(-(m - c)/B), RoPE:
 the rotation alone), so a generation step rotates one query and one key, never the whole cache. The
 cache moves its centre when new positions get too far from it (``XPos.max_center_offset``): the stored
@@ -35,15 +42,20 @@ FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast fo
 class KeyValueCache:
     """Keys (rotated at ``center``), values and padding of positions start .. end - 1 of one layer.
 
+    Args:
+        spec: the ``AttentionSpec`` (window, RoPE scaling) the cache serves; a cache is never reused
+            across specs.
+        scheme: the layer's position scheme (``PositionScheme``): how keys are rotated and re-centred.
+
     Attributes:
         start: position of the first held key; ``end``: one past the last.
         center: the centre the stored keys are rotated at.
-        window: the window the cache was filled under (a cache is never reused across windows).
         feature_major: the buffers' layout: (B, H, D, cap) in memory (True) or (B, H, cap, D) (module docstring).
     """
 
-    def __init__(self, window: str):
-        self.window = window
+    def __init__(self, spec, scheme=None):
+        self.spec = spec
+        self.scheme = scheme
         self.start = 0
         self.center = 0
         self._k: Optional[Tensor] = None  # (B, H, cap, D)
@@ -139,17 +151,68 @@ class KeyValueCache:
             self._length -= drop
             self.start += drop
 
-    def recenter(self, center: int, factor: Optional[Tensor]) -> None:
-        """Move the centre to ``center``, multiplying the stored keys by ``factor`` ((D,) fp32, or None
-        for schemes whose keys do not depend on it); the product is formed in fp32."""
+    @classmethod
+    def after_prefill(cls, spec, scheme, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> "KeyValueCache":
+        """The cache after a parallel pass over positions 0 .. T - 1 (raw keys and values (B, H, T, D), (B, T)
+        padding or None): the keys the next query sees, rotated at a centre near the end (so every stored
+        xPos scale is <= 1), and the sinks."""
+        length = k.size(2)
+        keep = spec.window.first_key(length)
+        cache = cls(spec, scheme)
+        cache.center = scheme.center_near(length - 1)
+        keys = scheme.rotate(k[:, :, keep:], keep, cache.center, True, spec.rope_scaling)
+        cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep)
+        cache._keep_sinks(k, v, 0)
+        return cache
+
+    def segment_length(self, dtype) -> Optional[int]:
+        """The most new positions one :meth:`extend` may take in ``dtype`` (the scheme's scale stays in
+        range), or None: any."""
+        limit = self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
+        return None if limit is None else max(1, limit - self.scheme.center_step)
+
+    def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        """New positions end .. end + T - 1 (raw q, k, v (B, H, T, D), T <= ``segment_length``; padding (B, T)
+        or None): moves the centre first if the last would lie too far from it, stores the keys rotated at
+        the centre, keeps the sinks among them, and returns the queries rotated at the same centre.
+
+        Raises:
+            ValueError: more positions than ``segment_length``.
+        """
+        scheme, scaling = self.scheme, self.spec.rope_scaling
+        first, last = self.end, self.end + q.size(2) - 1
+        limit = scheme.max_center_offset(q.dtype, scaling)
+        if limit is not None:
+            if q.size(2) > self.segment_length(q.dtype):
+                raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {self.segment_length(q.dtype)}.")
+            if last - self.center > limit:
+                self._recenter(scheme.center_near(first))
+        self.append(scheme.rotate(k, first, self.center, True, scaling), v, key_padding_mask)
+        self._keep_sinks(k, v, first)
+        return scheme.rotate(q, first, self.center, False, scaling)
+
+    def trim(self) -> None:
+        """Drop the keys no later query sees under the window."""
+        self.drop_before(self.spec.window.first_key(self.end))
+
+    @property
+    def sinks(self) -> Optional[Tuple[Tensor, Tensor]]:
+        """(keys, values) of the sink positions held, un-rotated, or None without sinks."""
+        return (self.sink_k, self.sink_v) if self.spec.window.sinks and self.sink_k is not None else None
+
+    def _recenter(self, center: int) -> None:
+        """Move the centre to ``center``, multiplying the stored keys by the scheme's factor (formed in fp32)."""
+        factor = self.scheme.rescale_keys(self.center, center, self._k.device if self._k is not None else "cpu",
+                                          self.spec.rope_scaling)
         if factor is not None and self._length:
             live = self._k[:, :, self._offset : self._offset + self._length]
             live.copy_(live.float() * factor)
         self.center = center
 
-    def keep_sinks(self, k: Tensor, v: Tensor, start: int, sinks: int) -> None:
+    def _keep_sinks(self, k: Tensor, v: Tensor, start: int) -> None:
         """Keep the un-rotated keys and values (B, H, T, D) of positions start .. start + T - 1 that are among
-        the first ``sinks`` positions (attention sinks stay visible after the window moves on)."""
+        the window's first k positions (attention sinks stay visible after the window moves on)."""
+        sinks = self.spec.window.sinks
         if start >= sinks:
             return
         take = min(k.size(2), sinks - start)

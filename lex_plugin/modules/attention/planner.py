@@ -64,6 +64,7 @@ def plan(
     batch_heads: int = 1,
     group_tokens: int = GROUP_TOKENS,
     bias_elements: int = BIAS_ELEMENTS,
+    local_positions: bool = True,
 ) -> List[Chunk]:
     """Cut the attention of queries at q_start .. q_start + q_len - 1 over keys at k_start .. q_start + q_len - 1.
 
@@ -77,6 +78,8 @@ def plan(
         batch_heads: B * H, to size bias chunks.
         group_tokens: at most this many queries per windows chunk.
         bias_elements: at most this many attention entries per biased dense chunk.
+        local_positions: the scheme may see a window at window-local positions (translation-invariant
+            schemes); False: dense chunks only, each at its true positions.
 
     Returns:
         Chunks covering the T queries in order.
@@ -114,6 +117,13 @@ def plan(
 
     if not window.bounded or window.covers(end):
         dense(q_start, end)
+        return chunks
+    if not local_positions:  # block by block at true positions (explicit masks)
+        a = q_start
+        while a < end:
+            b = min(end, (a // window.stride + 1) * window.stride)
+            dense(a, b)
+            a = b
         return chunks
 
     c = window.stride

@@ -7,29 +7,25 @@ The math is TorchScale's (softmax(q k^T / sqrt(d)) v with xPos on q and k) compu
 chunked prefill and generation steps.
 """
 
+import uuid
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
-from fairseq.incremental_decoding_utils import with_incremental_state
-from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from ..positions.scheme import NoPositions, PositionScheme
-from ..positions.xpos import CENTER_STEP
-from .executor import Observer, attend, see_self
+from .executor import Observer, attend
 from .kv_cache import KeyValueCache
 from .planner import plan
-from .window import AttentionWindow
+from .spec import FULL_SPEC, AttentionSpec
 
 __all__ = ["LexSelfAttention"]
 
-IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
-FULL = AttentionWindow.full()
+# fairseq's incremental state: one dict per generation, each layer's cache under its own key
+IncrementalState = Dict[str, object]
 NOPE = NoPositions()
 
 
-@with_incremental_state
 class LexSelfAttention(nn.Module):
     """Causal self-attention for a decoder-only LM, with xPos on queries and keys (or another relative
     position: RoPE, an additive bias, none).
@@ -67,9 +63,11 @@ class LexSelfAttention(nn.Module):
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
-        self.inner_attn_ln = LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
+        self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
         self.reset_parameters()
-        self.observer: Optional[Observer] = None  # set by analysis.capture_logits
+        # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
+        # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
+        self._state_key = f"{uuid.uuid4()}.attn_state"
 
     def reset_parameters(self):
         """TorchScale's initialisation (xavier, gain 1/sqrt(2) for q/k/v)."""
@@ -85,8 +83,7 @@ class LexSelfAttention(nn.Module):
         return x.view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _cache(self, incremental_state: Optional[IncrementalState]) -> Optional[KeyValueCache]:
-        saved = self.get_incremental_state(incremental_state, "attn_state") if incremental_state is not None else None
-        return None if saved is None else saved.get("cache")
+        return None if incremental_state is None else incremental_state.get(self._state_key)
 
     def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
         """Number of positions processed so far with this cache (0 without one)."""
@@ -105,10 +102,11 @@ class LexSelfAttention(nn.Module):
         position: PositionScheme = NOPE,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
-        window: AttentionWindow = FULL,
+        spec: AttentionSpec = FULL_SPEC,
         positions: Optional[Tensor] = None,
+        observer: Optional[Observer] = None,
     ) -> Tensor:
-        """Causal self-attention under ``window``.
+        """Causal self-attention under ``spec`` (its window and RoPE scaling).
 
         Args:
             x: (B, T, C) hidden states of T new positions.
@@ -118,100 +116,64 @@ class LexSelfAttention(nn.Module):
                 chunks. Keys are cached rotated (see ``KeyValueCache``); under BCA / sliding window the
                 cache keeps only what the next query can see (at most l or W positions): memory and
                 per-token time stay flat.
-            window: full (default), BCA or sliding window.
+            spec: the attention window (full by default, BCA, sliding, sinks, Λ) and RoPE scaling.
             positions: (B, T) int64 sorted position ids per sample (randomized positions at training,
                 Ruoss et al. 2023), or None for 0 .. T - 1; full attention, no cache.
+            observer: called with the pre-softmax logits of every chunk (``executor.Observer``), or None.
 
         Returns:
             (B, T, C) in x's dtype.
 
         Raises:
-            ValueError: a cache filled under another window; ``positions`` with a cache or a bounded window.
+            ValueError: a cache filled under another spec; ``positions`` with a cache or a bounded window.
         """
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         dropout_p = self.dropout if self.training else 0.0
-        if positions is not None:
-            if incremental_state is not None or window.bounded:
-                raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
-            out = self._at_positions(q, k, v, position, positions, key_padding_mask, dropout_p)
-            out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
-            return self.out_proj(out if self.inner_attn_ln is None else self.inner_attn_ln(out))
         cache = self._cache(incremental_state)
-        if cache is not None and cache.window != str(window):
+        if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
+            raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
+        if cache is not None and cache.spec != spec:
             raise ValueError(
-                f"this key/value cache was filled under {cache.window} attention, not {window}; "
-                "start a new incremental state to change the attention window."
+                f"this key/value cache was filled under {cache.spec} attention, not {spec}; "
+                "start a new incremental state to change the attention window or scaling."
             )
-        if incremental_state is None or cache is None or cache.end == 0:
-            out = attend(q, k, v, self._plan(window, 0, tgt_len, 0, position, key_padding_mask, bsz), window, position,
-                         0, 0, False, key_padding_mask, dropout_p, self.observer)
+        if cache is None or cache.end == 0:
+            chunks = self._plan(spec, 0, tgt_len, 0, position, key_padding_mask, bsz)
+            out = attend(q, k, v, chunks, spec, position, 0, 0, None, key_padding_mask, dropout_p, observer,
+                         positions=positions)
             if incremental_state is not None:
-                self._fill(incremental_state, k, v, key_padding_mask, window, position)
+                incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, position, k, v, key_padding_mask)
         else:
-            out = self._step(q, k, v, cache, key_padding_mask, window, position, dropout_p)
+            out = self._step(q, k, v, cache, key_padding_mask, spec, position, dropout_p, observer)
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
-    @staticmethod
-    def _at_positions(q, k, v, position: PositionScheme, positions: Tensor, key_padding_mask, dropout_p) -> Tensor:
-        """Causal attention with each sample's own sorted positions (B, T): rotary schemes rotate at them,
-        bias schemes add the bias of their distances; causality follows the order (positions are sorted)."""
-        q, k = position.rotate_at(q, positions, keys=False), position.rotate_at(k, positions, keys=True)
-        bias = position.bias_at(positions)
-        if bias is None and key_padding_mask is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        length = q.size(2)
-        allowed = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()[None, None]
-        if key_padding_mask is not None:
-            allowed = see_self(allowed & ~key_padding_mask[:, None, None, :])
-        mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, position: PositionScheme, key_padding_mask, bsz):
+        return plan(spec.window, q_start, q_len, k_start, has_bias=position.kind == "bias" or spec.window.sinks > 0,
+                    padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads,
+                    local_positions=position.translation_invariant)
 
-    def _plan(self, window, q_start, q_len, k_start, position, key_padding_mask, bsz):
-        return plan(window, q_start, q_len, k_start, has_bias=position.kind == "bias" or window.sinks > 0,
-                    padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads)
-
-    def _fill(self, incremental_state, k, v, key_padding_mask, window, position) -> None:
-        """Start a cache after a parallel pass over positions 0 .. T - 1: keep the keys the next query sees,
-        rotated at a centre at the end (so every stored scale is <= 1)."""
-        tgt_len = k.size(2)
-        keep = window.first_key(tgt_len)
-        cache = KeyValueCache(str(window))
-        cache.center = (tgt_len - 1) // CENTER_STEP * CENTER_STEP
-        keys = position.rotate(k[:, :, keep:], keep, cache.center, keys=True)
-        pad = None if key_padding_mask is None else key_padding_mask[:, keep:]
-        cache.append(keys, v[:, :, keep:], pad, start=keep)
-        cache.keep_sinks(k, v, 0, window.sinks)
-        self.set_incremental_state(incremental_state, "attn_state", {"cache": cache})
-
-    def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, window, position, dropout_p) -> Tensor:
-        """New positions after a filled cache, in segments short enough that xPos's scale stays in range."""
+    def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, position, dropout_p,
+              observer) -> Tensor:
+        """New positions after a filled cache, in segments the cache can take (xPos's scale stays in range)."""
         tgt_len = q.size(2)
-        limit = position.max_center_offset(q.dtype)
-        segment = tgt_len if limit is None else max(1, limit - CENTER_STEP)
+        segment = cache.segment_length(q.dtype) or tgt_len
         outs = []
         for a in range(0, tgt_len, segment):
             b = min(tgt_len, a + segment)
             first = cache.end
-            last = first + (b - a) - 1
-            if limit is not None and last - cache.center > limit:
-                center = first // CENTER_STEP * CENTER_STEP
-                cache.recenter(center, position.rescale_keys(cache.center, center, q.device))
             pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
-            qr = position.rotate(q[:, :, a:b], first, cache.center, keys=False)
-            cache.append(position.rotate(k[:, :, a:b], first, cache.center, keys=True), v[:, :, a:b], pad)
-            cache.keep_sinks(k[:, :, a:b], v[:, :, a:b], first, window.sinks)
+            qr = cache.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad)
             keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
-            chunks = self._plan(window, first, b - a, cache.start, position, kpm, q.size(0))
-            sinks = (cache.sink_k, cache.sink_v) if window.sinks else None
-            outs.append(attend(qr, keys, values, chunks, window, position, first, cache.start, True, kpm, dropout_p,
-                               self.observer, q[:, :, a:b], sinks))
-            cache.drop_before(window.first_key(last + 1))
+            chunks = self._plan(spec, first, b - a, cache.start, position, kpm, q.size(0))
+            outs.append(attend(qr, keys, values, chunks, spec, position, first, cache.start, cache.center, kpm, dropout_p,
+                               observer, cache.sinks, feature_major=cache.feature_major))
+            cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):

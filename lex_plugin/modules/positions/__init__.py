@@ -5,7 +5,7 @@ from .scheme import (
     KINDS, POSITION_SCHEMES, NoPositions, PositionScheme, SchemeSpec, build_positions, get_scheme,
     register_position_scheme, scheme_table, validate_position_config,
 )
-from .xpos import XPos, apply_rotary_complex, apply_rotary_scaled, rope_theta, xpos_zeta
+from .xpos import XPos, apply_rotary_complex, rope_theta, xpos_zeta
 from .biases import ALiBi, DistanceBias, KerpleLog, KerplePower, Sandwich, SmoothedSandwich, T5Bias, alibi_slopes
 from .absolute import LearnedPositions, SinusoidalPositions
 
@@ -17,6 +17,6 @@ register_position_scheme(SchemeSpec(
 __all__ = [
     "ALiBi", "DistanceBias", "KINDS", "KerpleLog", "KerplePower", "LearnedPositions", "NoPositions",
     "POSITION_SCHEMES", "PositionScheme", "Sandwich", "SchemeSpec", "SinusoidalPositions", "SmoothedSandwich",
-    "T5Bias", "XPos", "alibi_slopes", "apply_rotary_complex", "apply_rotary_scaled", "build_positions",
+    "T5Bias", "XPos", "alibi_slopes", "apply_rotary_complex", "build_positions",
     "get_scheme", "register_position_scheme", "rope_theta", "scheme_table", "validate_position_config", "xpos_zeta",
 ]

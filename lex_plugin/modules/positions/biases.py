@@ -80,18 +80,13 @@ class DistanceBias(PositionScheme):
         """f_h(r) for r = ``distance``: (D,) int64 >= 0 -> (H, D) fp32."""
         raise NotImplementedError
 
-    def bias_at(self, positions: Tensor) -> Tensor:
-        """(B, H, T, T) f_h(n - m) between arbitrary positions (B, T) (future keys hold a placeholder)."""
-        distance = (positions[:, :, None] - positions[:, None, :]).clamp(min=0)
-        high = int(distance.max())
-        table = self.distance_bias(torch.arange(high + 1, device=positions.device)).float()  # (H, D)
-        return table[:, distance].transpose(0, 1)
-
-    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
-        """q . k / sqrt(d) plus f_h(distance) (see ``PositionScheme.logits_at``); (..., H, Tq, Tk) fp32."""
+    def bias_at(self, query: Tensor, key: Tensor) -> Tensor:
+        """f_h(n - m) between positions ``query`` and ``key`` (broadcasting int64 tensors; future keys get
+        f_h(0), a placeholder the caller masks): (H, *shape) fp32."""
+        distance = (query - key).clamp(min=0)
         low, high = int(distance.min()), int(distance.max())
-        table = self.distance_bias(torch.arange(low, high + 1, device=q.device)).float()  # (H, D)
-        return super().logits_at(q, k, distance) + table[:, distance - low]
+        table = self.distance_bias(torch.arange(low, high + 1, device=distance.device)).float()  # (H, D)
+        return table[:, distance - low]
 
     def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device) -> Tensor:
         """Bias of queries at q_start .. q_start + q_len - 1 against keys at k_start .. k_start + k_len - 1.

@@ -4,21 +4,29 @@ A position scheme tells attention where tokens are. Whatever it is, it acts thro
 all with positions given as integers (absolute, or local to a window: only differences matter for the
 relative kinds):
 
-* ``rotate(x, start, center, keys)``: a rotation (and scale) of queries or keys (``rotary``: xPos, RoPE);
+* ``rotate(x, start, center, keys, scaling)``: a rotation (and scale) of queries or keys (``rotary``: xPos,
+  RoPE); ``rotate_at`` the same at arbitrary positions;
 * ``bias(q_start, q_len, k_start, k_len, device)``: an additive (H, Tq, Tk) logit bias (``bias``: ALiBi,
-  Sandwich, KERPLE, T5);
+  Sandwich, KERPLE, T5); ``bias_at`` the same between arbitrary positions;
 * ``embed(start, length, device)``: a vector added to the token embeddings (``absolute``: sinusoidal,
-  learned).
+  learned); ``embed_at`` the same at arbitrary positions.
 
 The attention executor calls the first two for every chunk it runs, the decoder the third; nothing else
-in the package asks which scheme it has. ``POSITION_SCHEMES`` maps each ``--pos-emb`` name to a
+in the package asks which scheme it has. A scheme never computes attention scores: it transforms queries
+and keys, or gives a bias, at the positions it is asked for; the executor alone multiplies, masks and
+normalises (``modules.attention.executor``).
+
+Translation invariance: a scheme whose logits depend on n - m alone (every scheme registered here) is
+``translation_invariant``, and the executor may place a window's queries and keys at window-local
+positions (one table for every window, bounded xPos scales). A scheme that sets it to False is always
+given true positions: the planner then cuts no batched windows, and sinks are placed at their virtual
+positions in the true frame. ``POSITION_SCHEMES`` maps each ``--pos-emb`` name to a
 :class:`SchemeSpec` (how to build it from the model config, how to validate the config, its kind, one
 line of help and its source); the choice list of ``--pos-emb``, the model builder, config validation,
 the test parametrisation and the README's table all read it. Adding a scheme is one module with a
 ``register_position_scheme(SchemeSpec(...))`` call, imported by ``positions/__init__.py``.
 """
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -38,24 +46,34 @@ class PositionScheme(nn.Module):
     Class attributes:
         kind: one of ``KINDS``.
         max_positions: the longest sequence the scheme can place (None: any length).
+        translation_invariant: its logits depend only on n - m (module docstring).
+        center_step: the rounding of the centres of ``rotate`` (``center_near``).
     """
 
     kind = "none"
     max_positions: Optional[int] = None
+    translation_invariant = True
+    center_step = 1  # centres are multiples of this (``center_near``)
 
-    def rotate(self, x: Tensor, start: int, center: int, keys: bool) -> Tensor:
+    def rotate(self, x: Tensor, start: int, center: int, keys: bool, scaling=None) -> Tensor:
         """Queries (``keys=False``) or keys (``keys=True``) x of shape (..., T, d) at positions
         start .. start + T - 1, transformed; ``center`` is a position shared by the queries and keys that
         will be multiplied together (schemes with a position-dependent scale express it relative to the
-        center). Returns x unchanged here; same shape and dtype."""
+        center); ``scaling``: the evaluation's RoPE scaling (rotary schemes only; None: as trained).
+        Returns x unchanged here; same shape and dtype."""
         return x
 
-    def rescale_keys(self, old_center: int, new_center: int, device) -> Optional[Tensor]:
+    def center_near(self, position: int) -> int:
+        """The centre used for queries and keys around ``position``: the largest multiple of ``center_step``
+        <= position (rounded so that consecutive calls share cached tables)."""
+        return position // self.center_step * self.center_step
+
+    def rescale_keys(self, old_center: int, new_center: int, device, scaling=None) -> Optional[Tensor]:
         """The (d,) fp32 factor that turns keys rotated at ``old_center`` into keys rotated at
         ``new_center``, or None when keys do not depend on the center (everything but xPos)."""
         return None
 
-    def max_center_offset(self, dtype) -> Optional[int]:
+    def max_center_offset(self, dtype, scaling=None) -> Optional[int]:
         """How far (in positions) a query or key may lie from the center it is rotated at before its
         scale leaves ``dtype``'s safe range; None when unbounded (no scale)."""
         return None
@@ -68,13 +86,16 @@ class PositionScheme(nn.Module):
         """(length, C) vectors to add to the token embeddings at positions start .., or None."""
         return None
 
-    def rotate_at(self, x: Tensor, positions: Tensor, keys: bool) -> Tensor:
-        """Queries or keys x (B, H, T, d) at arbitrary sorted positions (B, T) int64 (randomized positions,
-        Ruoss et al. 2023), transformed as ``rotate`` would at those positions. Unchanged here."""
+    def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool, scaling=None) -> Tensor:
+        """Queries or keys x (..., d) at arbitrary positions: an int64 tensor >= 0 broadcastable to
+        ``x.shape[:-1]`` (randomized positions, sink keys at virtual places), transformed as ``rotate`` would
+        at those positions with the same ``center``. Returns x unchanged here; x's shape and dtype."""
         return x
 
-    def bias_at(self, positions: Tensor) -> Optional[Tensor]:
-        """(B, H, T, T) fp32 bias between arbitrary positions (B, T) int64, or None."""
+    def bias_at(self, query: Tensor, key: Tensor) -> Optional[Tensor]:
+        """The fp32 bias of queries at positions ``query`` against keys at positions ``key`` (int64 tensors
+        that broadcast to a shape S; pairs with key > query are masked by the caller and may hold any finite
+        value): (H, *S), or None for schemes without a bias."""
         return None
 
     def embed_at(self, positions: Tensor) -> Optional[Tensor]:
@@ -82,13 +103,6 @@ class PositionScheme(nn.Module):
         schemes without one (ValueError past a learned table, as ``embed``)."""
         table = self.embed(0, int(positions.max()) + 1, positions.device)
         return None if table is None else table[positions]
-
-    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
-        """fp32 pre-softmax logits q . k / sqrt(d) of *un-rotated* queries (..., Tq, d) and keys (..., Tk, d)
-        placed at the given relative ``distance`` (Tq, Tk) int64 >= 0 apart, whatever their positions
-        (attention sinks and LM-Infinite's global branch are seen at virtual distances). Here: no position
-        term; schemes with one add it. Returns (..., Tq, Tk)."""
-        return (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.size(-1))
 
 
 class NoPositions(PositionScheme):

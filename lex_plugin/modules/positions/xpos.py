@@ -24,15 +24,14 @@ Numerics (the module's contract):
   range of positions that grows geometrically and is sliced: one table serves every layer of a forward
   pass (the decoder owns one ``XPos`` and hands it to each layer) and every step of a generation. They
   are plain tensors, not buffers: never saved in checkpoints, never cast by ``model.half()``.
-* ``scaling`` (``rope_scaling.RopeScaling``, set at evaluation) replaces theta_i by the scaled angles,
-  divides the decay exponent by s for position interpolation, and multiplies queries and keys by
-  YaRN's temperature; the tables are rebuilt.
+* ``scaling`` (``rope_scaling.RopeScaling``, an argument of every call, from the evaluation's
+  ``AttentionSpec``) replaces theta_i by the scaled angles, divides the decay exponent by s for position
+  interpolation, and multiplies queries and keys by YaRN's temperature; each scaling has its tables.
 * Keys cached during generation are stored rotated at a centre c (``rotate(..., keys=True)``); when
   new positions move more than ``max_centre_offset(dtype)`` past c, the cache moves its centre and
   multiplies the stored keys by ``rescale_keys(c, c')`` = zeta^((c' - c)/B), one (d,) factor.
 """
 
-import math
 from collections import OrderedDict
 from typing import Optional, Tuple
 
@@ -42,7 +41,7 @@ from torch import Tensor
 from .rope_scaling import RopeScaling
 from .scheme import PositionScheme, SchemeSpec, head_dim, register_position_scheme
 
-__all__ = ["XPos", "apply_rotary_complex", "apply_rotary_scaled", "xpos_zeta", "rope_theta"]
+__all__ = ["XPos", "apply_rotary_complex", "xpos_zeta", "rope_theta"]
 
 # Largest |exponent| of zeta^(+-(n - c)/B) allowed in a stored key or query, by dtype: e^60 stays far
 # inside fp32 / bf16 (e^88); fp16 ends at 65504 = e^11, and keys themselves may be ~e^5 large.
@@ -73,26 +72,10 @@ def xpos_zeta(head_dim: int, gamma: float = GAMMA, dtype=torch.float64) -> Tenso
     return ((2.0 * i / head_dim + gamma) / (1.0 + gamma)).to(dtype)
 
 
-def apply_rotary_scaled(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs of ``x`` (Algorithm 1: rot(x) = [-x1, x0, -x3, x2, ...]).
-
-    Args:
-        x: (..., L, d) any float dtype.
-        cos, sin: (L, d/2) fp32, already multiplied by the per-pair scale (zeta ** (+-n/B) for xPos).
-
-    Returns:
-        x * cos + rot(x) * sin, computed in fp32 and cast back to ``x.dtype``; shape (..., L, d).
-    """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
-    return out.flatten(-2).to(x.dtype)
-
-
 def apply_rotary_complex(x: Tensor, rotation: Tensor) -> Tensor:
-    """``apply_rotary_scaled`` as one complex multiplication: pair (x0, x1) is x0 + i x1, times
-    cos + i sin. The same arithmetic (two products and a sum per output) in one kernel instead of six,
-    without the stacked copy, forward and backward.
+    """Rotate interleaved pairs of ``x`` (Algorithm 1: x * cos + rot(x) * sin, rot(x) = [-x1, x0, -x3, x2, ...])
+    as one complex multiplication: pair (x0, x1) is x0 + i x1, times cos + i sin (already scaled). Two
+    products and a sum per output in one kernel, forward and backward.
 
     Args:
         x: (..., L, d) any float dtype.
@@ -126,6 +109,7 @@ class XPos(PositionScheme):
     """
 
     kind = "rotary"
+    center_step = CENTER_STEP
 
     def __init__(
         self,
@@ -157,10 +141,6 @@ class XPos(PositionScheme):
         self.rotation = rotation
         theta = rope_theta(head_dim, theta_base)
         self._trained_theta = theta if rotation else torch.zeros_like(theta)  # (d/2,) float64, CPU
-        self._theta = self._trained_theta
-        self._scaling: Optional[RopeScaling] = None
-        self._decay_divisor = 1.0
-        self._attention_scale = 1.0
         zeta = xpos_zeta(head_dim, gamma)
         if scalar_zeta:
             zeta = torch.full_like(zeta, gamma / (1.0 + gamma))
@@ -172,37 +152,27 @@ class XPos(PositionScheme):
         return (
             f"head_dim={self.head_dim}, scale_base={self.scale_base}, gamma={self.gamma}, "
             f"theta_base={self.theta_base}, use_scale={self.use_scale}, scalar_zeta={self.scalar_zeta}, "
-            f"rotation={self.rotation}, scaling={self._scaling}"
+            f"rotation={self.rotation}"
         )
 
-    @property
-    def scaling(self) -> Optional[RopeScaling]:
-        """The RoPE scaling applied at evaluation (``rope_scaling.RopeScaling``), or None (as trained)."""
-        return self._scaling
-
-    @scaling.setter
-    def scaling(self, scaling: Optional[RopeScaling]) -> None:
-        self._scaling = scaling
+    def _angles(self, scaling: Optional[RopeScaling]) -> Tuple[Tensor, float, float]:
+        """(theta (d/2,) float64, decay divisor, attention scale) under ``scaling`` (None: as trained)."""
         if scaling is None:
-            self._theta, self._decay_divisor, self._attention_scale = self._trained_theta, 1.0, 1.0
-        else:
-            theta = scaling.angles(rope_theta(self.head_dim, self.theta_base), self.head_dim, self.theta_base)
-            self._theta = theta if self.rotation else torch.zeros_like(theta)
-            self._decay_divisor, self._attention_scale = scaling.decay_divisor, scaling.attention_scale
-        self._cache.clear()
+            return self._trained_theta, 1.0, 1.0
+        theta = scaling.angles(rope_theta(self.head_dim, self.theta_base), self.head_dim, self.theta_base)
+        return (theta if self.rotation else torch.zeros_like(theta)), scaling.decay_divisor, scaling.attention_scale
 
-    def tables(self, start: int, length: int, center: int, keys: bool, device) -> Tuple[Tensor, Tensor]:
-        """cos and sin tables for positions start .. start + length - 1, each (length, d/2) fp32, both
-        multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` for keys."""
-        table = self.complex_table(start, length, center, keys, device)
-        return table.real, table.imag
+    def complex_table(self, start: int, length: int, center: int, keys: bool, device,
+                      scaling: Optional[RopeScaling] = None) -> Tensor:
+        """cos + i sin for positions start .. start + length - 1, one (length, d/2) complex64 tensor
+        (``apply_rotary_complex``), multiplied by zeta ** (+-(n - center) / B): ``+`` for queries, ``-`` for
+        keys; under ``scaling`` (``rope_scaling.RopeScaling``, None: as trained) the angles are the scaled
+        ones, the decay exponent is divided by its ``decay_divisor`` and both directions carry its
+        ``attention_scale`` (YaRN's temperature).
 
-    def complex_table(self, start: int, length: int, center: int, keys: bool, device) -> Tensor:
-        """The same tables as one (length, d/2) complex64 tensor, cos + i sin (``apply_rotary_complex``).
-
-        One table per (center, direction, device) covers a range of positions and is sliced; a request
-        outside it rebuilds it from the requested start over max(2 * length, TABLE_ROWS) positions, so
-        consecutive generation steps rebuild once every TABLE_ROWS steps and memory does not grow with
+        One table per (scaling, center, direction, device) covers a range of positions and is sliced; a
+        request outside it rebuilds it from the requested start over max(2 * length, TABLE_ROWS) positions,
+        so consecutive generation steps rebuild once every TABLE_ROWS steps and memory does not grow with
         the position. Angles and scales are formed in float64.
 
         Raises:
@@ -212,33 +182,35 @@ class XPos(PositionScheme):
             raise ValueError(f"xPos positions start at 0, got start={start}")
         if not self.use_scale:
             center = 0  # RoPE: one table whatever the centre
-        key = (center, keys, str(device))
+        key = (scaling, center, keys, str(device))
         hit = self._cache.get(key)
         if hit is None or start < hit[0] or start + length > hit[0] + hit[1].size(0):
             # a table from here on, with room for what follows (generation steps): memory stays bounded
-            hit = (start, self._build(start, max(2 * length, TABLE_ROWS), center, keys, device))
+            hit = (start, self._build(start, max(2 * length, TABLE_ROWS), center, keys, device, scaling))
             self._cache[key] = hit
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         return hit[1][start - hit[0] : start - hit[0] + length]
 
-    def _build(self, low: int, size: int, center: int, keys: bool, device) -> Tensor:
+    def _build(self, low: int, size: int, center: int, keys: bool, device, scaling: Optional[RopeScaling]) -> Tensor:
         work = torch.device("cpu") if torch.device(device).type == "mps" else device
+        theta, decay_divisor, attention_scale = self._angles(scaling)
         n = torch.arange(low, low + size, dtype=torch.float64, device=work)
-        angle = n[:, None] * self._theta.to(work)[None, :]
+        angle = n[:, None] * theta.to(work)[None, :]
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.use_scale:
-            exponent = (n - center)[:, None] / (self.scale_base * self._decay_divisor)
+            exponent = (n - center)[:, None] / (self.scale_base * decay_divisor)
             if keys:
                 exponent = -exponent
             scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
             cos, sin = cos * scale, sin * scale
-        if self._attention_scale != 1.0:  # YaRN's temperature, on queries and keys alike
-            cos, sin = cos * self._attention_scale, sin * self._attention_scale
+        if attention_scale != 1.0:  # YaRN's temperature, on queries and keys alike
+            cos, sin = cos * attention_scale, sin * attention_scale
         return torch.complex(cos.float(), sin.float()).to(device)
 
-    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, keys: bool = False) -> Tensor:
+    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, keys: bool = False,
+               scaling: Optional[RopeScaling] = None) -> Tensor:
         """Apply xPos to queries (``keys=False``: zeta^((n - center)/B)) or keys (``keys=True``:
         zeta^(-(m - center)/B)).
 
@@ -247,6 +219,7 @@ class XPos(PositionScheme):
             start: position of x[..., 0, :].
             center: the centre c of the scale exponent; defaults to start + L // 2. Queries and keys
                 that are multiplied together must use the same centre.
+            scaling: a RoPE scaling (``complex_table``), or None: as trained.
 
         Returns:
             Tensor of x's shape and dtype (computed in fp32).
@@ -254,68 +227,31 @@ class XPos(PositionScheme):
         length = x.size(-2)
         if center is None:
             center = start + length // 2
-        return apply_rotary_complex(x, self.complex_table(start, length, center, keys, x.device))
+        return apply_rotary_complex(x, self.complex_table(start, length, center, keys, x.device, scaling))
 
-    def rescale_keys(self, old_center: int, new_center: int, device) -> Optional[Tensor]:
+    def rescale_keys(self, old_center: int, new_center: int, device, scaling: Optional[RopeScaling] = None) -> Optional[Tensor]:
         """(d,) fp32 factor zeta^((new - old)/B) per dimension (pairs repeated), or None for RoPE."""
         if not self.use_scale or old_center == new_center:
             return None
-        factor = torch.exp((new_center - old_center) / (self.scale_base * self._decay_divisor) * self._log_zeta)  # (d/2,)
+        divisor = self._angles(scaling)[1]
+        factor = torch.exp((new_center - old_center) / (self.scale_base * divisor) * self._log_zeta)  # (d/2,)
         return factor.repeat_interleave(2).float().to(device)
 
-    def max_center_offset(self, dtype) -> Optional[int]:
+    def max_center_offset(self, dtype, scaling: Optional[RopeScaling] = None) -> Optional[int]:
         """Positions a stored query or key may lie from its centre with |log scale| <= MAX_LOG_SCALE[dtype]."""
         if not self.use_scale:
             return None
         bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
-        return max(CENTER_STEP, int(bound * self.scale_base * self._decay_divisor / float(-self._log_zeta.min())))
+        divisor = self._angles(scaling)[1]
+        return max(CENTER_STEP, int(bound * self.scale_base * divisor / float(-self._log_zeta.min())))
 
-    def rotate_at(self, x: Tensor, positions: Tensor, keys: bool) -> Tensor:
-        """xPos / RoPE of x (B, H, T, d) at positions (B, T): rows of one table, centred in the middle of the
-        positions' range (one centre for queries and keys, so logits depend only on n - m).
-
-        Raises:
-            ValueError: positions spread so far that xPos's scale would leave x's dtype (fp16: about
-                2 * 5 B / |log zeta_0| = 2,000 positions; fp32: about 24,000).
-        """
+    def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool,
+                  scaling: Optional[RopeScaling] = None) -> Tensor:
+        """xPos / RoPE of x (..., d) at ``positions`` (int64 >= 0, broadcastable to ``x.shape[:-1]``) with the
+        scale centre ``center``: rows of one table gathered. Returns x's shape and dtype (fp32 math)."""
         low, high = int(positions.min()), int(positions.max())
-        center = (low + high) // 2 // CENTER_STEP * CENTER_STEP
-        limit = self.max_center_offset(x.dtype)
-        if limit is not None and max(high - center, center - low) > limit:
-            raise ValueError(
-                f"positions {low}..{high} are too far apart for xPos in {x.dtype} (at most {limit} from the centre): "
-                "lower --random-positions or train in fp32."
-            )
-        table = self.complex_table(low, high - low + 1, center, keys, x.device)
-        return apply_rotary_complex(x, table[positions - low][:, None])
-
-    def logits_at(self, q: Tensor, k: Tensor, distance: Tensor) -> Tensor:
-        """Logits of un-rotated queries (..., Tq, d) and keys (..., Tk, d) at relative ``distance`` (Tq, Tk):
-        sum_i Re[q_i conj(k_i) e^{i D theta_i}] zeta_i^(D/B) / sqrt(d), as ``rotate`` would give for a query at
-        position D and a key at 0 (scaling and YaRN's temperature included). One (Tq, d/2) gather per key, so
-        meant for a few keys (sinks). Returns (..., Tq, Tk) fp32."""
-        high = int(distance.max())
-        table = self.complex_table(0, high + 1, 0, False, q.device)  # query at D, centre 0: e^{iD theta} zeta^(D/B)
-        keys = apply_rotary_complex(k.float(), self.complex_table(0, 1, 0, True, k.device))  # every key at 0 (temperature)
-        qz = torch.view_as_complex(q.float().contiguous().unflatten(-1, (-1, 2)))  # (..., Tq, d/2)
-        kz = torch.view_as_complex(keys.contiguous().unflatten(-1, (-1, 2)))  # (..., Tk, d/2)
-        columns = [((qz * table[distance[:, j]]) * kz[..., j : j + 1, :].conj()).real.sum(-1) for j in range(k.size(-2))]
-        return torch.stack(columns, dim=-1) / math.sqrt(q.size(-1))
-
-    def forward(self, q: Tensor, k: Tensor, q_start: int, k_start: int = 0) -> Tuple[Tensor, Tensor]:
-        """xPos on the queries and keys of one attention call.
-
-        Args:
-            q: (..., Lq, d) queries at positions q_start .. q_start + Lq - 1.
-            k: (..., Lk, d) keys at positions k_start .. k_start + Lk - 1.
-
-        Returns:
-            (q', k') with q' . k'_m = sum_i Re[(q e^{i n theta}) conj(k e^{i m theta})] zeta_i^((n - m)/B),
-            in the input dtypes. The shared centre is the middle of the key span, rounded down to a
-            multiple of CENTER_STEP so that consecutive calls share one cached table.
-        """
-        center = (k_start + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
-        return self.rotate(q, q_start, center, False), self.rotate(k, k_start, center, True)
+        table = self.complex_table(low, high - low + 1, center, keys, x.device, scaling)
+        return apply_rotary_complex(x, table[positions - low])
 
 
 def _xpos_options(config) -> dict:

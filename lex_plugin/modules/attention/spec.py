@@ -1,0 +1,118 @@
+"""The attention spec: everything an evaluation chooses about attention, in one frozen value.
+
+A trained model fixes its weights and its position scheme; how it attends at inference is a choice made
+per call: the window (full, BCA, sliding, sink tokens, Λ) and a RoPE scaling for rotary schemes. That
+choice is an :class:`AttentionSpec`, passed as an argument from the task, the hub, every ``lex`` command
+and the analysis tools down to the executor: nothing is set on a model and restored afterwards. A model
+view with another default spec (``LexDecoder.under``) shares every weight; fairseq's own scorer and
+generator, which call the model without arguments, get that default.
+"""
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Union
+
+from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
+from .window import LM_INFINITE_N_GLOBAL, AttentionWindow, selected_mode, window_from_options
+
+__all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How attention runs at inference.
+
+    Attributes:
+        window: which keys each query may attend (:class:`~.window.AttentionWindow`); default full causal.
+        rope_scaling: the RoPE scaling of a rotary scheme (:class:`~..positions.rope_scaling.RopeScaling`),
+            or None (as trained). A model refuses a scaling when its scheme is not rotary.
+
+    ``str(spec)`` is the label of a report row: the window, then ``+scaling`` when there is one.
+
+    Raises:
+        TypeError: a window that is not an ``AttentionWindow`` or a scaling that is not a ``RopeScaling``.
+    """
+
+    window: AttentionWindow = field(default_factory=AttentionWindow.full)
+    rope_scaling: Optional[RopeScaling] = None
+
+    def __post_init__(self):
+        if not isinstance(self.window, AttentionWindow):
+            raise TypeError(f"AttentionSpec.window must be an AttentionWindow, got {type(self.window).__name__}.")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise TypeError(f"AttentionSpec.rope_scaling must be a RopeScaling or None, got {type(self.rope_scaling).__name__}.")
+
+    def __str__(self) -> str:
+        return str(self.window) if self.rope_scaling is None else f"{self.window}+{self.rope_scaling}"
+
+    def fields(self) -> dict:
+        """The spec as structured report fields: mode, stride, sinks, capped, rope_scaling (kind) and
+        rope_scaling_factor (s), None where absent."""
+        w = self.window
+        return {"mode": "lambda" if w.capped else w.mode, "stride": w.stride or None, "sinks": w.sinks,
+                "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,
+                "rope_scaling_factor": None if self.rope_scaling is None else float(self.rope_scaling.factor)}
+
+
+FULL_SPEC = AttentionSpec()
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """The user's words for an :class:`AttentionSpec`: the flags of the task (``--bca``, ``--sliding-window``,
+    ``--lm-infinite``, ``--n-global``, ``--l-local``, ``--sink-tokens``, ``--training-length``,
+    ``--rope-scaling``, ``--rope-scaling-factor``), of every ``lex`` command, of the hub's keywords and of
+    the bench scripts, turned into a spec in one place (:meth:`spec`).
+
+    Attributes:
+        mode: ``full``, ``bca``, ``sliding`` or ``lambda`` (LM-Infinite).
+        sliding_window: W of ``sliding``: a positive integer or ``l`` (default l).
+        training_length: l instead of the checkpoint's (``--training-length``), or None.
+        sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
+        n_global, l_local: LM-Infinite's branches (``lambda``; L_local defaults to l).
+        rope_scaling, rope_scaling_factor: ``linear`` / ``ntk`` / ``yarn`` and s > 0 or ``auto``.
+    """
+
+    mode: str = "full"
+    sliding_window: Optional[Union[int, str]] = None
+    training_length: Optional[int] = None
+    sink_tokens: int = 0
+    n_global: int = LM_INFINITE_N_GLOBAL
+    l_local: Optional[int] = None
+    rope_scaling: Optional[str] = None
+    rope_scaling_factor: Optional[Union[str, float]] = None
+
+    @classmethod
+    def from_flags(cls, flags: Union[Mapping[str, Any], Any]) -> "AttentionOptions":
+        """The options of parsed flags (a mapping, an argparse / click namespace or a fairseq config) with the
+        names above and ``bca``, ``lm_infinite`` (the mode: ``selected_mode``); a missing name takes its
+        default.
+
+        Raises:
+            ValueError: more than one of --bca, --sliding-window and --lm-infinite.
+        """
+        get = flags.get if isinstance(flags, Mapping) else (lambda name, default=None: getattr(flags, name, default))
+        mode = selected_mode(get("bca", False), get("sliding_window"), get("lm_infinite", False))
+        return cls(mode, get("sliding_window"), get("training_length"), int(get("sink_tokens", 0) or 0),
+                   int(get("n_global", LM_INFINITE_N_GLOBAL) or LM_INFINITE_N_GLOBAL), get("l_local"),
+                   get("rope_scaling"), get("rope_scaling_factor"))
+
+    def for_mode(self, mode: str) -> "AttentionOptions":
+        """These options under another ``mode`` (a comparison over modes: ``--eval-windows``, ``lex passkey
+        --windows``); the sink tokens stay with the modes that take them (bca, sliding) and are dropped from
+        the others."""
+        return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0)
+
+    def spec(self, model_training_length: Optional[int], evaluation_length: Optional[int] = None) -> AttentionSpec:
+        """The spec for a checkpoint trained on ``model_training_length`` tokens (None if it records none),
+        evaluated at ``evaluation_length`` (what ``--rope-scaling-factor auto`` divides by l; None where
+        unknown).
+
+        Raises:
+            ValueError: as ``window_from_options`` and ``rope_scaling_from_options`` (a mode that needs l
+                when none is known, sinks on full attention, ``auto`` without an evaluation length...).
+        """
+        window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
+                                     self.sink_tokens, self.n_global, self.l_local)
+        scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor,
+                                            self.training_length or model_training_length, evaluation_length)
+        return AttentionSpec(window, scaling)

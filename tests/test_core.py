@@ -1,0 +1,100 @@
+"""The attention core's contracts: importable without fairseq, state passed in (specs, views, observers),
+one translation from options to a spec."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import REPO, build_lex_model, random_tokens
+from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow
+from lex_plugin.modules.positions.rope_scaling import RopeScaling
+
+
+def test_the_core_imports_and_runs_without_fairseq():
+    """``lex_plugin.modules`` (positions, attention, cache, layers) in a fresh interpreter where fairseq cannot
+    be imported: a decoder layer runs BCA through the planner, the executor and the cache, and nothing of
+    fairseq or of the fairseq-side packages (models, tasks, hub) was loaded."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["fairseq"] = None  # import fairseq -> ModuleNotFoundError
+        import torch
+        from torchscale.architecture.config import DecoderConfig
+        from lex_plugin.modules import AttentionSpec, AttentionWindow, LexDecoderLayer, XPos
+        config = DecoderConfig(decoder_embed_dim=32, decoder_attention_heads=4, decoder_ffn_embed_dim=64,
+                               decoder_layers=1, dropout=0.0)
+        layer = LexDecoderLayer(config, 0).eval()
+        x = torch.randn(1, 40, 32)
+        spec = AttentionSpec(AttentionWindow.bca(16))
+        with torch.no_grad():
+            full = layer(x, XPos(8), spec=spec)
+            state = {}
+            steps = torch.cat([layer(x[:, t : t + 1], XPos(8), None, state, spec) for t in range(40)], dim=1)
+        assert (steps - full).abs().max() < 1e-4, float((steps - full).abs().max())
+        loaded = sorted(m for m in sys.modules if m.startswith("fairseq") and sys.modules[m] is not None)
+        above = sorted(m for m in sys.modules if m.startswith(("lex_plugin.models", "lex_plugin.tasks", "lex_plugin.hub")))
+        print("fairseq:", loaded, "above:", above)
+        assert not loaded and not above
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fairseq: [] above: []" in out.stdout
+
+
+def test_a_view_shares_the_weights_and_keeps_the_original_default():
+    model = build_lex_model(tokens_per_sample=32)
+    view = model.under(AttentionSpec(AttentionWindow.bca(32)))
+    assert model.decoder.spec == AttentionSpec() and view.decoder.spec.window == AttentionWindow.bca(32)
+    assert view.decoder.layers is model.decoder.layers and view.decoder.embed_tokens is model.decoder.embed_tokens
+    with torch.no_grad():
+        view.decoder.layers[0].self_attn.q_proj.weight.add_(1.0)  # one set of parameters
+    assert torch.equal(view.state_dict()["decoder.layers.0.self_attn.q_proj.weight"],
+                       model.state_dict()["decoder.layers.0.self_attn.q_proj.weight"])
+    assert list(view.state_dict()) == list(model.state_dict())  # checkpoints load into a view unchanged
+    tokens = random_tokens(model.decoder.dictionary, 1, 100)
+    with torch.no_grad():
+        assert torch.equal(view(tokens)[0], model(tokens, spec=view.decoder.spec)[0])
+        assert not torch.allclose(view(tokens)[0], model(tokens)[0], atol=1e-3)  # the default really differs
+
+
+def test_a_spec_the_scheme_cannot_take_is_refused():
+    model = build_lex_model(pos_emb="alibi")
+    tokens = random_tokens(model.decoder.dictionary, 1, 10)
+    scaled = AttentionSpec(rope_scaling=RopeScaling("linear", 2.0, 32))
+    with pytest.raises(ValueError, match="scales rotary positions"):
+        model(tokens, spec=scaled)
+    with pytest.raises(TypeError, match="AttentionSpec"):
+        model(tokens, spec=AttentionWindow.full())
+    with pytest.raises(TypeError, match="AttentionWindow"):
+        AttentionSpec("bca")
+
+
+def test_the_observer_is_an_argument_of_one_call():
+    model = build_lex_model(tokens_per_sample=32)
+    tokens = random_tokens(model.decoder.dictionary, 2, 50)
+    seen = []
+    with torch.no_grad():
+        observed = model(tokens, observer=lambda layer, logits, distance, visible: seen.append((layer, logits.shape)))[0]
+        plain = model(tokens)[0]
+    assert sorted({layer for layer, _ in seen}) == list(range(len(model.decoder.layers)))
+    assert all(shape[-2:] == (50, 50) for _, shape in seen)
+    assert torch.equal(observed, plain) and len(seen) == len(model.decoder.layers)  # the next call observes nothing
+
+
+def test_options_translate_to_specs_in_one_place():
+    options = AttentionOptions.from_flags({"bca": True, "sink_tokens": 4, "rope_scaling": "linear", "rope_scaling_factor": "auto"})
+    assert options.mode == "bca" and options.sink_tokens == 4
+    spec = options.spec(64, evaluation_length=256)
+    assert spec.window == AttentionWindow.bca(64).with_sinks(4) and spec.rope_scaling == RopeScaling("linear", 4.0, 64)
+    assert str(spec) == "bca(32)+sinks(4)+linear(s=4)"
+    assert spec.fields() == {"mode": "bca", "stride": 32, "sinks": 4, "rope_scaling": "linear", "rope_scaling_factor": 4.0}
+    assert options.for_mode("full").spec(64, 256).window == AttentionWindow.full()  # sinks stay with bca / sliding
+    assert options.for_mode("sliding").spec(64, 256).window == AttentionWindow.sliding(64).with_sinks(4)
+    lam = AttentionOptions("lambda", n_global=3).spec(64)
+    assert lam.window == AttentionWindow.lambda_shaped(3, 64) and lam.fields()["mode"] == "lambda"
+    with pytest.raises(ValueError, match="choose one of"):
+        AttentionOptions.from_flags({"bca": True, "sliding_window": "l"})
+    with pytest.raises(ValueError, match="training length"):
+        AttentionOptions("bca").spec(None)
