@@ -123,6 +123,7 @@ def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_op
     from lex_plugin.modules.positions import NoPositions
 
     scheme = scheme if scheme is not None else NoPositions()
-    chunks = plan(window, 0, q.size(2), 0, has_bias=scheme.kind == "bias", padded=key_padding_mask is not None,
-                  batch_heads=q.size(0) * q.size(1), **plan_options)
+    chunks = plan(window, 0, q.size(2), 0, has_bias=scheme.kind == "bias" or window.sinks > 0,
+                  padded=key_padding_mask is not None, batch_heads=q.size(0) * q.size(1),
+                  local_positions=scheme.translation_invariant, **plan_options)
     return attend(q, k, v, chunks, AttentionSpec(window), scheme, 0, 0, None, key_padding_mask)

@@ -265,7 +265,7 @@ def test_every_scheme_builds_what_it_says(scheme):
     dec = model.decoder
     assert dec.position_kind == spec.kind and all(p.kind == spec.kind for p in dec.positions)
     assert len(dec.positions) == (dec.num_layers if spec.per_layer else 1)
-    assert (model.max_positions() == L_TRAIN) == (not spec.extrapolates)
+    assert (model.max_positions() == L_TRAIN) == (scheme == "learned")  # only a learned table stops at l
     names = set(model.state_dict())
     learned = {"kerple_log": "decoder.positions.3.r1", "kerple_power": "decoder.positions.3.r2",
                "t5": "decoder.positions.0.t5.relative_attention_bias.weight", "learned": "decoder.positions.0.weight"}

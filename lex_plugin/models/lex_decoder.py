@@ -247,7 +247,7 @@ class LexDecoder(FairseqIncrementalDecoder):
         for key in [k for k in state_dict if k.startswith(prefix + "position_bias.")]:
             state_dict[prefix + "positions." + key[len(prefix + "position_bias."):]] = state_dict.pop(key)
         learned = [k for k in state_dict if k.startswith(prefix + "embed_positions.") and k.endswith("weight")]
-        if learned and self.pos_emb != "learned":
+        if learned and "positions.0.weight" not in self.state_dict():  # this model has no learned table
             raise ValueError(
                 f"checkpoint has an absolute position table ({learned[0]}) but this model is --pos-emb {self.pos_emb}. "
                 "Build it with --pos-emb learned, or train the TorchScale model with --no-token-positional-embeddings."

@@ -5,11 +5,13 @@ Configuration uses TorchScale's ``DecoderConfig`` vocabulary (``decoder_embed_di
 ``models/transformer_lm.py``. Boolean options are off unless passed (fairseq turns dataclass booleans
 into ``store_true`` flags). Layers are pre-LN (TorchScale's LM default) unless ``--post-ln`` or
 ``--deepnorm`` (DeepNet is post-LN by definition); ``--subln`` (Magneto) is pre-LN and refuses both.
-Every default lives in this dataclass (the xPos constants in ``modules.positions.xpos``).
+The position schemes' options are not written here: each scheme declares its own (``SchemeSpec.options``,
+with their defaults) and the dataclass is assembled from the registry, so a scheme registered before
+this module is imported gets its flags, and an option given to a scheme that does not use it is refused.
 """
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Optional
 
 import torch
@@ -19,39 +21,25 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
-from ..modules.positions import POSITION_SCHEMES
-from ..modules.positions.biases import SANDWICH_DIM, T5_MAX_DISTANCE, T5_NUM_BUCKETS
-from ..modules.positions.xpos import GAMMA, SCALE_BASE, THETA_BASE
+from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS, SchemeOption
+from ..modules.positions.scheme import scheme_owners
 from .lex_decoder import LexDecoder, build_embedding
 
-POS_EMB_CHOICES = ChoiceEnum(list(POSITION_SCHEMES))
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 
 @dataclass
-class LexLanguageModelConfig(FairseqDataclass):
-    """``--arch lex_lm`` options: TorchScale ``DecoderConfig`` names plus the position scheme (xPos Eq. 12
-    and the baselines the papers compare: RoPE, ALiBi, Sandwich, KERPLE, T5, sinusoidal, learned, NoPE;
-    the Table 4 ablations). ``tokens_per_sample`` records the training length l."""
+class LexModelOptions(FairseqDataclass):
+    """``--arch lex_lm`` options that every position scheme shares: TorchScale ``DecoderConfig`` names,
+    ``--pos-emb`` (any registered scheme) and ``--random-positions``. ``tokens_per_sample`` records the
+    training length l. The schemes' own options are added from the registry
+    (:data:`LexLanguageModelConfig`)."""
 
-    pos_emb: POS_EMB_CHOICES = field(
+    pos_emb: str = field(
         default="xpos",
-        metadata={"help": "position scheme: " + "; ".join(f"{n} ({spec.summary})" for n, spec in POSITION_SCHEMES.items())},
+        metadata={"help": "position scheme, any registered one: " + "; ".join(
+            f"{n} ({spec.summary})" for n, spec in POSITION_SCHEMES.items())},
     )
-    xpos_scale_base: float = field(default=SCALE_BASE, metadata={"help": "xPos scale base B in zeta^(n/B) (Eq. 12)"})
-    xpos_gamma: float = field(
-        default=GAMMA, metadata={"help": "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"}
-    )
-    rope_theta: float = field(default=THETA_BASE, metadata={"help": "RoPE / xPos base of theta_i = base^(-2i/d)"})
-    xpos_scalar_zeta: bool = field(
-        default=False, metadata={"help": "ablation (LeX Table 4): one zeta = gamma/(1 + gamma) for every pair"}
-    )
-    xpos_no_rotation: bool = field(
-        default=False, metadata={"help": "ablation (LeX Table 4): theta = 0, decay only, no rotation"}
-    )
-    sandwich_dim: int = field(default=SANDWICH_DIM, metadata={"help": "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"})
-    t5_num_buckets: int = field(default=T5_NUM_BUCKETS, metadata={"help": "T5 bias: number of distance buckets"})
-    t5_max_distance: int = field(default=T5_MAX_DISTANCE, metadata={"help": "T5 bias: distances from here on share the last bucket"})
     random_positions: int = field(
         default=0,
         metadata={"help": "randomized positions at training (Ruoss et al. 2023): each sample takes sorted position ids "
@@ -82,6 +70,23 @@ class LexLanguageModelConfig(FairseqDataclass):
     tokens_per_sample: int = II("task.tokens_per_sample")
 
 
+def _scheme_option_field(option: SchemeOption):
+    owners = "/".join(scheme_owners(option.name))
+    default = "off" if option.default is False else option.default if option.default is not None else "see help"
+    return (option.name, Optional[option.type],
+            field(default=None, metadata={"help": f"{option.help} (--pos-emb {owners}; default {default})"}))
+
+
+# The model's options: the shared ones and every registered scheme's own (None: not given, the scheme's
+# default applies; given to another scheme: refused, ``scheme_option_values``), assembled from the registry.
+LexLanguageModelConfig = make_dataclass(
+    "LexLanguageModelConfig", [_scheme_option_field(o) for o in SCHEME_OPTIONS.values()], bases=(LexModelOptions,)
+)
+LexLanguageModelConfig.__doc__ = (
+    "``--arch lex_lm`` options: :class:`LexModelOptions` plus each registered position scheme's options "
+    "(xPos Eq. 12 and its Table 4 ablations, RoPE's base, Sandwich, T5, the learned table size).")
+
+
 def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     """TorchScale ``DecoderConfig`` from the fairseq model config (Namespace or DictConfig)."""
     config = DecoderConfig(
@@ -102,21 +107,14 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
         layernorm_eps=cfg.layernorm_eps,
         vocab_size=vocab_size,
-        xpos_rel_pos=str(cfg.pos_emb) == "xpos",
-        xpos_scale_base=cfg.xpos_scale_base,
     )
-    # not DecoderConfig fields (TorchScale has xPos with gamma = 0.4 only)
+    # the position scheme and every registered scheme option as given (None: not given); the decoder's
+    # ``build_positions`` resolves the chosen scheme's and refuses the others (``scheme_option_values``)
     config.pos_emb = str(cfg.pos_emb)
-    config.xpos_gamma = cfg.xpos_gamma
-    config.rope_theta = cfg.rope_theta
-    config.xpos_scalar_zeta = cfg.xpos_scalar_zeta
-    config.xpos_no_rotation = cfg.xpos_no_rotation
-    config.sandwich_dim = cfg.sandwich_dim
-    config.t5_num_buckets = cfg.t5_num_buckets
-    config.t5_max_distance = cfg.t5_max_distance
+    for name in SCHEME_OPTIONS:
+        setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
-    config.max_target_positions = (safe_getattr(cfg, "max_target_positions", None)
-                                   or max(safe_getattr(cfg, "tokens_per_sample", None) or 0, config.random_positions) or None)
+    config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 
 
@@ -135,10 +133,6 @@ def check_config(cfg) -> None:
         length = safe_getattr(cfg, "tokens_per_sample", None)
         if limit < 0 or (length and limit < length):
             raise ValueError(f"--random-positions L_MAX ({limit}) must be at least --tokens-per-sample ({length}).")
-        rows = safe_getattr(cfg, "max_target_positions", None)
-        if str(cfg.pos_emb) == "learned" and rows and rows < limit:
-            raise ValueError(f"--pos-emb learned with --random-positions {limit} needs --max-target-positions >= {limit} "
-                             f"(a row for every position drawn), got {rows}.")
     for name in ("decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}.")

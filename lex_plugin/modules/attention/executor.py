@@ -92,6 +92,9 @@ def attend(
                dropout_p, observer, feature_major)
     if positions is not None:
         run.use_positions(positions)
+    if not scheme.translation_invariant and any(chunk.windows for chunk in chunks):
+        raise ValueError(f"{type(scheme).__name__} is not translation-invariant: it must see true positions, so plan "
+                         "its attention with local_positions=False (no batched windows).")
     if run.window.sinks:
         if sinks is None:
             if center is not None or k_start:

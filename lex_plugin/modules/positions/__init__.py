@@ -2,8 +2,8 @@
 (``POSITION_SCHEMES``); each module below registers its schemes when imported."""
 
 from .scheme import (
-    KINDS, POSITION_SCHEMES, NoPositions, PositionScheme, SchemeSpec, build_positions, get_scheme,
-    register_position_scheme, scheme_table, validate_position_config,
+    KINDS, POSITION_SCHEMES, SCHEME_OPTIONS, NoPositions, PositionScheme, SchemeOption, SchemeSpec, build_positions,
+    get_scheme, register_position_scheme, scheme_table, unregister_position_scheme, validate_position_config,
 )
 from .xpos import XPos, apply_rotary_complex, rope_theta, xpos_zeta
 from .biases import ALiBi, DistanceBias, KerpleLog, KerplePower, Sandwich, SmoothedSandwich, T5Bias, alibi_slopes
@@ -16,7 +16,8 @@ register_position_scheme(SchemeSpec(
 
 __all__ = [
     "ALiBi", "DistanceBias", "KINDS", "KerpleLog", "KerplePower", "LearnedPositions", "NoPositions",
-    "POSITION_SCHEMES", "PositionScheme", "Sandwich", "SchemeSpec", "SinusoidalPositions", "SmoothedSandwich",
+    "POSITION_SCHEMES", "PositionScheme", "SCHEME_OPTIONS", "Sandwich", "SchemeOption", "SchemeSpec", "SinusoidalPositions", "SmoothedSandwich",
     "T5Bias", "XPos", "alibi_slopes", "apply_rotary_complex", "build_positions",
-    "get_scheme", "register_position_scheme", "rope_theta", "scheme_table", "validate_position_config", "xpos_zeta",
+    "get_scheme", "register_position_scheme", "rope_theta", "scheme_table", "unregister_position_scheme", "validate_position_config",
+    "xpos_zeta",
 ]

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .scheme import PositionScheme, SchemeSpec, register_position_scheme
+from .scheme import PositionScheme, SchemeOption, SchemeSpec, register_position_scheme
 
 __all__ = ["LearnedPositions", "SinusoidalPositions"]
 
@@ -101,10 +101,20 @@ def _validate_sinusoidal(config) -> None:
 
 
 def _learned_size(config) -> int:
-    size = getattr(config, "max_target_positions", None)
+    """P: --max-target-positions, else the longest position training draws (the training length, or
+    --random-positions L_MAX)."""
+    size = config.max_target_positions or max(getattr(config, "tokens_per_sample", None) or 0,
+                                               getattr(config, "random_positions", 0) or 0)
     if not size:
         raise ValueError("--pos-emb learned needs a table size: --max-target-positions (or --tokens-per-sample).")
     return int(size)
+
+
+def _validate_learned(config) -> None:
+    size, limit = _learned_size(config), getattr(config, "random_positions", 0) or 0
+    if limit and size < limit:
+        raise ValueError(f"--pos-emb learned with --random-positions {limit} needs --max-target-positions >= {limit} "
+                         f"(a row for every position drawn), got {size}.")
 
 
 register_position_scheme(SchemeSpec(
@@ -115,5 +125,7 @@ register_position_scheme(SchemeSpec(
     "learned", "absolute", "a learned row per position 0 .. P-1 (P = --max-target-positions, default l); no extrapolation",
     "Radford et al. 2019 (GPT-2); fairseq's learned positions",
     lambda config, layer: LearnedPositions(_learned_size(config), config.decoder_embed_dim),
-    validate=lambda config: _learned_size(config) and None, extrapolates=False,
+    validate=_validate_learned,
+    options=(SchemeOption("max_target_positions", int, None,
+                          "rows of the learned position table (default: --tokens-per-sample, or --random-positions)"),),
 ))

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torchscale.component.relative_position_bias import RelativePositionBias
 
-from .scheme import PositionScheme, SchemeSpec, register_position_scheme
+from .scheme import PositionScheme, SchemeOption, SchemeSpec, register_position_scheme
 
 __all__ = ["ALiBi", "DistanceBias", "KerpleLog", "KerplePower", "Sandwich", "SmoothedSandwich", "T5Bias", "alibi_slopes"]
 
@@ -288,7 +288,9 @@ for _spec in (
                lambda config, layer: ALiBi(_heads(config))),
     SchemeSpec("sandwich", "bias", "(p_n . p_m - d_bar/2) / rho_h from d_bar-dim sinusoids (--sandwich-dim)",
                "Chi et al. 2023 (receptive field), Eq. 6, Appendix E",
-               lambda config, layer: Sandwich(_heads(config), config.sandwich_dim), validate=_validate_sandwich),
+               lambda config, layer: Sandwich(_heads(config), config.sandwich_dim), validate=_validate_sandwich,
+               options=(SchemeOption("sandwich_dim", int, SANDWICH_DIM,
+                                     "Sandwich's d_bar: dimension of its sinusoids (Chi et al., Eq. 6)"),)),
     SchemeSpec("smoothed_sandwich", "bias", "-0.825 log(1 + |n - m|) - 0.8, every head",
                "Chi et al. 2023 (receptive field), section 6.2, Table 3 'Smoothed'",
                lambda config, layer: SmoothedSandwich(_heads(config))),
@@ -301,6 +303,9 @@ for _spec in (
     SchemeSpec("t5", "bias", "learned scalar per head and log-spaced distance bucket (--t5-num-buckets, --t5-max-distance)",
                "Raffel et al. 2020 (T5), section 2.1",
                lambda config, layer: T5Bias(_heads(config), config.t5_num_buckets, config.t5_max_distance),
-               validate=_validate_t5),
+               validate=_validate_t5,
+               options=(SchemeOption("t5_num_buckets", int, T5_NUM_BUCKETS, "T5 bias: number of distance buckets"),
+                        SchemeOption("t5_max_distance", int, T5_MAX_DISTANCE,
+                                     "T5 bias: distances from here on share the last bucket"))),
 ):
     register_position_scheme(_spec)

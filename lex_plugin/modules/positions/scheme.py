@@ -28,13 +28,14 @@ the test parametrisation and the README's table all read it. Adding a scheme is 
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
 __all__ = [
-    "KINDS", "POSITION_SCHEMES", "NoPositions", "PositionScheme", "SchemeSpec", "build_positions", "get_scheme",
-    "register_position_scheme", "scheme_table", "validate_position_config",
+    "KINDS", "POSITION_SCHEMES", "SCHEME_OPTIONS", "NoPositions", "PositionScheme", "SchemeOption", "SchemeSpec",
+    "build_positions", "get_scheme", "register_position_scheme", "scheme_option_values", "scheme_table",
+    "unregister_position_scheme", "validate_position_config",
 ]
 
 KINDS = ("rotary", "bias", "absolute", "none")
@@ -110,6 +111,27 @@ class NoPositions(PositionScheme):
 
 
 @dataclass(frozen=True)
+class SchemeOption:
+    """One option of a position scheme, a flag of ``--arch lex_lm`` (``--xpos-gamma``...).
+
+    Attributes:
+        name: the config attribute (``xpos_gamma``; the flag is ``--xpos-gamma``).
+        type: ``float``, ``int`` or ``bool``.
+        default: the value when not given (None: the scheme computes one, e.g. from the training length).
+        help: one line for ``--help``.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
 class SchemeSpec:
     """One ``--pos-emb`` entry.
 
@@ -121,8 +143,10 @@ class SchemeSpec:
         build: (config, layer index) -> :class:`PositionScheme`. ``config`` is the TorchScale
             ``DecoderConfig`` with the plugin's fields; see ``lex_lm.build_decoder_config``.
         per_layer: one module per layer (KERPLE's parameters are per layer) instead of one shared.
-        validate: config -> None, raising ValueError naming the option to change.
-        extrapolates: False when positions past the training length have no representation (learned).
+        validate: config -> None, raising ValueError naming the option to change (the config carries the
+            scheme's own options, resolved: ``scheme_option_values``).
+        options: the scheme's :class:`SchemeOption` s; an option of another scheme given to this one is
+            refused. Two schemes may share an option (xPos and RoPE: ``rope_theta``) if they declare it alike.
     """
 
     name: str
@@ -132,10 +156,11 @@ class SchemeSpec:
     build: Callable[[object, int], PositionScheme]
     per_layer: bool = False
     validate: Optional[Callable[[object], None]] = None
-    extrapolates: bool = True
+    options: Tuple[SchemeOption, ...] = ()
 
 
 POSITION_SCHEMES: Dict[str, SchemeSpec] = {}
+SCHEME_OPTIONS: Dict[str, SchemeOption] = {}  # every registered scheme's options, by name
 
 
 def register_position_scheme(spec: SchemeSpec) -> SchemeSpec:
@@ -148,8 +173,56 @@ def register_position_scheme(spec: SchemeSpec) -> SchemeSpec:
         raise ValueError(f"position scheme {spec.name!r} is registered twice.")
     if spec.kind not in KINDS:
         raise ValueError(f"position scheme kind must be one of {KINDS}, got {spec.kind!r}.")
+    for option in spec.options:
+        known = SCHEME_OPTIONS.get(option.name)
+        if known is not None and known != option:
+            raise ValueError(f"{option.flag} is declared differently by two position schemes: {known} and {option}.")
     POSITION_SCHEMES[spec.name] = spec
+    SCHEME_OPTIONS.update((option.name, option) for option in spec.options)
     return spec
+
+
+def unregister_position_scheme(name: str) -> SchemeSpec:
+    """Remove ``--pos-emb name`` and the options only it declared (a plugin's or a test's scheme).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    spec = get_scheme(name)
+    del POSITION_SCHEMES[name]
+    for option in spec.options:
+        if not any(option in other.options for other in POSITION_SCHEMES.values()):
+            SCHEME_OPTIONS.pop(option.name, None)
+    return spec
+
+
+def scheme_owners(option: str) -> Tuple[str, ...]:
+    """The schemes that declare ``option``."""
+    return tuple(s.name for s in POSITION_SCHEMES.values() if any(o.name == option for o in s.options))
+
+
+def scheme_option_values(pos_emb: str, config) -> Dict[str, Any]:
+    """The options of scheme ``pos_emb`` read from ``config`` (any object; a missing or None attribute takes
+    the option's default), after refusing every option of another scheme given with a value other than its
+    default (it would do nothing: the model would silently not be what was asked for).
+
+    Raises:
+        ValueError: an unknown scheme, or a foreign option given, naming the option and both schemes.
+    """
+    spec = get_scheme(pos_emb)
+    own = {option.name for option in spec.options}
+    for name, option in SCHEME_OPTIONS.items():
+        value = getattr(config, name, None)
+        if name not in own and value is not None and value != option.default:
+            raise ValueError(
+                f"{option.flag} {value} is an option of --pos-emb {' / '.join(scheme_owners(name))}; this model is "
+                f"--pos-emb {pos_emb}, which does not use it. Drop {option.flag} or choose that scheme."
+            )
+    values = {}
+    for option in spec.options:
+        value = getattr(config, option.name, None)
+        values[option.name] = option.default if value is None else option.type(value)
+    return values
 
 
 def get_scheme(name: str) -> SchemeSpec:
@@ -170,12 +243,15 @@ def head_dim(config) -> int:
 
 
 def validate_position_config(config) -> None:
-    """Run the chosen scheme's validation on a model config (``pos_emb`` and its options).
+    """Resolve the chosen scheme's options on a model config (``scheme_option_values``: each set on
+    ``config``, given or default) and run the scheme's validation.
 
     Raises:
-        ValueError: unknown scheme, or options the scheme cannot take.
+        ValueError: unknown scheme, an option of another scheme, or options the scheme cannot take.
     """
     spec = get_scheme(config.pos_emb)
+    for name, value in scheme_option_values(config.pos_emb, config).items():
+        setattr(config, name, value)
     if spec.validate is not None:
         spec.validate(config)
 
@@ -193,8 +269,11 @@ def build_positions(config) -> Tuple[str, nn.ModuleList]:
 
 
 def scheme_table() -> str:
-    """The Markdown table of registered schemes (name, kind, what it does, source): the README's."""
-    lines = ["| `--pos-emb` | kind | what it does | source |", "|---|---|---|---|"]
+    """The Markdown table of registered schemes (name, kind, what it does, its options with their defaults,
+    source): the README's."""
+    lines = ["| `--pos-emb` | kind | what it does | options (default) | source |", "|---|---|---|---|---|"]
     for spec in POSITION_SCHEMES.values():
-        lines.append(f"| `{spec.name}` | {spec.kind} | {spec.summary} | {spec.source} |")
+        options = ", ".join(f"`{o.flag}` ({'off' if o.default is False else o.default if o.default is not None else 'see help'})"
+                            for o in spec.options) or "none"
+        lines.append(f"| `{spec.name}` | {spec.kind} | {spec.summary} | {options} | {spec.source} |")
     return "\n".join(lines)

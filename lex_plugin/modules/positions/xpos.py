@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .rope_scaling import RopeScaling
-from .scheme import PositionScheme, SchemeSpec, head_dim, register_position_scheme
+from .scheme import PositionScheme, SchemeOption, SchemeSpec, head_dim, register_position_scheme
 
 __all__ = ["XPos", "apply_rotary_complex", "xpos_zeta", "rope_theta"]
 
@@ -254,9 +254,14 @@ class XPos(PositionScheme):
         return apply_rotary_complex(x, table[positions - low])
 
 
-def _xpos_options(config) -> dict:
-    return dict(scale_base=config.xpos_scale_base, gamma=config.xpos_gamma, theta_base=config.rope_theta,
-                scalar_zeta=config.xpos_scalar_zeta, rotation=not config.xpos_no_rotation)
+ROPE_THETA = SchemeOption("rope_theta", float, THETA_BASE, "RoPE / xPos base of theta_i = base^(-2i/d)")
+XPOS_OPTIONS = (
+    SchemeOption("xpos_scale_base", float, SCALE_BASE, "xPos scale base B in zeta^(n/B) (Eq. 12)"),
+    SchemeOption("xpos_gamma", float, GAMMA, "xPos gamma in zeta_i = (2i/d + gamma)/(1 + gamma) (Eq. 12)"),
+    ROPE_THETA,
+    SchemeOption("xpos_scalar_zeta", bool, False, "ablation (LeX Table 4): one zeta = gamma/(1 + gamma) for every pair"),
+    SchemeOption("xpos_no_rotation", bool, False, "ablation (LeX Table 4): theta = 0, decay only, no rotation"),
+)
 
 
 def _validate_rotary(config) -> None:
@@ -266,21 +271,25 @@ def _validate_rotary(config) -> None:
             f"--pos-emb {config.pos_emb} rotates pairs of dimensions, so the head dimension (--decoder-embed-dim / "
             f"--decoder-attention-heads = {d}) must be even."
         )
-    if config.xpos_scale_base <= 0 or config.xpos_gamma <= 0 or config.rope_theta <= 0:
-        raise ValueError(
-            f"--xpos-scale-base ({config.xpos_scale_base}), --xpos-gamma ({config.xpos_gamma}) and --rope-theta "
-            f"({config.rope_theta}) must be > 0."
-        )
-    if config.pos_emb == "rope" and (config.xpos_scalar_zeta or config.xpos_no_rotation):
-        raise ValueError("--xpos-scalar-zeta / --xpos-no-rotation are xPos ablations: use them with --pos-emb xpos.")
+    if config.rope_theta <= 0:
+        raise ValueError(f"--rope-theta must be > 0, got {config.rope_theta}.")
+
+
+def _validate_xpos(config) -> None:
+    _validate_rotary(config)
+    if config.xpos_scale_base <= 0 or config.xpos_gamma <= 0:
+        raise ValueError(f"--xpos-scale-base ({config.xpos_scale_base}) and --xpos-gamma ({config.xpos_gamma}) must be > 0.")
 
 
 register_position_scheme(SchemeSpec(
     "xpos", "rotary", "rotation n theta_i of RoPE, queries scaled by zeta_i^(n/B), keys by zeta_i^(-m/B) (default)",
     "Sun et al. 2023 (LeX), Eq. 12, Algorithm 1",
-    lambda config, layer: XPos(head_dim(config), use_scale=True, **_xpos_options(config)), validate=_validate_rotary,
+    lambda config, layer: XPos(head_dim(config), config.xpos_scale_base, config.xpos_gamma, config.rope_theta,
+                               use_scale=True, scalar_zeta=config.xpos_scalar_zeta, rotation=not config.xpos_no_rotation),
+    validate=_validate_xpos, options=XPOS_OPTIONS,
 ))
 register_position_scheme(SchemeSpec(
     "rope", "rotary", "rotation of query/key pairs by n theta_i (xPos with zeta = 1)", "Su et al. 2021 (RoFormer), Eq. 34",
-    lambda config, layer: XPos(head_dim(config), use_scale=False, **_xpos_options(config)), validate=_validate_rotary,
+    lambda config, layer: XPos(head_dim(config), theta_base=config.rope_theta, use_scale=False),
+    validate=_validate_rotary, options=(ROPE_THETA,),
 ))
