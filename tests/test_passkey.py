@@ -164,3 +164,24 @@ def test_lex_passkey_data_writes_a_data_bin_fairseq_fine_tunes_on(trained, data_
     assert (save / "checkpoint_last.pt").exists()
     with pytest.raises(AssertionError, match="not empty"):
         run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey-data", "--path", str(ckpt), str(data_bin), str(dest)])
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_the_needle_sits_exactly_at_its_depth(depth):
+    """build_prompt puts round(depth * F) filler tokens between the intro and the needle (F = the filler
+    tokens of the prompt): offset exactly |intro| + round(depth F), the filler in order around it."""
+    vocab = {}
+    encode = lambda text: torch.tensor([vocab.setdefault(w, 1000 + len(vocab)) for w in text.split()])  # noqa: E731
+    filler = torch.arange(10, 500)
+    prompt = build_prompt(encode, filler, 200, depth, 31337)
+    from lex_plugin.evaluation.passkey import INTRO, NEEDLE, QUESTION, _spell
+
+    intro, needle, question = encode(INTRO), encode(NEEDLE.format(key=_spell(31337))), encode(QUESTION)
+    fill = 200 - intro.numel() - needle.numel() - question.numel()
+    cut = {0.0: 0, 0.5: round(0.5 * fill), 1.0: fill}[depth]
+    assert prompt.tokens.numel() == 200
+    assert prompt.needle_start == intro.numel() + cut and prompt.needle_end == prompt.needle_start + needle.numel()
+    assert torch.equal(prompt.tokens[: intro.numel()], intro)
+    assert torch.equal(prompt.tokens[prompt.needle_start : prompt.needle_end], needle)
+    assert torch.equal(prompt.tokens[intro.numel() : prompt.needle_start], filler[:cut])
+    assert torch.equal(prompt.tokens[prompt.needle_end : 200 - question.numel()], filler[cut:fill])

@@ -138,3 +138,52 @@ def test_eval_lm_length_table_with_sinks_and_lambda(data_bin, trained, tmp_path)
     assert rows[(sinks, TRAIN_LEN)]["loss"] == pytest.approx(rows[("full", TRAIN_LEN)]["loss"], abs=1e-5)
     assert rows[(lam, TRAIN_LEN)]["loss"] == pytest.approx(rows[("full", TRAIN_LEN)]["loss"], abs=1e-5)
     assert all(r["tokens"] == 3000 and math.isfinite(r["loss"]) for r in rows.values())
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("scheme", ["xpos", "alibi"])
+def test_sinks_with_padded_keys_match_naive_attention(window, scheme):
+    """Left-padded rows: padded keys are hidden from the window's keys and from the sinks alike (a padded
+    query still sees itself), under the virtual distances of each method."""
+    torch.manual_seed(1)
+    B, H, D, L = 2, 4, 16, 3 * L_TRAIN + 5
+    q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, :2] = True  # two of the sink positions are padding in the second row
+    pos = XPos(D) if scheme == "xpos" else ALiBi(H)
+    got = run_attention(q, k, v, window, pos, key_padding_mask=pad)
+    dist, visible = distances(window, L)
+    allowed = (visible[None, None] & ~pad[:, None, None, :]) | torch.eye(L, dtype=torch.bool)
+    expected = naive(q, k, v, dist, allowed, pos)
+    real = ~pad
+    assert (got.double() - expected).abs().permute(0, 2, 1, 3)[real].max() < 2e-5
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sinks_and_lambda_keep_the_input_dtype(window, dtype):
+    torch.manual_seed(2)
+    B, H, D, L = 1, 4, 16, 3 * L_TRAIN
+    q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
+    ref = run_attention(q, k, v, window, XPos(D))
+    low = run_attention(q.to(dtype), k.to(dtype), v.to(dtype), window, XPos(D))
+    assert low.dtype == dtype and torch.isfinite(low).all()
+    assert (low.float() - ref).abs().max() < (0.02 if dtype == torch.float16 else 0.06)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_left_padded_generation_with_sinks_equals_parallel(window):
+    """A left-padded row (its first positions, the would-be sinks, are padding): a prompt, then token by
+    token through the cache, gives the parallel forward's logits at every real position."""
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    d = model.decoder.dictionary
+    tokens = random_tokens(d, 2, 3 * L_TRAIN, seed=6)
+    tokens[1, :3] = d.pad()
+    spec = AttentionSpec(window)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        state = {}
+        steps = [model(tokens[:, :10], incremental_state=state, spec=spec)[0]]
+        steps += [model(tokens[:, :t], incremental_state=state, spec=spec)[0] for t in range(11, tokens.size(1) + 1)]
+    real = tokens.ne(d.pad())
+    assert (torch.cat(steps, 1) - parallel).abs()[real].max() <= 2e-4

@@ -288,3 +288,98 @@ def test_other_rotary_schemes_work_under_windows_and_the_cache(overrides):
         assert xpos.use_scale == (overrides.get("pos_emb") != "rope")
         assert xpos.scalar_zeta == overrides.get("xpos_scalar_zeta", False)
         assert xpos.rotation == (not overrides.get("xpos_no_rotation", False))
+
+
+# ---- the cache's protocol: centres, long prefills, padded beams ------------------------------------------
+
+def test_keys_rescaled_to_a_new_centre_equal_keys_rotated_there():
+    """rescale_keys(c1, c2) turns keys rotated at centre c1 into keys rotated at c2 (xPos's zeta^((c2 - c1)/B))."""
+    xpos = XPos(16)
+    k = torch.randn(2, 40, 16)
+    at_c1 = xpos.rotate(k, 1000, 768, keys=True)
+    at_c2 = xpos.rotate(k, 1000, 1280, keys=True)
+    assert torch.allclose(at_c1 * xpos.rescale_keys(768, 1280, "cpu"), at_c2, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(at_c1, at_c2, atol=1e-3)  # the factor matters
+    assert XPos(16, use_scale=False).rescale_keys(768, 1280, "cpu") is None  # RoPE keys do not depend on it
+
+
+@pytest.mark.parametrize("window", [AttentionWindow.full(), AttentionWindow.bca(L_TRAIN)], ids=str)
+def test_generation_through_many_recentrings_equals_parallel(window, monkeypatch):
+    """With the centre allowed only 8 positions of drift, a 150-token generation re-centres the cache about
+    every 8 steps (keys multiplied by rescale_keys each time): the logits stay those of one parallel forward."""
+    from lex_plugin.modules.positions import xpos as xpos_module
+
+    monkeypatch.setattr(xpos_module, "DEFAULT_MAX_LOG_SCALE", 1e-6)  # max_center_offset -> CENTER_STEP
+    monkeypatch.setattr(xpos_module, "CENTER_STEP", 8)
+    monkeypatch.setattr(XPos, "center_step", 8)
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    tokens = random_tokens(model.decoder.dictionary, 2, 150, seed=3)
+    spec = AttentionSpec(window)
+    attn = model.decoder.layers[0].self_attn
+    centres = set()
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        state = {}
+        steps = [model(tokens[:, :20], incremental_state=state, spec=spec)[0]]
+        for t in range(21, 151):
+            steps.append(model(tokens[:, :t], incremental_state=state, spec=spec)[0])
+            centres.add(attn._cache(state).center)
+    assert len(centres) > 10  # it really moved, many times
+    assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("window", [AttentionWindow.full(), AttentionWindow.bca(L_TRAIN), AttentionWindow.sliding(L_TRAIN)], ids=str)
+@pytest.mark.parametrize("pos_emb", ["xpos", "alibi"])
+def test_a_long_prompt_then_generation_equals_parallel(window, pos_emb):
+    """A 300-token prompt in one pass (its keys stored rotated at a centre past the first CENTER_STEP = 256
+    positions), then 40 steps: the logits of one parallel forward."""
+    model = build_lex_model(tokens_per_sample=L_TRAIN, pos_emb=pos_emb)
+    tokens = random_tokens(model.decoder.dictionary, 2, 340, seed=8)
+    spec = AttentionSpec(window)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        state = {}
+        steps = [model(tokens[:, :300], incremental_state=state, spec=spec)[0]]
+        steps += [model(tokens[:, :t], incremental_state=state, spec=spec)[0] for t in range(301, 341)]
+    assert model.decoder.layers[0].self_attn._cache(state).center >= 256 if pos_emb == "xpos" else True
+    assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
+
+
+def test_a_beam_reorder_moves_the_padding_with_the_keys():
+    from lex_plugin.modules.attention import KeyValueCache
+
+    cache = KeyValueCache(AttentionSpec())
+    k, v = torch.randn(3, 2, 10, 4), torch.randn(3, 2, 10, 4)
+    pad = torch.zeros(3, 10, dtype=torch.bool)
+    pad[1, :4] = True  # only the second row is left-padded
+    cache.append(k, v, pad)
+    order = torch.tensor([1, 1, 0])
+    cache.reorder(order)
+    keys, values, padding = cache.view()
+    assert torch.equal(keys, k[order]) and torch.equal(values, v[order]) and torch.equal(padding, pad[order])
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+def test_bucket_losses_add_up_and_equal_their_positions(window):
+    """Each position bucket's summed loss equals the parallel forward's losses at exactly its positions, and
+    the buckets add up to the pass (a mean in place of a sum, or a shifted edge, fails here)."""
+    import torch.nn.functional as F
+
+    from lex_plugin.evaluation.length_eval import evaluate_lengths
+
+    model = build_lex_model(tokens_per_sample=L_TRAIN)
+    d = model.decoder.dictionary
+    length = 4 * L_TRAIN
+    stream = random_tokens(d, 1, 2 * length, seed=4)[0]
+    result = evaluate_lengths(model, stream, [length], AttentionSpec(window), d.eos(), d.pad(), max_tokens=4 * length,
+                              training_length=L_TRAIN, progress=False)[0]
+    source = torch.cat([stream.new_tensor([d.eos()]), stream[:-1]]).view(2, length)
+    with torch.no_grad():
+        nll = F.cross_entropy(model(source, spec=AttentionSpec(window))[0].double().transpose(1, 2), stream.view(2, length),
+                              reduction="none")  # (2, L)
+    assert [(b.start, b.end) for b in result.buckets] == [(0, L_TRAIN), (L_TRAIN, 2 * L_TRAIN), (2 * L_TRAIN, 4 * L_TRAIN)]
+    for b in result.buckets:
+        assert b.tokens == 2 * (b.end - b.start)
+        assert b.nll == pytest.approx(float(nll[:, b.start : b.end].sum()), rel=1e-6)
+    assert sum(b.nll for b in result.buckets) == pytest.approx(result.nll, rel=1e-12)
+    assert sum(b.tokens for b in result.buckets) == result.tokens == stream.numel()

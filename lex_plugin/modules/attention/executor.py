@@ -54,7 +54,7 @@ def attend(
     key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     observer: Optional[Observer] = None,
-    sinks: Optional[Tuple[Tensor, Tensor]] = None,
+    sinks: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None,
     positions: Optional[Tensor] = None,
     feature_major: bool = False,
 ) -> Tensor:
@@ -74,8 +74,9 @@ def attend(
         dropout_p: attention dropout.
         observer: called once per chunk (per window for windows chunks) with the fp32 pre-softmax
             logits, the distances n - m and the visibility mask.
-        sinks: (keys, values), each (B, H, s, D), of positions 0 .. s - 1 before rotation, s <= the
-            window's sinks; default the first keys of ``k`` (a pass that starts at position 0).
+        sinks: (keys, values, padding): keys and values (B, H, s, D) of positions 0 .. s - 1 before rotation,
+            s <= the window's sinks, and their (B, s) padding or None; default the first keys, values and
+            padding of ``k``, ``v``, ``key_padding_mask`` (a pass that starts at position 0).
         positions: (B, T) int64 strictly increasing position ids of each sample's queries and keys
             (randomized positions at training), or None: positions q_start ..; full attention, no cache.
         feature_major: k and v are views of (B, H, D, S) memory (``KeyValueCache`` laid out for one
@@ -99,7 +100,8 @@ def attend(
         if sinks is None:
             if center is not None or k_start:
                 raise ValueError("attention with sink tokens over a cache needs the cache's un-rotated sink keys.")
-            sinks = (k[:, :, : run.window.sinks], v[:, :, : run.window.sinks])
+            s = run.window.sinks
+            sinks = (k[:, :, :s], v[:, :, :s], None if key_padding_mask is None else key_padding_mask[:, :s])
         outs = [run.with_sinks(chunk, *sinks) for chunk in chunks]
     else:
         outs = [run.windows(chunk) if chunk.windows else run.dense(chunk) for chunk in chunks]
@@ -278,12 +280,16 @@ class _Run:
                                              attn_mask=mask, dropout_p=self.dropout_p)
         return out.unflatten(0, (bsz, n)).transpose(1, 2).flatten(2, 3)
 
-    def with_sinks(self, chunk: Chunk, sink_k: Tensor, sink_v: Tensor) -> Tensor:
+    def with_sinks(self, chunk: Chunk, sink_k: Tensor, sink_v: Tensor, sink_pad: Optional[Tensor]) -> Tensor:
         """One chunk with sink tokens, computed explicitly in fp32: the window's keys at their own positions,
-        the sinks at virtual positions (``window.sink_distance`` before each query), one softmax over both."""
+        the sinks at virtual positions (``window.sink_distance`` before each query), one softmax over both;
+        padded sinks are never seen."""
         window, dev, held = self.window, self.q.device, sink_k.size(2)
+        if sink_pad is not None and not bool(sink_pad.any()):
+            sink_pad = None
         if (chunk.windows and window.mode == "bca" and self.q_start + chunk.q0 >= 2 * chunk.stride and self.center is None
-                and self.kpm is None and self.observer is None and held == window.sinks and self.scheme.kind != "bias"):
+                and self.kpm is None and sink_pad is None and self.observer is None and held == window.sinks
+                and self.scheme.kind != "bias"):
             return self._bca_windows_with_sinks(chunk, sink_k, sink_v)
         if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window (shifted by k)
             n, c = chunk.windows, chunk.stride
@@ -319,6 +325,8 @@ class _Run:
             visible = see_self(visible[None, None] & ~pad, offset=int(query[0, 0] - key[0, 0]))
         j = torch.arange(held, device=dev)
         sink_visible = window.sink_visible(query[..., None], j)  # (G, Tq, s)
+        if sink_pad is not None:
+            sink_visible = sink_visible[None, None] & ~sink_pad[:, None, None, None, :]  # (B, 1, G, Tq, s)
         distance = window.sink_distance(query[..., None], j).clamp(min=0)  # (G, Tq, s)
         sink_logits = self._sink_logits(qb, sink_k, q_local[..., None] - distance, query[..., None] - distance, query, center)
         all_logits = torch.cat([logits, sink_logits], dim=-1)

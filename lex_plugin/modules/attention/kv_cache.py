@@ -24,7 +24,7 @@ Appending writes into a buffer of capacity ``cap`` >= the live length; when the 
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
 attention): O(1) amortised per token, no copy of the whole cache per step. Under BCA or a sliding window
 the cache drops keys no later query can see (``drop_before``), so it holds at most l or W positions, plus,
-with attention sinks, the first k keys and values un-rotated (``keep_sinks``: they are rotated at a
+with attention sinks, the first k keys and values un-rotated (``sinks``: they are rotated at a
 virtual place at every use).
 """
 
@@ -66,6 +66,7 @@ class KeyValueCache:
         self._length = 0
         self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
         self.sink_v: Optional[Tensor] = None
+        self.sink_pad: Optional[Tensor] = None  # (B, s) bool: which sink positions are padding
 
     @property
     def length(self) -> int:
@@ -162,7 +163,7 @@ class KeyValueCache:
         cache.center = scheme.center_near(length - 1)
         keys = scheme.rotate(k[:, :, keep:], keep, cache.center, True, spec.rope_scaling)
         cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep)
-        cache._keep_sinks(k, v, 0)
+        cache._keep_sinks(k, v, 0, key_padding_mask)
         return cache
 
     def segment_length(self, dtype) -> Optional[int]:
@@ -188,7 +189,7 @@ class KeyValueCache:
             if last - self.center > limit:
                 self._recenter(scheme.center_near(first))
         self.append(scheme.rotate(k, first, self.center, True, scaling), v, key_padding_mask)
-        self._keep_sinks(k, v, first)
+        self._keep_sinks(k, v, first, key_padding_mask)
         return scheme.rotate(q, first, self.center, False, scaling)
 
     def trim(self) -> None:
@@ -196,9 +197,12 @@ class KeyValueCache:
         self.drop_before(self.spec.window.first_key(self.end))
 
     @property
-    def sinks(self) -> Optional[Tuple[Tensor, Tensor]]:
-        """(keys, values) of the sink positions held, un-rotated, or None without sinks."""
-        return (self.sink_k, self.sink_v) if self.spec.window.sinks and self.sink_k is not None else None
+    def sinks(self) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+        """(keys, values, padding (B, s) bool) of the sink positions held, keys un-rotated, or None without
+        sinks."""
+        if not self.spec.window.sinks or self.sink_k is None:
+            return None
+        return self.sink_k, self.sink_v, self.sink_pad
 
     def _recenter(self, center: int) -> None:
         """Move the centre to ``center``, multiplying the stored keys by the scheme's factor (formed in fp32)."""
@@ -209,18 +213,22 @@ class KeyValueCache:
             live.copy_(live.float() * factor)
         self.center = center
 
-    def _keep_sinks(self, k: Tensor, v: Tensor, start: int) -> None:
+    def _keep_sinks(self, k: Tensor, v: Tensor, start: int, key_padding_mask: Optional[Tensor]) -> None:
         """Keep the un-rotated keys and values (B, H, T, D) of positions start .. start + T - 1 that are among
-        the window's first k positions (attention sinks stay visible after the window moves on)."""
+        the window's first k positions, and their (B, T) padding (attention sinks stay visible after the
+        window moves on; padded ones never are)."""
         sinks = self.spec.window.sinks
         if start >= sinks:
             return
         take = min(k.size(2), sinks - start)
         new_k, new_v = k[:, :, :take].clone(), v[:, :, :take].clone()
+        new_pad = (torch.zeros(k.size(0), take, dtype=torch.bool, device=k.device) if key_padding_mask is None
+                   else key_padding_mask[:, :take].clone())
         if self.sink_k is None:
-            self.sink_k, self.sink_v = new_k, new_v
+            self.sink_k, self.sink_v, self.sink_pad = new_k, new_v, new_pad
         else:
             self.sink_k, self.sink_v = torch.cat([self.sink_k, new_k], 2), torch.cat([self.sink_v, new_v], 2)
+            self.sink_pad = torch.cat([self.sink_pad, new_pad], 1)
 
     @property
     def sink_length(self) -> int:
@@ -231,6 +239,7 @@ class KeyValueCache:
         """Select batch rows ``order`` (beam search)."""
         if self.sink_k is not None:
             self.sink_k, self.sink_v = self.sink_k.index_select(0, order), self.sink_v.index_select(0, order)
+            self.sink_pad = self.sink_pad.index_select(0, order)
         if self._k is None:
             return
         if self.feature_major:  # select in the (B, H, D, cap) memory, so the copy keeps the layout
