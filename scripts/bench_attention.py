@@ -23,34 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols
 
 
-def use_reference_attention(model):
-    """Swap every layer's attention for TorchScale's MultiheadAttention (same weights, its own XPOS),
-    called as TorchScale's Decoder calls it: an L x L float mask, bmm + softmax."""
-    import torch
-    from torchscale.component.multihead_attention import MultiheadAttention
-
-    for layer in model.decoder.layers:
-        ours = layer.self_attn
-        cfg = argparse.Namespace(multiway=False, layernorm_eps=1e-5, xpos_rel_pos=True,
-                                 xpos_scale_base=model.decoder.positions[0].scale_base)
-        ref = MultiheadAttention(cfg, ours.embed_dim, ours.num_heads, self_attention=True,
-                                 subln=ours.inner_attn_ln is not None)
-        ref.load_state_dict(ours.state_dict(), strict=False)
-        ref.eval()
-
-        def forward(x, *args, _ref=ref, **kwargs):
-            L = x.size(1)
-            mask = torch.triu(torch.full((L, L), float("-inf"), dtype=x.dtype), 1)
-            return _ref(x, x, x, attn_mask=mask)[0]
-
-        ours.forward = forward
-
-
-def measure_one(mode: str, length: int, arch: str, training_length: int, repeats: int) -> dict:
+def measure_one(mode: str, length: int, arch: str, training_length: int, repeats: int, pos_emb: str = "xpos") -> dict:
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
@@ -59,16 +37,19 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
 
     torch.set_num_threads(benchmark.thread_count())
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                               share_decoder_input_output_embed=True)
-    options = AttentionOptions({"bca_blockwise": "bca", "reference": "full"}.get(mode, mode))
-    model = model.under(options.spec(training_length))
+                               share_decoder_input_output_embed=True, pos_emb=pos_emb)
+    options = AttentionOptions({"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode))
+    spec = options.spec(training_length)
+    model = model.under(spec)
     if mode == "reference":
+        from lex_plugin.evaluation.torchscale_reference import use_reference_attention
+
         use_reference_attention(model)
     tokens = torch.randint(d.nspecial, len(d), (1, length))
     run = lambda t: model(t, features_only=True)  # noqa: E731  (the L x V logits cost the same in every mode)
-    if mode == "bca_blockwise":  # block by block through the bounded key/value cache (LeX Figure 3)
-        def run(t):
-            for _ in blockwise_forward(model, t, training_length // 2, features_only=True):
+    if mode.endswith("_blockwise"):  # block by block through the bounded key/value cache (LeX Figure 3), as evaluation runs
+        def run(t):  # noqa: F811
+            for _ in blockwise_forward(model, t, spec.window.stride, features_only=True):
                 pass
 
     with torch.no_grad():
@@ -84,9 +65,11 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
-    p.add_argument("--modes", default="bca,bca_blockwise,sliding,full,reference")
+    p.add_argument("--modes", default="bca,bca_blockwise,sliding,sliding_blockwise,full,reference",
+                   help="*_blockwise: block by block through the key/value cache, as the length evaluation runs")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
+    p.add_argument("--pos-emb", default="xpos", help="the position scheme of the random model (alibi: a bias under every mode)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reference-limit-gb", type=float, default=12.0)
     p.add_argument("--json-out", default=None)
@@ -96,7 +79,7 @@ def main():
     args = p.parse_args()
 
     if args.one:
-        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.repeats))
+        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.repeats, args.pos_emb))
         return
     if args.baseline is not None:
         try:
@@ -104,41 +87,23 @@ def main():
         except FileNotFoundError as e:
             p.error(str(e))
 
-    lengths = [int(x) for x in args.lengths.split(",")]
-    modes = args.modes.split(",")
-    rows = []
-    for L in lengths:
-        for mode in modes:
-            if mode == "reference":
-                heads = {"lex_lm_tiny": 4}.get(args.arch, 8)
-                gb = 3 * heads * L * L * 4 / 2**30  # weights, mask-added copy, softmax output (fp32)
-                if gb > args.reference_limit_gb:
-                    skipped = {"mode": mode, "length": L, "skipped": f"needs ~{gb:.0f} GB for L x L weights"}
-                    rows.append(dict(skipped, baseline=skipped) if args.baseline else skipped)
-                    print(f"{mode:>9} L={L:>6}: skipped (~{gb:.0f} GB)", file=sys.stderr)
-                    continue
-            new, old = benchmark.measure(Path(__file__), [mode, L, "--arch", args.arch, "--training-length",
-                                                          args.training_length, "--repeats", args.repeats], args.baseline)
-            row = {"mode": mode, "length": L, **new}
-            rows.append(row if old is None else dict(row, baseline={"mode": mode, "length": L, **old}))
-            for tag, r in (("", new), (" (baseline)", old)):
-                if r is not None and "skipped" not in r:
-                    print(f"{mode:>9} L={L:>6}: {r['tokens_per_s']:>9,.0f} tok/s  peak +{r['peak_mb_above_start']:,.0f} MB{tag}",
-                          file=sys.stderr)
+    lengths = parse_int_list(args.lengths, "--lengths")
+    modes = parse_name_list(args.modes, "--modes")
 
+    def skip(mode: str, length: int):
+        heads = {"lex_lm_tiny": 4}.get(args.arch, 8)
+        gb = 3 * heads * length * length * 4 / 2**30  # weights, mask-added copy, softmax output (fp32)
+        return f"needs ~{gb:.0f} GB for L x L weights" if mode == "reference" and gb > args.reference_limit_gb else None
+
+    rows = benchmark.sweep(Path(__file__), [(m, L) for L in lengths for m in modes],
+                           ["--arch", args.arch, "--training-length", args.training_length, "--repeats", args.repeats,
+                            "--pos-emb", args.pos_emb], args.baseline,
+                           lambda r: f"{r['tokens_per_s']:>9,.0f} tok/s  peak +{r['peak_mb_above_start']:,.0f} MB", skip)
     compare = args.baseline is not None
-    print(f"\n{args.arch}, training length l = {args.training_length}, batch 1, fp32, {benchmark.thread_count()} threads"
-          + (f"; old: {args.baseline}" if compare else "") + "\n")
+    print(f"\n{args.arch}, --pos-emb {args.pos_emb}, training length l = {args.training_length}, batch 1, fp32, "
+          f"{benchmark.thread_count()} threads" + (f"; old: {args.baseline}" if compare else "") + "\n")
     columns = {m: [(f"{m} tok/s", "tokens_per_s", "{:,.0f}"), (f"{m} peak MB", "peak_mb_above_start", "{:,.0f}")] for m in modes}
-    header = ["L"] + [h for m in modes for h in benchmark.result_header(columns[m], compare)]
-    table = []
-    for L in lengths:
-        cells = [str(L)]
-        for m in modes:
-            r = next(r for r in rows if r["mode"] == m and r["length"] == L)
-            cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
-        table.append(cells)
-    print(benchmark.markdown_table(header, table))
+    print(benchmark.sweep_table(rows, lengths, modes, columns, compare))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
 

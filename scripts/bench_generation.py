@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 # profiler names of the attention's kernels: SDPA's, and the matrix products and softmax of a one-query step
 # (kernels only: the elementwise scaling, bias and mask ops around them are left out, a few % at most)
@@ -66,7 +67,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
             k in e.key for k in ATTENTION_KERNELS)) / 1000 / steps
         # the memory floor of a step: read every layer's cached keys and values once; and the machine's
         # read bandwidth: the same number of bytes of a contiguous array (fp32)
-        caches = [layer.self_attn._cache(state).view()[:2] for layer in model.decoder.layers]
+        caches = [layer.self_attn.cache(state).view()[:2] for layer in model.decoder.layers]
         read_ms = 1000 * benchmark.median_time(lambda _: [t.sum() for kv in caches for t in kv], range(steps))
         cache_bytes = sum(t.numel() * t.element_size() for kv in caches for t in kv)
         flat = torch.ones(cache_bytes // 4)
@@ -97,22 +98,16 @@ def main():
             benchmark.baseline_script(args.baseline, Path(__file__))
         except FileNotFoundError as e:
             p.error(str(e))
-    contexts = [int(x) for x in args.contexts.split(",")]
-    modes = args.modes.split(",")
-    rows = []
-    for n in contexts:
-        for mode in modes:
-            new, old = benchmark.measure(Path(__file__), [mode, n, "--arch", args.arch, "--training-length",
-                                                          args.training_length, "--steps", args.steps], args.baseline)
-            for tag, r in (("", new), ("baseline ", old)):
-                if r is not None and "skipped" in r:
-                    raise SystemExit(f"{tag}{mode} N={n}: {r['skipped']}")
-            rows.append(new if old is None else dict(new, baseline=old))
-            for tag, r in (("", new), (" (baseline)", old)):
-                if r is not None:
-                    print(f"{mode:>5} N={n:>6}: {r['ms_per_token']:7.2f} ms/token  rss +{r['rss_mb_above_start']:7.0f} MB  "
-                          f"peak +{r['peak_mb_above_start']:7.0f} MB  cache {r['cached_positions_per_layer']}{tag}",
-                          file=sys.stderr)
+    contexts = parse_int_list(args.contexts, "--contexts")
+    modes = parse_name_list(args.modes, "--modes")
+    rows = benchmark.sweep(Path(__file__), [(m, n) for n in contexts for m in modes],
+                           ["--arch", args.arch, "--training-length", args.training_length, "--steps", args.steps],
+                           args.baseline,
+                           lambda r: (f"{r['ms_per_token']:7.2f} ms/token  rss +{r['rss_mb_above_start']:7.0f} MB  "
+                                      f"peak +{r['peak_mb_above_start']:7.0f} MB  cache {r['cached_positions_per_layer']}"),
+                           size_key="context")
+    if any("skipped" in r or "skipped" in r.get("baseline", {}) for r in rows):
+        raise SystemExit("a point was skipped: " + "; ".join(str(r) for r in rows if "skipped" in r))
     compare = args.baseline is not None
     print(f"\n{args.arch}, training length l = {args.training_length}, batch 1, fp32, "
           f"{benchmark.thread_count()} threads, median of {args.steps} steps"
@@ -120,15 +115,7 @@ def main():
     columns = {m: [(f"{m} ms/token", "ms_per_token", "{:.2f}"), (f"{m} RSS MB", "rss_mb_above_start", "{:,.0f}"),
                    (f"{m} cached keys/layer", "cached_positions_per_layer", "{:,}"),
                    (f"{m} prefill s", "prefill_s", "{:.1f}")] for m in modes}
-    header = ["context"] + [h for m in modes for h in benchmark.result_header(columns[m], compare)]
-    table = []
-    for n in contexts:
-        cells = [f"{n:,}"]
-        for m in modes:
-            r = next(r for r in rows if r["mode"] == m and r["context"] == n)
-            cells += benchmark.result_cells(r, r.get("baseline"), columns[m], compare)
-        table.append(cells)
-    print(benchmark.markdown_table(header, table))
+    print(benchmark.sweep_table(rows, contexts, modes, columns, compare, "context", "context", "{:,}"))
     print("\nA step against the memory floor (same process: reading every layer's cached keys and values once; "
           "the attention kernels' time per step in a profile; the cache's bytes at the bandwidth of summing a "
           "contiguous array as large):\n")

@@ -18,11 +18,9 @@ the noise of the machine. Results are recorded in examples/lex_lm/BENCHMARKS.md.
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -32,38 +30,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.recipe import fairseq_train_command  # noqa: E402
 
 SIZE = ["--decoder-layers", "4", "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
+# name -> (arch, model options, uses the plugin)
 ARCHS = {
-    "lex_lm_tiny": ["--user-dir", str(REPO / "lex_plugin"), "--arch", "lex_lm_tiny"],
-    "transformer_lm (same size)": ["--arch", "transformer_lm", *SIZE, "--decoder-normalize-before", "--activation-fn", "gelu"],
+    "lex_lm_tiny": ("lex_lm_tiny", [], True),
+    "transformer_lm (same size)": ("transformer_lm", [*SIZE, "--decoder-normalize-before", "--activation-fn", "gelu"], False),
 }
 WPS = [("train tokens/s (median)", "median_wps", "{:,.0f}")]
 
 
-def on_checkout(arch_args: List[str], checkout: Optional[Path]) -> List[str]:
-    """``arch_args`` with its ``--user-dir`` (if any) moved to CHECKOUT/lex_plugin; unchanged for None."""
-    if checkout is None:
-        return list(arch_args)
-    return [str(Path(checkout).resolve() / "lex_plugin") if i and arch_args[i - 1] == "--user-dir" else a
-            for i, a in enumerate(arch_args)]
-
-
-def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sample: int, batch_size: int,
+def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sample: int, batch_size: int,
               checkout: Optional[Path] = None) -> List[float]:
-    """wps of every ``train_inner`` log line past ``warmup`` updates of one fairseq-train run (``checkout``:
-    with that checkout's lex_plugin)."""
-    save = tempfile.mkdtemp(prefix="bench-")
-    cmd = [
-        "fairseq-train", str(data), "--task", "language_modeling", *on_checkout(arch_args, checkout),
-        "--share-decoder-input-output-embed",
-        "--tokens-per-sample", str(tokens_per_sample), "--sample-break-mode", "none", "--batch-size", str(batch_size),
-        "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
-        "--max-update", str(updates), "--save-dir", save, "--no-save", "--disable-validation",
-        "--log-format", "json", "--log-interval", "5", "--num-workers", "0", "--seed", "1",
-    ]
+    """wps of every ``train_inner`` log line past ``warmup`` updates of one fairseq-train run of the project's
+    recipe (``lex_plugin.recipe``; ``arch``: an ``ARCHS`` entry; ``checkout``: with that checkout's lex_plugin)."""
+    name, model_args, plugin = arch
+    user_dir = (Path(checkout).resolve() / "lex_plugin" if checkout is not None else REPO / "lex_plugin") if plugin else None
+    cmd = fairseq_train_command(data, None, name, model_args, tokens_per_sample, batch_size, "1e-3", updates, warmup=50,
+                                log_format="json", log_interval=5, user_dir=user_dir)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=benchmark.checkout_env(checkout), cwd=REPO)
-    shutil.rmtree(save, ignore_errors=True)
     if proc.returncode != 0:
         raise click.ClickException(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     logs = [json.loads(m) for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
@@ -78,15 +64,20 @@ def train_wps(data: Path, arch_args, updates: int, warmup: int, tokens_per_sampl
 @click.option("--tokens-per-sample", default=256, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
+@click.option("--random-positions", type=int, default=None, metavar="L_MAX",
+              help="compare lex_lm_tiny with and without --random-positions L_MAX instead")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="PATH",
               help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
-def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, json_out, baseline):
+def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, random_positions, json_out, baseline):
     if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
         raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS
     if schemes:
-        archs = {s: [*ARCHS["lex_lm_tiny"], "--pos-emb", s] for s in schemes.split(",")}
+        archs = {s: ("lex_lm_tiny", ["--pos-emb", s], True) for s in schemes.split(",")}
+    if random_positions:
+        archs = {"lex_lm_tiny": ARCHS["lex_lm_tiny"],
+                 f"lex_lm_tiny --random-positions {random_positions}": ("lex_lm_tiny", ["--random-positions", random_positions], True)}
     sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
     wps = {side: {name: [] for name in archs} for side in sides}
     for r in range(rounds):

@@ -9,7 +9,7 @@
 # Knobs (environment): WORK (output dir, default work/demo), ARCH (lex_lm_tiny), L (tokens per sample,
 # 256), MAX_UPDATE (600: ~13 minutes on 2 cores at ~3.2k tokens/s), BSZ (16 samples per update),
 # LR (1.5e-3), EVAL_TOKENS (first 100000 test tokens for the length table; 0 = all),
-# EXTRA_TRAIN_ARGS (appended to fairseq-train). Re-running resumes from
+# EXTRA_TRAIN_ARGS (appended to the fairseq-train command of lex train). Re-running resumes from
 # WORK/checkpoints/checkpoint_last.pt and reuses the prepared data-bin.
 # Every fairseq command is printed before it runs, so it can be copied and scaled (README.md).
 set -euo pipefail
@@ -37,16 +37,9 @@ else
   echo "data-bin already prepared: $DATA"
 fi
 
-run fairseq-train "$DATA" \
-  --user-dir lex_plugin --task language_modeling --arch "$ARCH" \
-  --share-decoder-input-output-embed \
-  --tokens-per-sample "$L" --sample-break-mode none --batch-size "$BSZ" \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 \
-  --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates 70 --total-num-update "$MAX_UPDATE" \
-  --max-update "$MAX_UPDATE" \
-  --save-dir "$CKPT" --save-interval-updates 100 --keep-interval-updates 1 --no-epoch-checkpoints \
-  --validate-interval-updates 300 --max-valid-steps 10 \
-  --log-format simple --log-interval 25 --num-workers 0 --seed 1 \
+# the project's fairseq-train recipe (lex_plugin/recipe.py); lex train prints the whole command first
+run lex train "$DATA" "$CKPT" --arch "$ARCH" --tokens-per-sample "$L" --batch-size "$BSZ" --lr "$LR" \
+  --max-update "$MAX_UPDATE" --warmup-updates 70 --save-interval-updates 100 --validate-interval-updates 300 \
   ${EXTRA_TRAIN_ARGS:-}
 trained=$(date +%s)
 

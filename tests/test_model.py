@@ -4,21 +4,12 @@ import argparse
 
 import pytest
 import torch
-from torchscale.component.multihead_attention import MultiheadAttention as TorchScaleMHA
 
 from conftest import build_lex_model, random_tokens
+from lex_plugin.evaluation.torchscale_reference import torchscale_attention
 from lex_plugin.models import UNBOUNDED_POSITIONS
 from lex_plugin.modules.attention import LexSelfAttention
 from lex_plugin.modules.positions import XPos
-
-
-def torchscale_attention(ours: LexSelfAttention, scale_base=512):
-    """TorchScale's MultiheadAttention (bmm + softmax, its own XPOS) with our weights."""
-    args = argparse.Namespace(multiway=False, layernorm_eps=1e-5, xpos_rel_pos=True, xpos_scale_base=scale_base)
-    ref = TorchScaleMHA(args, ours.embed_dim, ours.num_heads, self_attention=True, subln=ours.inner_attn_ln is not None)
-    missing = ref.load_state_dict(ours.state_dict(), strict=False)
-    assert set(missing.missing_keys) == {"xpos.scale"} and not missing.unexpected_keys
-    return ref.eval()
 
 
 @pytest.mark.parametrize("subln", [False, True])

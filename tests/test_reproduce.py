@@ -15,8 +15,9 @@ L = 32
 
 
 def report(rows):
-    """An eval-lm --report-json holding {(window label, length): ppl}."""
-    return {"results": [{"window": w, "length": n, "protocol": "stream", "ppl": p} for (w, n), p in rows.items()]}
+    """An eval-lm --report-json holding {(window label, length): ppl}, each row with its structured fields."""
+    return {"results": [{"window": w, "attention": {"mode": w.split("(")[0]}, "length": n, "protocol": "stream", "ppl": p}
+                        for (w, n), p in rows.items()]}
 
 
 def resolution(r_full, r_bca):
@@ -35,7 +36,7 @@ def paper_like():
     }
 
 
-def test_ppl_table_strips_window_sizes():
+def test_ppl_table_reads_the_window_mode_field():
     ppl = reproduce.ppl_table(paper_like())
     assert set(ppl["xpos"]) == {"bca", "full"}
     assert ppl["xpos"]["bca"][2 * L] == 29.0
@@ -50,7 +51,7 @@ def test_claims_hold_on_paper_like_numbers():
 
 def test_claims_fail_when_the_numbers_say_so():
     reports = paper_like()
-    reports["xpos"]["results"].append({"window": "bca(16)", "length": 16 * L, "protocol": "stream", "ppl": 45.0})
+    reports["xpos"]["results"] += report({("bca(16)", 16 * L): 45.0})["results"]
     reports["rope"] = report({("full", n): 30.0 + i for i, n in enumerate(LENGTHS + [16 * L])})  # RoPE extrapolates
     reports["alibi"] = report({("full", n): 20.0 for n in LENGTHS + [16 * L]})  # ALiBi better at 4l+
     ppl = reproduce.ppl_table(reports)
@@ -71,8 +72,8 @@ def test_commands_load_this_repository_plugin(tmp_path):
     train = reproduce.train_command(tmp_path, tmp_path / "ckpt", ["--pos-emb", "xpos"], o)
     evaluate = reproduce.eval_command(tmp_path, tmp_path / "c.pt", LENGTHS, ["full", "bca"], tmp_path / "r.json", o)
     for cmd in (train, evaluate):
-        assert cmd[cmd.index("--user-dir") + 1] == REPO / "lex_plugin"
-    assert train[train.index("--max-update") + 1] == 3 and "--pos-emb" in train
+        assert str(cmd[cmd.index("--user-dir") + 1]) == str(REPO / "lex_plugin")
+    assert train[train.index("--max-update") + 1] == "3" and "--pos-emb" in train  # the recipe's command: strings
     assert evaluate[evaluate.index("--eval-windows") + 1] == "full,bca"
     assert reproduce.resolution_command(tmp_path, tmp_path / "c.pt", [L], "bca", tmp_path / "o.json", o)[-1] == "--bca"
     assert "--bca" not in reproduce.resolution_command(tmp_path, tmp_path / "c.pt", [L], "full", tmp_path / "o.json", o)
@@ -92,9 +93,9 @@ def test_method_and_passkey_commands(tmp_path):
     prep = reproduce.passkey_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "pk", o)
     assert prep[prep.index("--max-length") + 1] == L // 2 - 8 and "passkey-data" in prep
     tune = reproduce.finetune_command(tmp_path / "pk", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "alibi"], o)
-    assert tune[tune.index("--finetune-from-model") + 1] == tmp_path / "c.pt" and tune[1] == tmp_path / "pk"
+    assert tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt") and tune[1] == str(tmp_path / "pk")
     assert tune[tune.index("--sample-break-mode") + 1] == "eos" and "--disable-validation" in tune
-    assert tune[tune.index("--tokens-per-sample") + 1] == L and tune[tune.index("--pos-emb") + 1] == "alibi"
+    assert tune[tune.index("--tokens-per-sample") + 1] == str(L) and tune[tune.index("--pos-emb") + 1] == "alibi"
 
 
 def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():

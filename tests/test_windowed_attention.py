@@ -224,7 +224,7 @@ def test_generation_after_a_chunked_prefill_equals_parallel_through_both_layouts
                 outs.append(model.decoder(tokens[:, :b], incremental_state=state)[0])
             else:
                 outs += [model.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(a, b)]
-            layouts.append(model.decoder.layers[0].self_attn._cache(state).feature_major)
+            layouts.append(model.decoder.layers[0].self_attn.cache(state).feature_major)
     assert layouts == [False, True, False, True]
     assert (torch.cat(outs, 1) - full).abs().max() <= 1e-4
 
@@ -323,7 +323,7 @@ def test_generation_through_many_recentrings_equals_parallel(window, monkeypatch
         steps = [model(tokens[:, :20], incremental_state=state, spec=spec)[0]]
         for t in range(21, 151):
             steps.append(model(tokens[:, :t], incremental_state=state, spec=spec)[0])
-            centres.add(attn._cache(state).center)
+            centres.add(attn.cache(state).center)
     assert len(centres) > 10  # it really moved, many times
     assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
 
@@ -341,7 +341,7 @@ def test_a_long_prompt_then_generation_equals_parallel(window, pos_emb):
         state = {}
         steps = [model(tokens[:, :300], incremental_state=state, spec=spec)[0]]
         steps += [model(tokens[:, :t], incremental_state=state, spec=spec)[0] for t in range(301, 341)]
-    assert model.decoder.layers[0].self_attn._cache(state).center >= 256 if pos_emb == "xpos" else True
+    assert model.decoder.layers[0].self_attn.cache(state).center >= 256 if pos_emb == "xpos" else True
     assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
 
 

@@ -38,25 +38,18 @@ def _segments(stream: torch.Tensor, length: int, count: int) -> List[torch.Tenso
 
 
 def _plot(out: Path, curves: Dict[str, Sequence[float]], xlabel: str, ylabel: str, title: str, logx: bool = False):
-    import matplotlib
+    from ..plotting import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for label, ys in curves.items():
-        ax.plot(range(len(ys)), list(ys), label=label, linewidth=1.2)
-    if logx:
-        ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    with figure(out, size=(7, 4.2)) as (_, ax):
+        for label, ys in curves.items():
+            ax.plot(range(len(ys)), list(ys), label=label, linewidth=1.2)
+        if logx:
+            ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], spec: AttentionSpec, texts: int = 8,

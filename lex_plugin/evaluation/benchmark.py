@@ -21,7 +21,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
     "Column", "baseline_script", "best_time", "checkout_env", "emit", "markdown_table", "measure", "median_time",
-    "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "thread_count", "time_calls",
+    "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "sweep", "sweep_table", "thread_count",
+    "time_calls",
 ]
 
 # A table column of a result dict: (header label, key in the result, format of the value).
@@ -183,3 +184,49 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def sweep(script: Path, points: Sequence[Tuple[str, int]], args: Sequence, baseline: Optional[Path],
+          describe: Callable[[dict], str], skip: Optional[Callable[[str, int], Optional[str]]] = None,
+          size_key: str = "length") -> List[dict]:
+    """Measure every (mode, size) point: ``script --one MODE SIZE ARGS...`` in a fresh process, then the
+    baseline's script on the same arguments (:func:`measure`), printing ``describe(result)`` per measurement
+    to stderr as it goes.
+
+    Args:
+        skip: ``skip(mode, size)`` -> a reason not to run the point (recorded as ``{"skipped": reason}``) or None.
+        size_key: the key of the size in the rows (``length``, ``context``).
+
+    Returns:
+        One row per point: this checkout's result, with the baseline's under ``"baseline"`` when there is one.
+    """
+    rows = []
+    for mode, size in points:
+        reason = skip(mode, size) if skip is not None else None
+        if reason is not None:
+            skipped = {"mode": mode, size_key: size, "skipped": reason}
+            rows.append(dict(skipped, baseline=skipped) if baseline is not None else skipped)
+            print(f"{mode:>17} {size_key}={size:>6}: skipped ({reason})", file=sys.stderr)
+            continue
+        new, old = measure(script, [mode, size, *args], baseline)
+        rows.append(new if old is None else dict(new, baseline=old))
+        for tag, r in (("", new), (" (baseline)", old)):
+            if r is not None:
+                print(f"{mode:>17} {size_key}={size:>6}: " + ("skipped: " + r["skipped"] if "skipped" in r else describe(r)) + tag,
+                      file=sys.stderr)
+    return rows
+
+
+def sweep_table(rows: Sequence[dict], sizes: Sequence[int], modes: Sequence[str], columns: Dict[str, Sequence[Column]],
+                baseline: bool, size_key: str = "length", size_label: str = "L", size_format: str = "{}") -> str:
+    """The markdown table of a :func:`sweep`: one row per size, each mode's ``columns`` side by side (old /
+    new / new/old with ``baseline``)."""
+    header = [size_label] + [h for m in modes for h in result_header(columns[m], baseline)]
+    table = []
+    for size in sizes:
+        cells = [size_format.format(size)]
+        for m in modes:
+            r = next(r for r in rows if r["mode"] == m and r[size_key] == size)
+            cells += result_cells(r, r.get("baseline"), columns[m], baseline)
+        table.append(cells)
+    return markdown_table(header, table)

@@ -287,14 +287,14 @@ def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optiona
     """
     if not results:
         raise ValueError("no passkey results to plot.")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plotting import figure
 
     windows = list(dict.fromkeys(r.window for r in results))
-    fig, axes = plt.subplots(1, len(windows), figsize=(3.2 * len(windows) + 1.2, 3.4), dpi=120, squeeze=False,
-                             constrained_layout=True)
+    with figure(out, 1, len(windows), (3.2 * len(windows) + 1.2, 3.4), squeeze=False, constrained_layout=True) as (fig, axes):
+        _heat_maps(fig, axes, results, windows, training_length)
+
+
+def _heat_maps(fig, axes, results: Sequence[PasskeyResult], windows: List[str], training_length: Optional[int]) -> None:
     for ax, window in zip(axes[0], windows):
         rows = [r for r in results if r.window == window]
         lengths, depths = sorted({r.length for r in rows}), sorted({r.depth for r in rows})
@@ -313,5 +313,3 @@ def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optiona
     first = results[0]
     fig.suptitle(f"passkey retrieval: {max(r.trials for r in results)} trials per cell, chance "
                  f"{1 / (1 + first.distractors):.2f} ({first.distractors} distractor keys)", fontsize=10)
-    fig.savefig(out, bbox_inches="tight")
-    plt.close(fig)

@@ -27,43 +27,28 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
     Returns:
         The number of lines drawn. Raises ValueError if a report holds no result for ``protocol``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from ..plotting import figure, log_axes
 
     labels = list(labels) if labels else [Path(p).stem for p in paths]
     if len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} reports.")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines, training_lengths = 0, set()
-    for path, label in zip(paths, labels):
-        report = json.loads(Path(path).read_text())
-        series = _series(report, protocol)
-        if not series:
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    for path, report in zip(paths, reports):
+        if not _series(report, protocol):
             raise ValueError(f"{path} has no {protocol} results.")
-        training_lengths.add(report.get("training_length"))
-        for window, points in series.items():
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", label=f"{label}: {window}" if len(paths) > 1 else window)
-            lines += 1
-    for l in sorted(training_lengths - {None}):
-        ax.axvline(l, color="grey", linestyle=":", linewidth=1, label=f"training length l = {l}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.tick_params(axis="y", which="minor", labelsize=8)
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.set_title(title or ("fixed-target perplexity" if protocol == "fixed_target" else "perplexity vs length"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    lines = 0
+    with figure(out) as (_, ax):
+        for report, label in zip(reports, labels):
+            for window, points in _series(report, protocol).items():
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o", label=f"{label}: {window}" if len(paths) > 1 else window)
+                lines += 1
+        for l in sorted({r.get("training_length") for r in reports} - {None}):
+            ax.axvline(l, color="grey", linestyle=":", linewidth=1, label=f"training length l = {l}")
+        log_axes(ax)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(title or ("fixed-target perplexity" if protocol == "fixed_target" else "perplexity vs length"))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
     return lines

@@ -93,7 +93,7 @@ def attend(
                dropout_p, observer, feature_major)
     if positions is not None:
         run.use_positions(positions)
-    if not scheme.translation_invariant and any(chunk.windows for chunk in chunks):
+    if not scheme.translation_invariant and any(chunk.blocks for chunk in chunks):
         raise ValueError(f"{type(scheme).__name__} is not translation-invariant: it must see true positions, so plan "
                          "its attention with local_positions=False (no batched windows).")
     if run.window.sinks:
@@ -104,7 +104,7 @@ def attend(
             sinks = (k[:, :, :s], v[:, :, :s], None if key_padding_mask is None else key_padding_mask[:, :s])
         outs = [run.with_sinks(chunk, *sinks) for chunk in chunks]
     else:
-        outs = [run.windows(chunk) if chunk.windows else run.dense(chunk) for chunk in chunks]
+        outs = [run.blocks(chunk) if chunk.blocks else run.dense(chunk) for chunk in chunks]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
@@ -231,7 +231,7 @@ class _Run:
 
     def _window_views(self, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
         """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""
-        n, c = chunk.windows, chunk.stride
+        n, c = chunk.blocks, chunk.stride
         qw = self.q[:, :, chunk.q0 : chunk.q1].unflatten(2, (n, c))
         kw = self.k[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
         vw = self.v[:, :, chunk.k0 : chunk.k1].unfold(2, 2 * c, c).transpose(-1, -2)
@@ -243,11 +243,11 @@ class _Run:
             return None
         return self.kpm[:, chunk.k0 : chunk.k1].unfold(1, 2 * chunk.stride, chunk.stride)[:, None, :, None, :]
 
-    def windows(self, chunk: Chunk) -> Tensor:
+    def blocks(self, chunk: Chunk) -> Tensor:
         """n windows of c queries against their 2c keys, at window-local positions, in one SDPA call on 4-D
         inputs ((B, H n, c, D): the shape of SDPA's fast CPU kernels); a mask or bias is 4-D too, one
         (H or 1, c, 2c) for every window unless padding makes it per window."""
-        n, c = chunk.windows, chunk.stride
+        n, c = chunk.blocks, chunk.stride
         bsz, heads, _, dim = self.q.shape
         qw, kw, vw = self._window_views(chunk)
         if self.center is None:
@@ -287,12 +287,12 @@ class _Run:
         window, dev, held = self.window, self.q.device, sink_k.size(2)
         if sink_pad is not None and not bool(sink_pad.any()):
             sink_pad = None
-        if (chunk.windows and window.mode == "bca" and self.q_start + chunk.q0 >= 2 * chunk.stride and self.center is None
+        if (chunk.blocks and window.mode == "bca" and self.q_start + chunk.q0 >= 2 * chunk.stride and self.center is None
                 and self.kpm is None and sink_pad is None and self.observer is None and held == window.sinks
                 and self.scheme.kind != "bias"):
             return self._bca_windows_with_sinks(chunk, sink_k, sink_v)
-        if chunk.windows:  # n windows of c queries against 2c keys, positions local to each window (shifted by k)
-            n, c = chunk.windows, chunk.stride
+        if chunk.blocks:  # n windows of c queries against 2c keys, positions local to each window (shifted by k)
+            n, c = chunk.blocks, chunk.stride
             qb, kb, vb = self._window_views(chunk)
             step = torch.arange(n, device=dev)[:, None] * c
             query = self.q_start + chunk.q0 + step + torch.arange(c, device=dev)  # (n, c) global positions
@@ -359,7 +359,7 @@ class _Run:
         the same first key f = (b - 1) c >= c >= k, so StreamingLLM places the sinks at f - k .. f - 1 for the
         whole window: prepended to the window's 2c keys at local positions 0 .. k - 1 (queries then at
         k + c .., keys at k ..), the (c, k + 2c) mask is causal aligned to the lower right."""
-        n, c = chunk.windows, chunk.stride
+        n, c = chunk.blocks, chunk.stride
         bsz, heads, _, dim = self.q.shape
         sinks = sink_k.size(2)
         qw, kw, vw = self._window_views(chunk)

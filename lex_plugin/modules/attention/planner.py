@@ -12,7 +12,7 @@ and cut by :func:`plan` into :class:`Chunk` s that :func:`~.executor.attend` run
 * dense: a range of queries against a range of keys, with a mask that is ``all`` (every key visible: one
   query), ``causal`` (causal aligned to the lower right: every query sees the same first key, so SDPA's
   fused kernels apply) or ``explicit`` (a per-position boolean mask: sliding windows, padding);
-* windows: n consecutive windowed blocks at once. Block b of c = window.stride queries needs only the
+* blocks: n consecutive query blocks at once. Block b of c = window.stride queries needs only the
   keys of blocks b - 1 and b, so n blocks are n (c, 2c) attentions over ``unfold`` views of the keys
   (no copy, nothing grows as L^2), batched into one SDPA call (BCA: ``causal_lower_right``; sliding:
   the same (c, 2c) band for every window).
@@ -28,7 +28,7 @@ from .window import AttentionWindow
 
 __all__ = ["Chunk", "plan", "GROUP_TOKENS", "BIAS_ELEMENTS"]
 
-GROUP_TOKENS = 1 << 16  # queries per batched windows call (bounds the rotated copies and SDPA's workspace)
+GROUP_TOKENS = 1 << 16  # queries per batched blocks call (bounds the rotated copies and SDPA's workspace)
 BIAS_ELEMENTS = 1 << 24  # attention entries per SDPA call when a bias is added (about 64 MB in fp32)
 
 
@@ -40,9 +40,9 @@ class Chunk:
         q0, q1: rows [q0, q1) of the new queries (positions P + q0 ..).
         k0, k1: rows [k0, k1) of the key tensor (positions S + k0 ..).
         mask: ``all``, ``causal`` (lower-right aligned) or ``explicit`` (see the module docstring).
-        windows: n > 0 for a windows chunk: window j holds queries q0 + j c .. q0 + (j + 1) c - 1 and keys
-            k0 + j c .. k0 + (j + 2) c - 1, c = ``stride``; 0 for a dense chunk.
-        stride: c of a windows chunk.
+        blocks: n > 0 for a blocks chunk: block j holds queries q0 + j c .. q0 + (j + 1) c - 1 and keys
+            k0 + j c .. k0 + (j + 2) c - 1 (its window), c = ``stride``; 0 for a dense chunk.
+        stride: c of a blocks chunk.
     """
 
     q0: int
@@ -50,7 +50,7 @@ class Chunk:
     k0: int
     k1: int
     mask: str
-    windows: int = 0
+    blocks: int = 0
     stride: int = 0
 
 
@@ -76,7 +76,7 @@ def plan(
             split to at most ``bias_elements`` entries.
         padded: some keys are padding that causality alone does not hide (masks become explicit).
         batch_heads: B * H, to size bias chunks.
-        group_tokens: at most this many queries per windows chunk.
+        group_tokens: at most this many queries per blocks chunk.
         bias_elements: at most this many attention entries per biased dense chunk.
         local_positions: the scheme may see a window at window-local positions (translation-invariant
             schemes); False: dense chunks only, each at its true positions.

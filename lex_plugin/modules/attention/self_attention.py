@@ -82,18 +82,19 @@ class LexSelfAttention(nn.Module):
         bsz, tgt_len, _ = x.shape
         return x.view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _cache(self, incremental_state: Optional[IncrementalState]) -> Optional[KeyValueCache]:
+    def cache(self, incremental_state: Optional[IncrementalState]) -> Optional[KeyValueCache]:
+        """This layer's key/value cache in ``incremental_state`` (None: none yet, or no state)."""
         return None if incremental_state is None else incremental_state.get(self._state_key)
 
     def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
         """Number of positions processed so far with this cache (0 without one)."""
-        cache = self._cache(incremental_state)
+        cache = self.cache(incremental_state)
         return 0 if cache is None else cache.end
 
     def cached_keys(self, incremental_state: Optional[IncrementalState]) -> int:
         """Number of key positions the cache holds now (under BCA at most l, sliding at most W; plus the
         sink tokens)."""
-        cache = self._cache(incremental_state)
+        cache = self.cache(incremental_state)
         return 0 if cache is None else cache.length + cache.sink_length
 
     def forward(
@@ -130,7 +131,7 @@ class LexSelfAttention(nn.Module):
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         dropout_p = self.dropout if self.training else 0.0
-        cache = self._cache(incremental_state)
+        cache = self.cache(incremental_state)
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
         if cache is not None and cache.spec != spec:
@@ -178,7 +179,7 @@ class LexSelfAttention(nn.Module):
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Reorder the cached keys/values along the batch for beam search (fairseq's contract)."""
-        cache = self._cache(incremental_state)
+        cache = self.cache(incremental_state)
         if cache is not None:
             cache.reorder(new_order)
         return incremental_state

@@ -128,11 +128,6 @@ class AttentionWindow:
         return self.mode != "full"
 
     @property
-    def training_length(self) -> Optional[int]:
-        """l for BCA (2w), else None."""
-        return 2 * self.stride if self.mode == "bca" else None
-
-    @property
     def span(self) -> Optional[int]:
         """The most keys one query can see, itself included: 2w = l (BCA), W (sliding), None (full); plus
         the sinks."""
@@ -199,7 +194,8 @@ def window_from_options(
     n_global: int = LM_INFINITE_N_GLOBAL,
     l_local: Optional[int] = None,
 ) -> AttentionWindow:
-    """The one translation from user options to a window (task flags, ``lex`` commands, hub).
+    """The translation from user options to a window, behind ``AttentionOptions.spec`` (task flags, ``lex``
+    commands, hub, bench scripts).
 
     Args:
         mode: ``full``, ``bca``, ``sliding`` or ``lambda`` (LM-Infinite).

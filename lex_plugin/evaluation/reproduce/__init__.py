@@ -1,0 +1,198 @@
+"""The LeX paper's extrapolation tables at CPU scale: run definitions, the commands of each step, the
+resumable step runner, and the tables, claim verdicts and plot built from the finished reports.
+
+Protocol (``scripts/reproduce.py`` is its command line): for each run (a ``--pos-emb`` scheme, an xPos
+ablation, or a scheme trained with randomized positions) with the same model size, data, optimizer and token
+budget, fairseq-train at training length l (:func:`train_command`), then one fairseq-eval-lm over the first
+``eval_tokens`` tokens of the test split at each evaluation length and window (:func:`eval_command`, the
+stream protocol of ``--task lex_language_modeling``), then ``lex resolution`` at l and 2l with full attention
+and BCA (:func:`resolution_command`). On the xPos, RoPE and ALiBi checkpoints it then runs each of
+:data:`METHODS` (attention sinks, LM-Infinite's Λ-shaped attention, RoPE scaling; the same lengths and tokens)
+and ``lex passkey`` at l..8l (:func:`passkey_command`). :func:`write_results` turns the reports into LeX
+Tables 2-5 in shape, a table per method, the passkey accuracies, the claims check, plots and a JSON of
+everything.
+
+The options dict ``o`` every function here takes holds: ``arch``, ``train_length`` (l), ``max_update``,
+``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens``,
+``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none) and
+``passkey_trials`` (optional, default 10).
+"""
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ...recipe import PLUGIN_DIR
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, RUNS, SINK_TOKENS, WINDOW_LABEL,
+                        methods_of)
+from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
+                       prepare_command, resolution_command, train_command)
+from .plots import plot_ppl
+from .runner import ReproduceError, Runner, check_options, fmt_time
+from .tables import (check_claims, markdown_claims, markdown_methods, markdown_passkey, markdown_ppl, markdown_resolution,
+                     ppl_table)
+
+__all__ = [
+    "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
+    "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
+    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
+    "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
+    "ppl_table", "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
+]
+
+
+def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
+    """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
+    method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
+    randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
+    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds) and, once there is a
+    perplexity, WORK/ppl_vs_length.png (plus methods_vs_length.png and random_positions_vs_length.png when
+    those runs exist).
+
+    Returns:
+        The text of tables.md.
+    """
+    l = o["train_length"]
+    reports, resolution, passkey = {}, {}, {}
+    for name in runs:
+        rdir = work / "runs" / name
+        if (rdir / "length_report.json").exists():
+            reports[name] = json.loads((rdir / "length_report.json").read_text())
+        for w in ("full", "bca"):
+            path = rdir / f"resolution_{w}.json"
+            if path.exists():
+                resolution.setdefault(name, {})[w] = json.loads(path.read_text())
+        for probe in PROBES:
+            if (rdir / f"{probe}.json").exists():
+                passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
+    ppl = ppl_table(reports)
+    for name in runs:  # each method's report holds one window: file it under the method's name
+        for method in METHODS:
+            path = work / "runs" / name / f"method_{method}.json"
+            if path.exists():
+                rows = ppl_table({name: json.loads(path.read_text())}).get(name, {})
+                ppl.setdefault(name, {})[method] = next(iter(rows.values()), {})
+    main = [n for n in runs if RUNS[n][1] == "main"]
+    random_pairs = [n for base in ("xpos", "rope", "alibi") for n in (base, f"{base}_random")
+                    if n in runs and f"{base}_random" in runs]
+    methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
+    ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
+    claims = check_claims(ppl, resolution, l, o["lengths"])
+    progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
+    ab_lengths = [l, 8 * l]
+    parts = [
+        f"Training length l = {l}, {o['arch']}, {o['max_update']} updates x {o['batch_size']} x {l} tokens = "
+        f"{o['max_update'] * o['batch_size'] * l:,} training tokens per model; test: first {o['eval_tokens']:,} tokens "
+        "of the test split, cut into non-overlapping windows of each length (every token scored once per length).",
+        "", "### Table 2 shape: perplexity by length, each window", "",
+        markdown_ppl(ppl, main, ["full", "sliding", "bca"], o["lengths"], l),
+        "", "### Table 3 shape: attention resolution R(s), mean over layers", "",
+        markdown_resolution(resolution, [n for n in runs if n in resolution], [l, 2 * l]),
+        "", "### Table 4 shape: xPos ablations at l and 8l", "",
+        markdown_ppl(ppl, ablations, ["full", "bca"], ab_lengths, l),
+        "", "### Table 5 shape: attention window at 4l and 16l", "",
+        markdown_ppl(ppl, main, ["full", "sliding", "bca"], [l, 4 * l, 16 * l], l),
+        *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
+            markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
+        *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
+            markdown_methods(ppl, runs, methods, o["lengths"], l)] if methods else []),
+        *(["", "### Passkey retrieval: accuracy (mean over depths 0.1..0.9; chance 0.10)", "",
+            markdown_passkey(passkey["passkey"], runs, l)] if "passkey" in passkey else []),
+        *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
+            f"x {PASSKEY_FINETUNE['batch_size']} prompts of at most {l // 2 - 8} tokens)", "",
+            markdown_passkey(passkey["passkey_finetuned"], runs, l)] if "passkey_finetuned" in passkey else []),
+        "", "### Claims", "", markdown_claims(claims),
+        "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
+        *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
+        f"| **total** | **{fmt_time(sum(progress.values()))}** |",
+    ]
+    text = "\n".join(parts) + "\n"
+    (work / "tables.md").write_text(text)
+    (work / "results.json").write_text(json.dumps(
+        {"options": o, "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
+         "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
+         **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
+         "claims": claims, "wall_seconds": progress}, indent=1))
+    if ppl:
+        plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
+                 f"{o['arch']}, l = {l}, {o['max_update'] * o['batch_size'] * l / 1e6:.2f}M training tokens: test ppl vs length")
+    if methods:
+        plot_ppl(ppl, [n for n in runs if n in METHOD_RUNS], methods, l, work / "methods_vs_length.png",
+                 f"evaluation-time methods on the same checkpoints (l = {l})", {m: METHODS[m][2] for m in methods})
+    if random_pairs:
+        plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
+                 f"trained with and without randomized positions (L_max = {max(o['lengths'])}, l = {l})")
+    return text
+
+
+def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
+    """Every step of the reproduction, skipping the finished ones: check and record the options
+    (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
+    evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
+    8l under full / BCA), measure resolution at l and 2l under full attention and BCA, and on the
+    :data:`METHOD_RUNS` checkpoints run ``o["methods"]`` (RoPE scaling on rotary schemes only), rewriting the results
+    (:func:`write_results`) after each run. Prints each step, then the tables and where they are.
+
+    Args:
+        work: the work directory (WORK/runs/RUN/ holds each run's checkpoints, logs and reports).
+        o: the options (see the module docstring), already validated.
+        runs: names from :data:`RUNS`, in order.
+        corpus: CORPUS/{train,valid,test}/*.txt, prepared only when the data-bin has no dict.txt.
+        data_bin: the data-bin (default WORK/data-bin).
+
+    Returns:
+        The text of WORK/tables.md.
+
+    Raises:
+        ReproduceError: other options in WORK, or a step failed (re-running continues after the last
+            finished step).
+    """
+    check_options(work, o)
+    l, lengths = o["train_length"], o["lengths"]
+    data = data_bin or work / "data-bin"
+    ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
+
+    passkey_bin = work / "passkey-bin"
+    run_methods = {n: methods_of(n, o.get("methods", [])) for n in runs}
+    tuned_runs = [n for n in runs if "passkey_finetuned" in run_methods[n]]
+    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + len(run_methods[n]) for n in runs)
+             + len(tuned_runs) + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
+    run = Runner(work, steps)
+    if not (data / "dict.txt").exists():
+        run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
+    for name in runs:
+        run_args, role = RUNS[name]
+        if role == "random":
+            run_args = [*run_args, "--random-positions", max(lengths)]
+        rdir = work / "runs" / name
+        ckpt_dir = rdir / "checkpoints"
+        run(f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done", stamp=True)
+        ckpt = ckpt_dir / "checkpoint_last.pt"
+        windows = ["full", "bca"] if role == "ablation" else ["full", "sliding", "bca"]
+        run(f"eval {name}", eval_command(data, ckpt, ab_lengths if role == "ablation" else lengths, windows,
+                                         rdir / "length_report.json", o), rdir / "eval.log", rdir / "length_report.json")
+        for w in ("full", "bca"):
+            out = rdir / f"resolution_{w}.json"
+            run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)
+        for method in run_methods[name]:
+            if method == "passkey":
+                out = rdir / "passkey.json"
+                run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)
+            elif method == "passkey_finetuned":
+                tuned = rdir / "passkey_ft"
+                if not (passkey_bin / "train.idx").exists():
+                    run("passkey data", passkey_data_command(data, ckpt, passkey_bin, o), work / "passkey-data.log",
+                        passkey_bin / "train.idx")
+                run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned, run_args, o), tuned / "train.log",
+                    tuned / "train.done", stamp=True)
+                out = rdir / "passkey_finetuned.json"
+                run(f"passkey_finetuned {name}", passkey_command(data, tuned / "checkpoint_last.pt", out, o),
+                    rdir / "passkey_finetuned.log", out)
+            else:
+                out = rdir / f"method_{method}.json"
+                run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)
+        write_results(work, o, runs)  # tables grow as runs finish
+    text = write_results(work, o, runs)
+    print("\n" + text)
+    print(f"tables: {work / 'tables.md'}; plot: {work / 'ppl_vs_length.png'}; all numbers: {work / 'results.json'}")
+    return text

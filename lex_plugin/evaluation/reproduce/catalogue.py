@@ -1,0 +1,62 @@
+"""What the reproduction runs: the training runs (schemes, ablations, randomized positions), the
+evaluation-time methods and probes on their checkpoints, and the labels the tables and plots print."""
+
+from typing import Dict, List, Sequence
+
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBES", "ROTARY_RUNS", "RUNS", "SINK_TOKENS",
+           "WINDOW_LABEL", "methods_of"]
+
+# name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
+# are Table 4's xPos variants (zeta = 1 is RoPE, which the main runs already hold); "random" runs train with
+# randomized positions (Ruoss et al. 2023, --random-positions L_max with L_max the longest evaluation length)
+# and are evaluated like the main runs, with the ordinary positions.
+RUNS: Dict[str, tuple] = {
+    "xpos": (["--pos-emb", "xpos"], "main"),
+    "rope": (["--pos-emb", "rope"], "main"),
+    "alibi": (["--pos-emb", "alibi"], "main"),
+    "sinusoidal": (["--pos-emb", "sinusoidal"], "main"),
+    "sandwich": (["--pos-emb", "sandwich"], "main"),
+    "xpos_no_rotation": (["--pos-emb", "xpos", "--xpos-no-rotation"], "ablation"),
+    "xpos_scalar_zeta": (["--pos-emb", "xpos", "--xpos-scalar-zeta"], "ablation"),
+    "none": (["--pos-emb", "none"], "main"),
+    "xpos_random": (["--pos-emb", "xpos"], "random"),
+    "rope_random": (["--pos-emb", "rope"], "random"),
+    "alibi_random": (["--pos-emb", "alibi"], "random"),
+}
+SINK_TOKENS = 4  # StreamingLLM's choice
+# Evaluation-time methods run on the same checkpoints (METHOD_RUNS): name -> (--eval-windows, further
+# fairseq-eval-lm arguments, the window it modifies (its reference row), rotary schemes only?).
+METHODS: Dict[str, tuple] = {
+    "bca_sinks": ("bca", ["--sink-tokens", SINK_TOKENS], "bca", False),
+    "sliding_sinks": ("sliding", ["--sink-tokens", SINK_TOKENS], "sliding", False),
+    "lambda": ("lambda", [], "sliding", False),
+    "linear": ("full", ["--rope-scaling", "linear", "--rope-scaling-factor", "auto"], "full", True),
+    "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
+    "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
+}
+PROBES = ("passkey", "passkey_finetuned")  # the passkey probe on each checkpoint, and after fine-tuning on its format
+# Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
+# make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
+PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
+METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
+ROTARY_RUNS = ("xpos", "rope")
+LABELS = {
+    "xpos": "LeX (xPos)", "rope": "RoPE (Roformer)", "alibi": "ALiBi", "sinusoidal": "Sinusoidal (absolute)",
+    "sandwich": "Sandwich", "none": "NoPE", "xpos_no_rotation": "xPos without rotation (theta = 0)",
+    "xpos_scalar_zeta": "xPos with one scalar zeta", "xpos_random": "LeX (xPos), random positions",
+    "rope_random": "RoPE, random positions", "alibi_random": "ALiBi, random positions",
+}
+WINDOW_LABEL = {
+    "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
+    "bca_sinks": f"BCA + {SINK_TOKENS} sinks", "sliding_sinks": f"sliding window + {SINK_TOKENS} sinks",
+    "lambda": "Λ-shaped (LM-Infinite)", "linear": "full + linear RoPE scaling (PI)",
+    "ntk": "full + NTK-aware scaling", "yarn": "full + YaRN",
+}
+
+
+def methods_of(run: str, methods: Sequence[str]) -> List[str]:
+    """Those of ``methods`` (names from :data:`METHODS` or :data:`PROBES`) that run on ``run``'s checkpoint:
+    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling only on the rotary runs."""
+    if run not in METHOD_RUNS:
+        return []
+    return [m for m in methods if m in PROBES or not METHODS[m][3] or run in ROTARY_RUNS]

@@ -1,0 +1,90 @@
+"""The command of each step of the reproduction: lex prepare, the training recipe, fairseq-eval-lm with
+the lex task, the methods, the passkey probe and its fine-tuning data, lex resolution."""
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+from ...recipe import PLUGIN_DIR, fairseq_train_command
+from .catalogue import METHODS, PASSKEY_FINETUNE
+
+__all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command",
+           "prepare_command", "resolution_command", "train_command"]
+
+
+def prepare_command(corpus: Path, data: Path) -> List:
+    """``lex prepare`` of CORPUS/{train,valid,test}/*.txt into the data-bin ``data``, on every core."""
+    return [sys.executable, "-m", "lex_plugin.cli", "prepare", corpus, data, "--workers", os.cpu_count() or 1]
+
+
+def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["train_length"]`` for
+    ``o["max_update"]`` updates into ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget
+    and optimizer for every run, no validation."""
+    updates = o["max_update"]
+    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["train_length"], o["batch_size"], o["lr"], updates,
+                                 max(1, updates // 8), "none", save_interval_updates=max(1, min(100, updates)),
+                                 log_interval=25, seed=o["seed"])
+
+
+def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,
+                 extra: Sequence = ()) -> List:
+    """fairseq-eval-lm of ``ckpt`` over the first ``o["eval_tokens"]`` test tokens at each of ``lengths``
+    under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lambda``), writing the length report JSON
+    ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
+    return [
+        "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
+        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o["train_length"],
+        "--sample-break-mode", "none", "--batch-size", 8, "--num-workers", 0,
+        "--eval-lengths", ",".join(map(str, lengths)), "--eval-windows", ",".join(windows),
+        "--eval-tokens", o["eval_tokens"], "--report-json", report,
+        # fairseq's own pass over the whole split at l would cost minutes per model and duplicates the
+        # length table's l row: let it see one shard of 1000 (it says how many tokens it evaluated).
+        "--num-shards", 1000, "--shard-id", 0, *extra,
+    ]
+
+
+def method_command(data: Path, ckpt: Path, method: str, report: Path, o: dict) -> List:
+    """fairseq-eval-lm of ``ckpt`` under one of :data:`METHODS` at every length of ``o["lengths"]`` (the
+    same tokens as :func:`eval_command`), writing the length report JSON ``report``.
+
+    Raises:
+        KeyError: ``method`` is not in :data:`METHODS`."""
+    window, extra, _, _ = METHODS[method]
+    return eval_command(data, ckpt, o["lengths"], [window], report, o, extra)
+
+
+def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+    """``lex passkey-data``: :data:`PASSKEY_FINETUNE` ``samples`` prompts with their key, at most l / 2 - 8
+    tokens each, filler from the training split of ``data`` (encoded as ``ckpt``'s hub encodes), into ``dest``."""
+    return [sys.executable, "-m", "lex_plugin.cli", "passkey-data", data, dest, "--path", ckpt,
+            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o["train_length"] // 2 - 8]
+
+
+def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+    """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
+    row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
+    f = PASSKEY_FINETUNE
+    return fairseq_train_command(passkey_data, save_dir, o["arch"], run_args, o["train_length"], f["batch_size"], f["lr"],
+                                 f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
+                                 extra=["--finetune-from-model", ckpt])
+
+
+def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
+    """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under full attention, BCA, the
+    sliding window and Λ-shaped attention, ``o["passkey_trials"]`` prompts per cell (9 distractor keys),
+    writing the JSON ``out`` and the heat map beside it (same name, .png)."""
+    l = o["train_length"]
+    return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
+            "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
+            "--windows", "full,bca,sliding,lambda", "--trials", o.get("passkey_trials", 10),
+            "--json", out, "--plot", out.with_suffix(".png")]
+
+
+def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:
+    """``lex resolution`` of ``ckpt`` at ``lengths`` over ``o["resolution_texts"]`` texts, with BCA when
+    ``window`` is ``bca`` (else full attention), writing the JSON ``out``."""
+    cmd = [sys.executable, "-m", "lex_plugin.cli", "resolution", data, "--path", ckpt,
+           "--lengths", ",".join(map(str, lengths)), "--texts", o["resolution_texts"], "--json", out]
+    return cmd + (["--bca"] if window == "bca" else [])

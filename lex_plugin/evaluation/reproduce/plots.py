@@ -1,0 +1,46 @@
+"""The reproduction's plot: perplexity against length, one panel per window, every run."""
+
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from .catalogue import LABELS, WINDOW_LABEL
+
+__all__ = ["plot_ppl"]
+
+
+def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path, title: str,
+             reference: Optional[Dict[str, str]] = None):
+    """Write the PNG ``out``: one panel per window, ppl (log) against length (log2) for every run (the
+    paper's Figure 1 in shape), a dotted line at l; ``reference`` ({window: other window}): also draw the
+    other window's curve of each run, dashed in the same colour (a method against what it modifies)."""
+    from ...plotting import figure, log_axes
+
+    cols = min(3, len(windows))
+    rows = -(-len(windows) // cols)
+    with figure(out, rows, cols, (4.6 * cols, 4.2 * rows), dpi=110, sharey=True, squeeze=False) as (fig, axes):
+        for ax in axes.flat[len(windows):]:
+            ax.axis("off")
+        for ax, window in zip(axes.flat, windows):
+            for name in runs:
+                row = ppl.get(name, {}).get(window)
+                if row:
+                    xs = sorted(row)
+                    line, = ax.plot(xs, [row[x] for x in xs], marker="o", label=LABELS.get(name, name))
+                    base = ppl.get(name, {}).get((reference or {}).get(window))
+                    if base:
+                        xs = sorted(base)
+                        ax.plot(xs, [base[x] for x in xs], linestyle="--", linewidth=1, color=line.get_color(), alpha=0.7)
+            ax.axvline(l, color="grey", linestyle=":", linewidth=1)
+            log_axes(ax)
+            other = (reference or {}).get(window)
+            ax.set_title(WINDOW_LABEL[window] + (f"\n(dashed: {WINDOW_LABEL[other]})" if other else ""), fontsize=10)
+            ax.set_xlabel("evaluation length (tokens)")
+            ax.grid(alpha=0.3, which="both")
+        for row in axes:
+            row[0].set_ylabel("test perplexity")
+        legend = {}  # every run's line once, whichever panels it appears in
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(label, handle)
+        axes.flat[len(windows) - 1].legend(list(legend.values()), list(legend), fontsize=8)
+        fig.suptitle(title)

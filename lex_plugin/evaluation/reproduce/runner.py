@@ -1,0 +1,96 @@
+"""The resumable step runner of the reproduction: one command per step, logged, skipped once its output
+exists, wall times kept in WORK/progress.json; and the record of the options a work directory was run with."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from ...recipe import PLUGIN_DIR
+
+__all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time"]
+
+REPO = PLUGIN_DIR.parent  # working directory of every step
+
+
+class ReproduceError(RuntimeError):
+    """A step failed, or the work directory holds a run with other options."""
+
+
+def fmt_time(seconds: float) -> str:
+    """``seconds`` as ``1h05m`` (an hour or more) or ``4m07s``."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Runner:
+    """Runs one command per step, logging to a file, and keeps wall times in WORK/progress.json.
+
+    Args:
+        work: the work directory (progress.json lives there).
+        steps: the number of steps, for the ``[i/steps]`` prefix of what it prints.
+    """
+
+    def __init__(self, work: Path, steps: int):
+        self.work, self.steps, self.step = work, steps, 0
+        self.start = time.time()
+        self.progress_path = work / "progress.json"
+        self.progress = json.loads(self.progress_path.read_text()) if self.progress_path.exists() else {}
+
+    def __call__(self, key: str, cmd: Sequence, log: Path, done: Path, stamp: bool = False):
+        """Run ``cmd`` unless ``done`` exists; ``stamp``: write ``done`` after a successful run (for
+        commands whose outputs exist before they finish, like fairseq-train's checkpoint_last.pt).
+
+        The command runs in the repository root with this interpreter's scripts first on PATH and
+        OMP_NUM_THREADS defaulting to every core; its output is appended to ``log``. Its wall time is added
+        to WORK/progress.json under ``key``.
+
+        Raises:
+            ReproduceError: the command failed (with the last lines of its log), or did not write ``done``.
+        """
+        self.step += 1
+        prefix = f"[{self.step}/{self.steps}] {key}"
+        if done.exists():
+            print(f"{prefix}: done already ({done})", flush=True)
+            return
+        print(f"\n{prefix}: {' '.join(shlex.quote(str(c)) for c in cmd)}\n  log: {log}", flush=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        with open(log, "a") as f:
+            rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
+        if rc != 0:
+            tail = "".join(log.read_text().splitlines(True)[-30:])
+            raise ReproduceError(f"{key} failed (exit {rc}); last lines of {log}:\n{tail}\nFix it and re-run: finished steps are skipped.")
+        if stamp:
+            done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+        if not done.exists():
+            raise ReproduceError(f"{key} finished but did not write {done}; see {log}.")
+        seconds = time.time() - t0
+        self.progress[key] = self.progress.get(key, 0.0) + seconds
+        self.progress_path.write_text(json.dumps(self.progress, indent=1))
+        print(f"{prefix}: done in {fmt_time(seconds)} (this session {fmt_time(time.time() - self.start)})", flush=True)
+
+
+def check_options(work: Path, o: dict) -> None:
+    """Record ``o`` in WORK/options.json (creating WORK), after checking that a run already there used the
+    same options (``methods`` may differ: each method's report stands alone).
+
+    Raises:
+        ReproduceError: WORK/options.json holds other options (mixing budgets would make the tables unequal).
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    saved = work / "options.json"
+    if saved.exists():
+        before = json.loads(saved.read_text())
+        # which methods run does not change the numbers of the others; an option a run directory predates is recorded
+        changed = {k: (before[k], v) for k, v in o.items() if k != "methods" and k in before and before[k] != v}
+        if changed:
+            raise ReproduceError(f"{work} holds a run with other options {changed}: use another --work "
+                                 "or remove it; mixing budgets would make the tables unequal.")
+    saved.write_text(json.dumps(o, indent=1))

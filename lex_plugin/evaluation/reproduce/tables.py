@@ -1,0 +1,179 @@
+"""The reproduction's tables from the finished reports: perplexity by length per window, methods, passkey
+accuracy, attention resolution, and the paper's claims checked against the numbers."""
+
+from typing import Dict, List, Optional, Sequence
+
+from .catalogue import LABELS, METHODS, WINDOW_LABEL
+
+__all__ = ["check_claims", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+           "markdown_resolution", "ppl_table"]
+
+
+def ppl_table(reports: Dict[str, dict]) -> Dict[str, Dict[str, Dict[int, float]]]:
+    """{run: {window mode: {length: ppl}}} from the eval-lm JSON reports ({run: report}) of the stream
+    protocol; the mode is the row's structured ``attention`` field (``full``, ``bca``, ``sliding``,
+    ``lambda``)."""
+    out: Dict[str, Dict[str, Dict[int, float]]] = {}
+    for name, report in reports.items():
+        for r in report["results"]:
+            if r.get("protocol", "stream") == "stream":
+                mode = r["attention"]["mode"]
+                out.setdefault(name, {}).setdefault(mode, {})[int(r["length"])] = float(r["ppl"])
+    return out
+
+
+def _num(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
+
+
+def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int) -> str:
+    """Markdown perplexity table (LeX Tables 2, 4 and 5 in shape) from :func:`ppl_table`'s output.
+
+    Rows: run x window (rows with no numbers left out); columns: each length, then ppl(L_max)/ppl(l).
+    """
+    top = max(lengths)
+    head = "| model | window | " + " | ".join(f"{L} ({L // l}l)" if L >= l else str(L) for L in lengths)
+    head += f" | ppl({top // l}l) / ppl(l) |"
+    rows = [head, "|---|---|" + "---:|" * (len(lengths) + 1)]
+    for name in runs:
+        for window in windows:
+            row = ppl.get(name, {}).get(window)
+            if not row:
+                continue
+            ratio = row[top] / row[l] if top in row and l in row else None
+            rows.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL[window]} | "
+                        + " | ".join(_num(row.get(L)) for L in lengths) + f" | {_num(ratio)} |")
+    return "\n".join(rows)
+
+
+def markdown_methods(ppl, runs: Sequence[str], methods: Sequence[str], lengths: Sequence[int], l: int) -> str:
+    """One markdown table per method found in ``ppl``: for each run, the window the method modifies (its
+    reference row), then the method, at every length, as :func:`markdown_ppl` writes them.
+
+    Args:
+        ppl: {run: {window or method name: {length: ppl}}} (:func:`ppl_table`'s shape).
+        runs: row order; methods: names from :data:`METHODS` (a method no run has is left out);
+        lengths: columns; l: the training length.
+    """
+    out = []
+    for method in methods:
+        have = [n for n in runs if ppl.get(n, {}).get(method)]
+        if have:
+            out += [f"#### {WINDOW_LABEL[method]}", "", markdown_ppl(ppl, have, [METHODS[method][2], method], lengths, l), ""]
+    return "\n".join(out).rstrip()
+
+
+def markdown_passkey(passkey: Dict[str, dict], runs: Sequence[str], l: int) -> str:
+    """Markdown table of passkey accuracy: rows run x window, columns each length (the mean over depths and
+    trials), then the mean over lengths beyond l.
+
+    Args:
+        passkey: {run: ``lex passkey`` JSON report}.
+        runs: row order (runs without a report are left out).
+        l: the training length.
+
+    Returns:
+        The table, or "" when the reports hold no results.
+    """
+    rows, lengths = [], sorted({r["length"] for rep in passkey.values() for r in rep["results"]})
+    if not lengths:
+        return ""
+    head = "| model | window | " + " | ".join(f"{L} ({L // l}l)" for L in lengths) + " | beyond l |"
+    rows = [head, "|---|---|" + "---:|" * (len(lengths) + 1)]
+    for name in runs:
+        rep = passkey.get(name)
+        if not rep:
+            continue
+        for window in dict.fromkeys(r["window"] for r in rep["results"]):
+            acc = {}
+            for r in rep["results"]:
+                if r["window"] == window:
+                    hit, n = acc.get(r["length"], (0, 0))
+                    acc[r["length"]] = (hit + r["retrieved"], n + r["trials"])
+            far = [acc[L] for L in lengths if L > l and L in acc]
+            beyond = sum(h for h, _ in far) / sum(n for _, n in far) if far else None
+            rows.append(f"| {LABELS.get(name, name)} | {window} | "
+                        + " | ".join(f"{acc[L][0] / acc[L][1]:.2f}" if L in acc else "-" for L in lengths)
+                        + f" | {'-' if beyond is None else f'{beyond:.2f}'} |")
+    return "\n".join(rows)
+
+
+def markdown_resolution(resolution: Dict[str, Dict[str, dict]], runs: Sequence[str], lengths: Sequence[int]) -> str:
+    """Markdown table in LeX Table 3's shape: R(s) averaged over layers at each length, without and with BCA.
+
+    Args:
+        resolution: {run: {"full" | "bca": ``lex resolution`` JSON report}}.
+    """
+    head = "| model | " + " | ".join(f"R at {L}, {w}" for L in lengths for w in ("full", "BCA")) + " |"
+    rows = [head, "|---|" + "---:|" * (2 * len(lengths))]
+    for name in runs:
+        res = resolution.get(name)
+        if not res:
+            continue
+        cells = []
+        for L in lengths:
+            for w in ("full", "bca"):
+                r = res.get(w, {}).get("lengths", {}).get(str(L))
+                cells.append(f"{r['R']:.4f}" if r else "-")
+        rows.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def check_claims(ppl, resolution, l: int, lengths: Sequence[int]) -> List[dict]:
+    """The issue's four claims, each with its verdict and the numbers it rests on. Nothing is forced: a
+    claim that fails is reported as failing.
+
+    Args:
+        ppl: :func:`ppl_table`'s output; resolution: as for :func:`markdown_resolution`; l: the training
+            length; lengths: the evaluation lengths.
+
+    Returns:
+        [{"claim": str, "holds": bool, "numbers": str}], one entry per claim whose numbers are all present
+        (a claim with a missing number is left out).
+    """
+    claims = []
+
+    def get(name, window, L):
+        return ppl.get(name, {}).get(window, {}).get(L)
+
+    longer = [L for L in lengths if L > l]
+    # 1. LeX + BCA perplexity does not rise from l to the longest length.
+    xb = [get("xpos", "bca", L) for L in [l] + longer]
+    if all(v is not None for v in xb):
+        rises = [(L, v) for L, v in zip(longer, xb[1:]) if v > xb[0]]
+        claims.append({"claim": f"LeX + BCA: ppl does not rise from l = {l} to {max(lengths)}",
+                       "holds": not rises,
+                       "numbers": ", ".join(f"{L}: {_num(v)}" for L, v in zip([l] + longer, xb))})
+    # 2. RoPE without BCA blows up past l (taken as: ppl at 2l or beyond more than 2x ppl at l).
+    rf = [get("rope", "full", L) for L in [l] + longer]
+    if all(v is not None for v in rf):
+        worst = max(rf[1:])
+        claims.append({"claim": "RoPE with full attention blows up past l (ppl beyond l > 2 x ppl at l)",
+                       "holds": worst > 2 * rf[0],
+                       "numbers": ", ".join(f"{L}: {_num(v)}" for L, v in zip([l] + longer, rf))})
+    # 3. LeX + BCA at or below ALiBi (its own setting: full attention) at 4l and beyond.
+    far = [L for L in lengths if L >= 4 * l]
+    pairs = [(L, get("xpos", "bca", L), get("alibi", "full", L)) for L in far]
+    if far and all(a is not None and b is not None for _, a, b in pairs):
+        claims.append({"claim": "LeX + BCA at or below ALiBi (full attention) at 4l and beyond",
+                       "holds": all(a <= b for _, a, b in pairs),
+                       "numbers": ", ".join(f"{L}: {_num(a)} vs {_num(b)}" for L, a, b in pairs)})
+    # 4. Resolution with BCA exceeds resolution without at 2l (xPos).
+    res = resolution.get("xpos", {})
+    r_full = res.get("full", {}).get("lengths", {}).get(str(2 * l))
+    r_bca = res.get("bca", {}).get("lengths", {}).get(str(2 * l))
+    if r_full and r_bca:
+        claims.append({"claim": f"xPos: resolution with BCA exceeds resolution without at 2l = {2 * l}",
+                       "holds": r_bca["R"] > r_full["R"],
+                       "numbers": f"BCA {r_bca['R']:.4f} vs full {r_full['R']:.4f}"})
+    return claims
+
+
+def markdown_claims(claims: List[dict]) -> str:
+    """Markdown table of :func:`check_claims`' output: claim, holds here? (yes / **no**), numbers."""
+    rows = ["| claim | holds here? | numbers |", "|---|---|---|"]
+    for c in claims:
+        rows.append(f"| {c['claim']} | {'yes' if c['holds'] else '**no**'} | {c['numbers']} |")
+    return "\n".join(rows)

@@ -1,0 +1,40 @@
+"""The one fairseq-train recipe: what its command says, and ``lex train`` running it."""
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+from lex_plugin.recipe import fairseq_train_command
+
+
+def test_the_recipe_command():
+    cmd = fairseq_train_command("data", "ckpt", "lex_lm_small", ["--pos-emb", "alibi"], 512, 8, "3e-4", 800,
+                                save_interval_updates=100, validate_interval_updates=200)
+    value = lambda flag: cmd[cmd.index(flag) + 1]  # noqa: E731
+    assert cmd[:2] == ["fairseq-train", "data"] and value("--user-dir") == str(REPO / "lex_plugin")
+    assert value("--arch") == "lex_lm_small" and value("--pos-emb") == "alibi" and "--share-decoder-input-output-embed" in cmd
+    assert (value("--tokens-per-sample"), value("--batch-size"), value("--lr")) == ("512", "8", "3e-4")
+    assert value("--max-update") == value("--total-num-update") == "800" and value("--warmup-updates") == "100"
+    assert (value("--optimizer"), value("--adam-betas"), value("--weight-decay"), value("--clip-norm")) == (
+        "adam", "(0.9, 0.98)", "0.01", "1.0")
+    assert value("--save-interval-updates") == "100" and value("--validate-interval-updates") == "200"
+    assert "--disable-validation" not in cmd
+    stock = fairseq_train_command("data", None, "transformer_lm", user_dir=None)
+    assert "--user-dir" not in stock and "--no-save" in stock and "--disable-validation" in stock
+    with pytest.raises(ValueError, match="must be positive"):
+        fairseq_train_command("data", "ckpt", updates=0)
+
+
+def test_lex_train_runs_the_recipe(data_bin, tmp_path):
+    proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "train", str(data_bin), str(tmp_path / "ckpt"),
+                    "--tokens-per-sample", "32", "--batch-size", "4", "--max-update", "3", "--save-interval-updates", "3",
+                    "--decoder-layers", "1", "--log-format", "json", "--log-interval", "1"])
+    assert re.search(r"^\+ \S*fairseq-train .*--lr-scheduler polynomial_decay", proc.stderr, re.M)  # printed first
+    losses = [json.loads(m)["loss"] for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
+    assert len(losses) == 3
+    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["decoder_layers"] == 1 and state["cfg"]["task"]["tokens_per_sample"] == 32
