@@ -82,7 +82,9 @@ class LexHubInterface(GeneratorHubInterface):
             TypeError, ValueError: a spec the models cannot take.
         """
         view = copy.copy(self)
-        object.__setattr__(view, "_modules", {**self._modules, "models": nn.ModuleList(m.under(spec) for m in self.models)})
+        models = nn.ModuleList(m.under(spec) for m in self.models)
+        models.training = self.models.training  # the flag only: the models are generation-fast (no train())
+        object.__setattr__(view, "_modules", {**self._modules, "models": models})
         return view
 
     def encode(self, sentence: str) -> torch.LongTensor:

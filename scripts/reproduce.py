@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
               help="an already prepared data-bin (default: WORK/data-bin, prepared from --corpus)")
 @click.option("--runs", "run_names", default=",".join(RUNS), show_default=True, help="comma-separated, in order")
 @click.option("--arch", default="lex_lm_tiny", show_default=True)
-@click.option("--train-length", type=click.IntRange(min=2), default=256, show_default=True, help="l (tokens per sample)")
+@click.option("--training-length", type=click.IntRange(min=2), default=256, show_default=True, help="l (tokens per sample)")
 @click.option("--max-update", type=click.IntRange(min=1), default=300, show_default=True, help="updates per model (equal token budget)")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--lr", default="1.5e-3", show_default=True)
@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--methods", "method_names", default=",".join([*METHODS, *PROBES]), show_default=True,
               help="evaluation-time methods and the passkey probe (as trained; after fine-tuning on its format) on the xpos, rope and alibi checkpoints; '' for none")
 @click.option("--passkey-trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per passkey cell")
-def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
+def main(corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
          resolution_texts, method_names, passkey_trials):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
@@ -61,16 +61,16 @@ def main(corpus, work, data_bin, run_names, arch, train_length, max_update, batc
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
-    l = train_length
+    l = training_length
     if l % 2:
-        raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --train-length", param_hint="--train-length")
+        raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
     lengths = sorted({int(x) for x in lengths.split(",")}) if lengths else [l * k for k in (1, 2, 4, 8, 16)]
     if l not in lengths:
         raise click.BadParameter(f"--lengths must include the training length {l}", param_hint="--lengths")
     if eval_tokens < max(lengths):
         raise click.BadParameter(f"--eval-tokens {eval_tokens} is shorter than the longest length {max(lengths)}",
                                  param_hint="--eval-tokens")
-    o = dict(arch=arch, train_length=l, max_update=max_update, batch_size=batch_size, lr=lr, seed=seed,
+    o = dict(arch=arch, training_length=l, max_update=max_update, batch_size=batch_size, lr=lr, seed=seed,
              lengths=lengths, eval_tokens=eval_tokens, resolution_texts=resolution_texts, methods=methods,
              passkey_trials=passkey_trials)
     try:

@@ -66,7 +66,7 @@ def test_length_stratified_report_bca_sliding_and_plot(data_bin, trained, tmp_pa
     proc = lex_eval(
         data_bin, ckpt, "--tokens-per-sample", 4 * TRAIN_LEN, "--bca",
         "--eval-lengths", f"{TRAIN_LEN},{2 * TRAIN_LEN},{4 * TRAIN_LEN}", "--eval-windows", "full,bca,sliding",
-        "--fixed-target-tokens", TRAIN_LEN // 2, "--fixed-target-windows", 8, "--report-json", report_path,
+        "--fixed-target-tokens", TRAIN_LEN // 2, "--fixed-target-samples", 8, "--report-json", report_path,
     )
     prefix = lex_eval(data_bin, ckpt, "--tokens-per-sample", TRAIN_LEN, "--eval-lengths", TRAIN_LEN, "--eval-tokens", 1000)
     assert "| stream | full | 64 | 1 | 1,000 |" in prefix.stdout

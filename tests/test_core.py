@@ -98,3 +98,31 @@ def test_options_translate_to_specs_in_one_place():
         AttentionOptions.from_flags({"bca": True, "sliding_window": "l"})
     with pytest.raises(ValueError, match="training length"):
         AttentionOptions("bca").spec(None)
+
+
+def test_a_view_follows_train_and_eval_of_the_original():
+    """A view made while training, the original then put in eval mode: the view evaluates too (no randomized
+    positions, no dropout), and the removed ways of setting attention say so instead of doing nothing."""
+    model = build_lex_model(tokens_per_sample=32, random_positions=64)
+    model.train()
+    view = model.under(AttentionSpec())
+    model.eval()
+    tokens = random_tokens(model.decoder.dictionary, 1, 30)
+    with torch.no_grad():
+        assert torch.equal(view(tokens)[0], model(tokens)[0])
+    with pytest.raises(TypeError, match="spec="):
+        model(tokens, window=AttentionWindow.bca(32))
+    with pytest.raises(AttributeError, match="removed"):
+        model.decoder.rope_scaling = RopeScaling("linear", 2.0, 32)
+    with pytest.raises(AttributeError, match="removed"):
+        model.decoder.default_window = AttentionWindow.bca(32)
+
+
+def test_the_config_pickles_and_a_scheme_option_is_honoured():
+    import pickle
+
+    from lex_plugin.models.lex_lm import LexLanguageModelConfig
+
+    pickle.loads(pickle.dumps(LexLanguageModelConfig()))
+    model = build_lex_model(pos_emb="xpos", xpos_gamma=0.5)
+    assert model.decoder.positions[0].gamma == 0.5

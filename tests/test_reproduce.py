@@ -67,7 +67,7 @@ def test_missing_numbers_give_no_verdict():
 
 
 def test_commands_load_this_repository_plugin(tmp_path):
-    o = dict(arch="lex_lm_tiny", train_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
              eval_tokens=512, resolution_texts=2)
     train = reproduce.train_command(tmp_path, tmp_path / "ckpt", ["--pos-emb", "xpos"], o)
     evaluate = reproduce.eval_command(tmp_path, tmp_path / "c.pt", LENGTHS, ["full", "bca"], tmp_path / "r.json", o)
@@ -80,7 +80,7 @@ def test_commands_load_this_repository_plugin(tmp_path):
 
 
 def test_method_and_passkey_commands(tmp_path):
-    o = dict(arch="lex_lm_tiny", train_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
              eval_tokens=512, resolution_texts=2, passkey_trials=3)
     sinks = reproduce.method_command(tmp_path, tmp_path / "c.pt", "sliding_sinks", tmp_path / "r.json", o)
     assert sinks[sinks.index("--eval-windows") + 1] == "sliding" and sinks[sinks.index("--sink-tokens") + 1] == 4
@@ -125,7 +125,7 @@ def test_passkey_and_method_tables():
 def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     work = tmp_path / "repro"
     args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
-            "--runs", "xpos,xpos_scalar_zeta,xpos_random", "--max-update", "3", "--batch-size", "4", "--train-length", str(L),
+            "--runs", "xpos,xpos_scalar_zeta,xpos_random", "--max-update", "3", "--batch-size", "4", "--training-length", str(L),
             "--lengths", f"{L},{2 * L},{8 * L}", "--eval-tokens", "512", "--resolution-texts", "2",
             "--methods", "bca_sinks,yarn"]
     proc = run_cli(args, timeout=600)

@@ -210,18 +210,19 @@ def evaluate_fixed_target(
     spec: AttentionSpec,
     pad: int,
     target_tokens: int,
-    max_windows: int = 64,
+    max_samples: int = 64,
     max_tokens: int = 32768,
     device: Optional[torch.device] = None,
     progress: bool = True,
     longest: Optional[int] = None,
 ) -> List[LengthResult]:
-    """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_windows`` windows, each
-    scored with a context of every length L (the window's final L tokens), so only the context grows.
+    """Chi et al. section 3.4: the last ``target_tokens`` tokens of up to ``max_samples`` samples (stretches of
+    the stream), each scored with a context of every length L (the sample's final L tokens), so only the
+    context grows.
 
-    Window ends are spread evenly over the stream, after max(lengths) tokens so that every length has
-    its full context (``longest``: place them as for that length instead, so that calls for single lengths
-    score the same windows). ``spec`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is
+    Sample ends are spread evenly over the stream, after max(lengths) tokens so that every length has its
+    full context (``longest``: place them as for that length instead, so that calls for single lengths score
+    the same samples). ``spec`` as in :func:`evaluate_lengths`. Raises ValueError if the stream is
     shorter than the longest length + target_tokens or if target_tokens exceeds the smallest length.
     """
     longest = max([*lengths, longest or 0])
@@ -232,7 +233,7 @@ def evaluate_fixed_target(
             f"the split has {stream.numel()} tokens: too few for the fixed-target protocol at L={longest}."
         )
     first, last = longest + 1, stream.numel()
-    n = min(max_windows, (last - first) // target_tokens + 1)
+    n = min(max_samples, (last - first) // target_tokens + 1)
     ends = sorted({first + (last - first) * i // max(n - 1, 1) for i in range(n)})
     device = device or next(model.parameters()).device
     results = []

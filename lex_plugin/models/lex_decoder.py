@@ -125,6 +125,10 @@ class LexDecoder(FairseqIncrementalDecoder):
         Raises:
             ValueError: a spec the position scheme cannot take (:meth:`check_spec`).
         """
+        removed = sorted(set(unused) & {"window", "rope_scaling"})
+        if removed:
+            raise TypeError(f"LexDecoder.forward no longer takes {', '.join(removed)}=: pass spec=AttentionSpec(window, "
+                            "rope_scaling) (modules.attention.spec).")
         x, extra = self.extract_features(prev_output_tokens, incremental_state, spec, observer)
         if not features_only:
             x = self.output_layer(x)
@@ -151,7 +155,9 @@ class LexDecoder(FairseqIncrementalDecoder):
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
-        positions = self._random_positions(tokens) if self.training and incremental_state is None else None
+        # train()/eval() reach the layers whichever view they were called on (a view's own flag may be stale)
+        training = self.layers.training
+        positions = self._random_positions(tokens) if training and incremental_state is None else None
         if self.position_kind == "absolute":
             table = self.positions[0]
             rows = table.embed(past, tokens.size(1), x.device) if positions is None else table.embed_at(positions)
@@ -210,9 +216,29 @@ class LexDecoder(FairseqIncrementalDecoder):
             )
         return spec
 
+    @property
+    def default_window(self):
+        raise AttributeError("LexDecoder.default_window was removed: pass spec= to forward, or use decoder.under(spec).")
+
+    @default_window.setter
+    def default_window(self, value):
+        raise AttributeError("LexDecoder.default_window was removed: pass spec= to forward, or use decoder.under(spec).")
+
+    @property
+    def rope_scaling(self):
+        raise AttributeError("LexDecoder.rope_scaling was removed: pass spec=AttentionSpec(rope_scaling=...) to forward, "
+                             "or use decoder.under(spec).")
+
+    @rope_scaling.setter
+    def rope_scaling(self, value):
+        raise AttributeError("LexDecoder.rope_scaling was removed: pass spec=AttentionSpec(rope_scaling=...) to forward, "
+                             "or use decoder.under(spec).")
+
     def under(self, spec: AttentionSpec) -> "LexDecoder":
-        """A view of this decoder whose ``forward`` defaults to ``spec``: every parameter, buffer and layer is
-        shared (loading weights into one loads them into both; no copy), only the default differs.
+        """A view of this decoder whose ``forward`` defaults to ``spec``: every parameter, buffer, layer and hook
+        is shared (loading weights into one loads them into both; no copy; a submodule assigned or a hook
+        registered on one is on both), only the default differs. ``train()``/``eval()`` on either reach the
+        shared layers, which decide training behaviour (randomized positions, dropout).
 
         Raises:
             TypeError, ValueError: as :meth:`check_spec`.

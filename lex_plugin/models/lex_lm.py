@@ -22,7 +22,7 @@ from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS, SchemeOption
-from ..modules.positions.scheme import scheme_owners
+from ..modules.positions.scheme import scheme_option_values, scheme_owners
 from .lex_decoder import LexDecoder, build_embedding
 
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
@@ -82,6 +82,7 @@ def _scheme_option_field(option: SchemeOption):
 LexLanguageModelConfig = make_dataclass(
     "LexLanguageModelConfig", [_scheme_option_field(o) for o in SCHEME_OPTIONS.values()], bases=(LexModelOptions,)
 )
+LexLanguageModelConfig.__module__ = __name__  # (make_dataclass says "types": pickling would fail)
 LexLanguageModelConfig.__doc__ = (
     "``--arch lex_lm`` options: :class:`LexModelOptions` plus each registered position scheme's options "
     "(xPos Eq. 12 and its Table 4 ablations, RoPE's base, Sandwich, T5, the learned table size).")
@@ -207,6 +208,8 @@ class LexLanguageModel(FairseqLanguageModel):
         _refuse_hydra_preset(args)
         lex_lm_architecture(args)
         check_config(args)
+        for name, value in scheme_option_values(str(args.pos_emb), args).items():
+            setattr(args, name, value)  # the checkpoint records the values the scheme was built with
         config = build_decoder_config(args, len(task.target_dictionary))
         embed_tokens = build_embedding(task.source_dictionary, args.decoder_embed_dim)
         if args.share_decoder_input_output_embed and task.source_dictionary != task.target_dictionary:

@@ -94,7 +94,8 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         default=0,
         metadata={"help": "also run the fixed-target protocol (Chi et al. 3.4): score the last N tokens of windows with each length"},
     )
-    fixed_target_windows: int = field(default=64, metadata={"help": "number of windows for the fixed-target protocol"})
+    fixed_target_samples: int = field(default=64, metadata={"help": "number of samples (stretches of the split whose "
+                                                                    "last tokens are scored) of the fixed-target protocol"})
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
 
 
@@ -189,7 +190,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
                                         self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
                 if self.args.fixed_target_tokens:
                     rows += evaluate_fixed_target(model, stream, lengths, spec, self.dictionary.pad(),
-                                                  self.args.fixed_target_tokens, self.args.fixed_target_windows, max_tokens,
+                                                  self.args.fixed_target_tokens, self.args.fixed_target_samples, max_tokens,
                                                   longest=max(self.eval_lengths))
                 if scaled:  # one label for every length: "full+yarn(s=auto)"
                     for r in rows:

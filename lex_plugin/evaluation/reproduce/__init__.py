@@ -12,7 +12,7 @@ and ``lex passkey`` at l..8l (:func:`passkey_command`). :func:`write_results` tu
 Tables 2-5 in shape, a table per method, the passkey accuracies, the claims check, plots and a JSON of
 everything.
 
-The options dict ``o`` every function here takes holds: ``arch``, ``train_length`` (l), ``max_update``,
+The options dict ``o`` every function here takes holds: ``arch``, ``training_length`` (l), ``max_update``,
 ``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens``,
 ``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none) and
 ``passkey_trials`` (optional, default 10).
@@ -52,7 +52,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     Returns:
         The text of tables.md.
     """
-    l = o["train_length"]
+    l = o["training_length"]
     reports, resolution, passkey = {}, {}, {}
     for name in runs:
         rdir = work / "runs" / name
@@ -148,7 +148,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             finished step).
     """
     check_options(work, o)
-    l, lengths = o["train_length"], o["lengths"]
+    l, lengths = o["training_length"], o["lengths"]
     data = data_bin or work / "data-bin"
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
 

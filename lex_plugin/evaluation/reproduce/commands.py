@@ -19,11 +19,11 @@ def prepare_command(corpus: Path, data: Path) -> List:
 
 
 def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
-    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["train_length"]`` for
+    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["training_length"]`` for
     ``o["max_update"]`` updates into ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget
     and optimizer for every run, no validation."""
     updates = o["max_update"]
-    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["train_length"], o["batch_size"], o["lr"], updates,
+    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["training_length"], o["batch_size"], o["lr"], updates,
                                  max(1, updates // 8), "none", save_interval_updates=max(1, min(100, updates)),
                                  log_interval=25, seed=o["seed"])
 
@@ -35,7 +35,7 @@ def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str],
     ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
     return [
         "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
-        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o["train_length"],
+        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o["training_length"],
         "--sample-break-mode", "none", "--batch-size", 8, "--num-workers", 0,
         "--eval-lengths", ",".join(map(str, lengths)), "--eval-windows", ",".join(windows),
         "--eval-tokens", o["eval_tokens"], "--report-json", report,
@@ -59,14 +59,14 @@ def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
     """``lex passkey-data``: :data:`PASSKEY_FINETUNE` ``samples`` prompts with their key, at most l / 2 - 8
     tokens each, filler from the training split of ``data`` (encoded as ``ckpt``'s hub encodes), into ``dest``."""
     return [sys.executable, "-m", "lex_plugin.cli", "passkey-data", data, dest, "--path", ckpt,
-            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o["train_length"] // 2 - 8]
+            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o["training_length"] // 2 - 8]
 
 
 def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
     row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
     f = PASSKEY_FINETUNE
-    return fairseq_train_command(passkey_data, save_dir, o["arch"], run_args, o["train_length"], f["batch_size"], f["lr"],
+    return fairseq_train_command(passkey_data, save_dir, o["arch"], run_args, o["training_length"], f["batch_size"], f["lr"],
                                  f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
                                  extra=["--finetune-from-model", ckpt])
 
@@ -75,7 +75,7 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
     """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under full attention, BCA, the
     sliding window and Λ-shaped attention, ``o["passkey_trials"]`` prompts per cell (9 distractor keys),
     writing the JSON ``out`` and the heat map beside it (same name, .png)."""
-    l = o["train_length"]
+    l = o["training_length"]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
             "--windows", "full,bca,sliding,lambda", "--trials", o.get("passkey_trials", 10),

@@ -12,12 +12,13 @@ __all__ = ["check_claims", "markdown_claims", "markdown_methods", "markdown_pass
 def ppl_table(reports: Dict[str, dict]) -> Dict[str, Dict[str, Dict[int, float]]]:
     """{run: {window mode: {length: ppl}}} from the eval-lm JSON reports ({run: report}) of the stream
     protocol; the mode is the row's structured ``attention`` field (``full``, ``bca``, ``sliding``,
-    ``lambda``)."""
+    ``lambda``), or for a report written before that field, its label's."""
     out: Dict[str, Dict[str, Dict[int, float]]] = {}
     for name, report in reports.items():
         for r in report["results"]:
             if r.get("protocol", "stream") == "stream":
-                mode = r["attention"]["mode"]
+                # reports written before the structured field: their label's mode ("bca(128)" -> "bca")
+                mode = r["attention"]["mode"] if "attention" in r else r["window"].split("(")[0]
                 out.setdefault(name, {}).setdefault(mode, {})[int(r["length"])] = float(r["ppl"])
     return out
 

@@ -92,8 +92,9 @@ class AttentionOptions:
         """
         get = flags.get if isinstance(flags, Mapping) else (lambda name, default=None: getattr(flags, name, default))
         mode = selected_mode(get("bca", False), get("sliding_window"), get("lm_infinite", False))
+        n_global = get("n_global", None)
         return cls(mode, get("sliding_window"), get("training_length"), int(get("sink_tokens", 0) or 0),
-                   int(get("n_global", LM_INFINITE_N_GLOBAL) or LM_INFINITE_N_GLOBAL), get("l_local"),
+                   LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), get("l_local"),
                    get("rope_scaling"), get("rope_scaling_factor"))
 
     def for_mode(self, mode: str) -> "AttentionOptions":
