@@ -24,11 +24,17 @@ def _window_options(fn):
     fn = _sink_options(fn)
     fn = click.option("--lm-infinite", is_flag=True,
                       help="LM-Infinite's Λ-shaped attention: --n-global first tokens + --l-local recent, distances capped")(fn)
+    fn = _length_options(fn)
+    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")(fn)
+    return fn
+
+
+def _length_options(fn):
+    """--sliding-window W|l and --training-length l, as in the task."""
     fn = click.option("--training-length", type=click.IntRange(min=1), default=None,
                       help="the training length l that BCA halves and --sliding-window l means (default: the checkpoint's)")(fn)
     fn = click.option("--sliding-window", default=None, metavar="W|l",
                       help="attend the W most recent positions (an integer, or l: the training length)")(fn)
-    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")(fn)
     return fn
 
 
@@ -317,14 +323,12 @@ def score_cmd(checkpoint, data, files, json_out, **window):
               help="random other keys scored against the true one")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the filler text comes from")
-@click.option("--sliding-window", default=None, metavar="W|l", help="width of the sliding mode (default l)")
-@click.option("--training-length", type=click.IntRange(min=1), default=None, help="l (default: the checkpoint's)")
+@_length_options
 @_sink_options
 @_scaling_options
 @_JSON
 @_PLOT
-def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, sliding_window, training_length,
-                sink_tokens, n_global, l_local, rope_scaling, rope_scaling_factor, json_out, plot_out):
+def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, json_out, plot_out, **flags):
     """Passkey retrieval (Mohtashami & Jaggi 2023): a 5-digit key hidden at each depth of a filler context
     of each length (filler from the data-bin's own text); the true key is scored against random
     distractors by the model's log-probability. Accuracy per (window, length, depth): table, JSON, heat map."""
@@ -339,16 +343,14 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
         if not sizes or not fractions or not modes:
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
-        options = AttentionOptions(sliding_window=sliding_window, training_length=training_length, sink_tokens=sink_tokens,
-                                   n_global=n_global, l_local=l_local, rope_scaling=rope_scaling,
-                                   rope_scaling_factor=rope_scaling_factor)
+        options = AttentionOptions.from_flags(flags)  # the modes come from --windows
         specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
         filler = split_stream(data, split, hub.src_dict)
         results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, specs, hub.src_dict.eos(),
                                    hub.src_dict.pad(), trials, distractors, seed)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
-    l = training_length or hub.training_length
+    l = flags["training_length"] or hub.training_length
     click.echo(format_passkey(results, l))
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l,
               "rope_scaling": None if specs[0].rope_scaling is None else str(specs[0].rope_scaling),

@@ -49,7 +49,7 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     run = lambda t: model(t, features_only=True)  # noqa: E731  (the L x V logits cost the same in every mode)
     if mode.endswith("_blockwise"):  # block by block through the bounded key/value cache (LeX Figure 3), as evaluation runs
         def run(t):  # noqa: F811
-            for _ in blockwise_forward(model, t, spec.window.stride, features_only=True):
+            for _ in blockwise_forward(model, t, spec.window.feed_block, features_only=True):
                 pass
 
     with torch.no_grad():

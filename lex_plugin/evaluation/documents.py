@@ -95,7 +95,7 @@ def score_tokens(
     target = tokens.to(device)[None]
     source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
     window = spec.window
-    block = window.stride if window.bounded else FULL_BLOCK
+    block = window.feed_block or FULL_BLOCK
     nll = torch.cat([
         F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
         for a, b, out in blockwise_forward(model, source, block, spec=spec)

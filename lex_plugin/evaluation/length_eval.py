@@ -134,13 +134,13 @@ def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Opti
 @torch.no_grad()
 def _token_nll(model, source: Tensor, target: Tensor, pad: int, spec: AttentionSpec) -> Tensor:
     """(B, L) per-token negative log-likelihood in nats (fp32), 0 at padding. Under BCA or a sliding
-    window, computed block by block through :func:`blockwise_forward` (c = the window's stride; memory
+    window, computed block by block through :func:`blockwise_forward` (``window.feed_block`` positions a call; memory
     flat in L, logits included); under full attention in one parallel forward."""
     nll = lambda logits, tgt: F.cross_entropy(logits.float().transpose(1, 2), tgt, ignore_index=pad, reduction="none")  # noqa: E731
     window = spec.window
     if not window.bounded or window.stride >= source.size(1):
         return nll(model(source, spec=spec)[0], target)
-    chunks = blockwise_forward(model, source, window.stride, spec=spec)
+    chunks = blockwise_forward(model, source, window.feed_block, spec=spec)
     return torch.cat([nll(out, target[:, a:b]) for a, b, out in chunks], dim=1)
 
 

@@ -170,7 +170,7 @@ def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: 
     device = next(model.parameters()).device
     source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
     state: Dict = {}
-    block = spec.window.stride if spec.window.bounded else FULL_BLOCK
+    block = spec.window.feed_block or FULL_BLOCK
     last = None
     for _, _, out in blockwise_forward(model, source, block, state, spec=spec):
         last = out[:, -1]

@@ -66,7 +66,7 @@ class LexDecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        position: PositionScheme = NOPE,
+        scheme: PositionScheme = NOPE,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         spec: AttentionSpec = FULL_SPEC,
@@ -77,7 +77,7 @@ class LexDecoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        x = self.self_attn(x, position, key_padding_mask, incremental_state, spec, positions, observer)
+        x = self.self_attn(x, scheme, key_padding_mask, incremental_state, spec, positions, observer)
         x = self._residual(self.dropout_module(x), residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)

@@ -116,6 +116,14 @@ def additive_mask(allowed: Tensor, bias: Optional[Tensor], dtype: torch.dtype) -
     return bias.masked_fill(~allowed, float("-inf")).to(dtype)
 
 
+def _four_d(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """A mask with leading size-1 dimensions up to 4-D: SDPA's fast CPU kernels take a (1, H, Tq, Tk) mask; a
+    3-D (H, Tq, Tk) one sends them to a path 3.2x slower (BENCHMARKS.md, "The core, finished")."""
+    if mask is None or mask.dim() >= 4:
+        return mask
+    return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
 def see_self(allowed: Tensor, offset: int = 0) -> Tensor:
     """Let query t of a (..., T, S) boolean mask see key t + offset (its own position), in place, so that
     masking padded keys never leaves a softmax row empty (pad rows then give finite values the loss
@@ -221,7 +229,7 @@ class _Run:
             return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None)
         is_causal, mask = False, None
         if bias is not None or chunk.mask == "explicit":
-            mask = additive_mask(allowed, bias, qc.dtype)
+            mask = _four_d(additive_mask(allowed, bias, qc.dtype))
         elif chunk.mask == "causal":
             if qc.size(2) == kc.size(2):
                 is_causal = True
@@ -274,8 +282,7 @@ class _Run:
         # windows in the batch: (B n, H, c or 2c, D), so one (H, c, 2c) bias (or (c, 2c) mask) serves every
         # window and sample, or padding gives a (B n, 1 or H, c, 2c) mask: 4-D, SDPA's fast kernels
         mask = additive_mask(allowed, bias, self.q.dtype)  # (c, 2c) | (H, c, 2c) | (B, H or 1, n, c, 2c)
-        if mask.dim() == 5:
-            mask = mask.transpose(1, 2).flatten(0, 1)
+        mask = mask.transpose(1, 2).flatten(0, 1) if mask.dim() == 5 else _four_d(mask)
         out = F.scaled_dot_product_attention(_windows_in_batch(qw), _windows_in_batch(kw), _windows_in_batch(vw),
                                              attn_mask=mask, dropout_p=self.dropout_p)
         return out.unflatten(0, (bsz, n)).transpose(1, 2).flatten(2, 3)

@@ -100,7 +100,7 @@ class LexSelfAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        position: PositionScheme = NOPE,
+        scheme: PositionScheme = NOPE,
         key_padding_mask: Optional[Tensor] = None,
         incremental_state: Optional[IncrementalState] = None,
         spec: AttentionSpec = FULL_SPEC,
@@ -111,7 +111,7 @@ class LexSelfAttention(nn.Module):
 
         Args:
             x: (B, T, C) hidden states of T new positions.
-            position: the layer's position scheme (xPos, RoPE, a bias, NoPE...).
+            scheme: the layer's position scheme (xPos, RoPE, a bias, NoPE...).
             key_padding_mask: (B, T) bool, True at padding that causality does not hide; None when none.
             incremental_state: fairseq's incremental state. New positions may come one at a time or in
                 chunks. Keys are cached rotated (see ``KeyValueCache``); under BCA / sliding window the
@@ -140,24 +140,24 @@ class LexSelfAttention(nn.Module):
                 "start a new incremental state to change the attention window or scaling."
             )
         if cache is None or cache.end == 0:
-            chunks = self._plan(spec, 0, tgt_len, 0, position, key_padding_mask, bsz)
-            out = attend(q, k, v, chunks, spec, position, 0, 0, None, key_padding_mask, dropout_p, observer,
+            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, bsz)
+            out = attend(q, k, v, chunks, spec, scheme, 0, 0, None, key_padding_mask, dropout_p, observer,
                          positions=positions)
             if incremental_state is not None:
-                incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, position, k, v, key_padding_mask)
+                incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
-            out = self._step(q, k, v, cache, key_padding_mask, spec, position, dropout_p, observer)
+            out = self._step(q, k, v, cache, key_padding_mask, spec, scheme, dropout_p, observer)
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
-    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, position: PositionScheme, key_padding_mask, bsz):
-        return plan(spec.window, q_start, q_len, k_start, has_bias=position.kind == "bias" or spec.window.sinks > 0,
+    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, bsz):
+        return plan(spec.window, q_start, q_len, k_start, has_bias=scheme.kind == "bias" or spec.window.sinks > 0,
                     padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads,
-                    local_positions=position.translation_invariant)
+                    local_positions=scheme.translation_invariant)
 
-    def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, position, dropout_p,
+    def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, scheme, dropout_p,
               observer) -> Tensor:
         """New positions after a filled cache, in segments the cache can take (xPos's scale stays in range)."""
         tgt_len = q.size(2)
@@ -171,8 +171,8 @@ class LexSelfAttention(nn.Module):
             keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
-            chunks = self._plan(spec, first, b - a, cache.start, position, kpm, q.size(0))
-            outs.append(attend(qr, keys, values, chunks, spec, position, first, cache.start, cache.center, kpm, dropout_p,
+            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, q.size(0))
+            outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, cache.center, kpm, dropout_p,
                                observer, cache.sinks, feature_major=cache.feature_major))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

@@ -135,6 +135,16 @@ class AttentionWindow:
             return None
         return (2 * self.stride if self.mode == "bca" else self.stride) + self.sinks
 
+    @property
+    def feed_block(self) -> Optional[int]:
+        """How many new positions the evaluators feed through the key/value cache at a time (memory flat in L):
+        BCA's block c = l/2 (one window per call, SDPA's fused causal kernel); for a sliding window W/4 (at
+        least 1): a block of c queries computes c + W - 1 keys each, so W/4 costs 1.25 W per query where
+        W would cost 2 W; None for full attention (no window to follow)."""
+        if self.mode == "full":
+            return None
+        return self.stride if self.mode == "bca" else max(1, self.stride // 4)
+
     def covers(self, length: int) -> bool:
         """True if, for sequences of ``length`` positions, this window is plain causal attention."""
         if self.mode == "full":
