@@ -383,3 +383,15 @@ def test_bucket_losses_add_up_and_equal_their_positions(window):
         assert b.nll == pytest.approx(float(nll[:, b.start : b.end].sum()), rel=1e-6)
     assert sum(b.nll for b in result.buckets) == pytest.approx(result.nll, rel=1e-12)
     assert sum(b.tokens for b in result.buckets) == result.tokens == stream.numel()
+
+
+def test_a_segment_longer_than_the_cache_takes_is_refused():
+    from lex_plugin.modules.attention import KeyValueCache
+
+    xpos = XPos(16)
+    cache = KeyValueCache.after_prefill(AttentionSpec(), xpos, torch.randn(1, 1, 4, 16), torch.randn(1, 1, 4, 16), None)
+    too_many = cache.segment_length(torch.float16) + 1
+    x = torch.randn(1, 1, too_many, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="exceed the cache's segment"):
+        cache.extend(x, x, x)
+    assert KeyValueCache.after_prefill(AttentionSpec(), XPos(16, use_scale=False), x, x, None).segment_length(x.dtype) is None

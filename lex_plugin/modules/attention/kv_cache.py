@@ -184,8 +184,9 @@ class KeyValueCache:
         first, last = self.end, self.end + q.size(2) - 1
         limit = scheme.max_center_offset(q.dtype, scaling)
         if limit is not None:
-            if q.size(2) > self.segment_length(q.dtype):
-                raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {self.segment_length(q.dtype)}.")
+            segment = max(1, limit - scheme.center_step)  # segment_length, from the limit already at hand
+            if q.size(2) > segment:
+                raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {segment}.")
             if last - self.center > limit:
                 self._recenter(scheme.center_near(first))
         self.append(scheme.rotate(k, first, self.center, True, scaling), v, key_padding_mask)
