@@ -317,7 +317,7 @@ def score_cmd(checkpoint, data, files, json_out, **window):
 @_DATA
 @click.option("--lengths", default="256,512,1024,2048", show_default=True, help="comma-separated prompt lengths (tokens)")
 @click.option("--depths", default="0.1,0.3,0.5,0.7,0.9", show_default=True, help="relative needle depths in [0, 1]")
-@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding, lambda")
+@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding, lm_infinite")
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per (length, depth)")
 @click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
               help="random other keys scored against the true one")

@@ -205,7 +205,7 @@ def from_pretrained(
         checkpoint_file: file name inside it.
         data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
-        window: ``full``, ``bca``, ``sliding`` or ``lambda``; ``sliding_window``: W (an integer or ``l``,
+        window: ``full``, ``bca``, ``sliding`` or ``lm_infinite``; ``sliding_window``: W (an integer or ``l``,
             default l); ``training_length``: l instead of the checkpoint's; ``sink_tokens``: attention sinks on
             bca / sliding; ``n_global``, ``l_local``: LM-Infinite's branches (``window_from_options``).
         rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs

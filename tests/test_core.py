@@ -92,8 +92,8 @@ def test_options_translate_to_specs_in_one_place():
     assert spec.fields() == {"mode": "bca", "stride": 32, "sinks": 4, "rope_scaling": "linear", "rope_scaling_factor": 4.0}
     assert options.for_mode("full").spec(64, 256).window == AttentionWindow.full()  # sinks stay with bca / sliding
     assert options.for_mode("sliding").spec(64, 256).window == AttentionWindow.sliding(64).with_sinks(4)
-    lam = AttentionOptions("lambda", n_global=3).spec(64)
-    assert lam.window == AttentionWindow.lambda_shaped(3, 64) and lam.fields()["mode"] == "lambda"
+    lam = AttentionOptions("lm_infinite", n_global=3).spec(64)
+    assert lam.window == AttentionWindow.lm_infinite(3, 64) and lam.fields()["mode"] == "lm_infinite"
     with pytest.raises(ValueError, match="choose one of"):
         AttentionOptions.from_flags({"bca": True, "sliding_window": "l"})
     with pytest.raises(ValueError, match="training length"):

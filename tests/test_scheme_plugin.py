@@ -85,7 +85,7 @@ def test_unregistering_removes_the_scheme_and_its_options(toy_scheme):
 
 @pytest.mark.parametrize("window", [
     AttentionWindow.full(), AttentionWindow.bca(16), AttentionWindow.sliding(12), AttentionWindow.bca(16).with_sinks(3),
-    AttentionWindow.sliding(12).with_sinks(2), AttentionWindow.lambda_shaped(3, 12)], ids=str)
+    AttentionWindow.sliding(12).with_sinks(2), AttentionWindow.lm_infinite(3, 12)], ids=str)
 def test_a_query_dependent_bias_sees_true_positions_under_every_window(window):
     """Naive float64 attention with f_h(n, m) at the true query position n: keys inside the window at their own
     position m, sinks at their virtual position n - D (``test_sinks.distances``)."""

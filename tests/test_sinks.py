@@ -27,7 +27,7 @@ def distances(window: AttentionWindow, length: int):
             if f <= m <= p:
                 dist[p, m], visible[p, m] = p - m, True
             elif m < window.sinks and m < f:
-                dist[p, m] = min(p - m, window.stride) if window.capped else p - m - max(0, f - window.sinks)
+                dist[p, m] = min(p - m, window.stride) if window.mode == "lm_infinite" else p - m - max(0, f - window.sinks)
                 visible[p, m] = True
     return dist, visible
 
@@ -53,7 +53,7 @@ def naive(q, k, v, dist, visible, scheme):
 
 
 WINDOWS = [AttentionWindow.bca(L_TRAIN).with_sinks(4), AttentionWindow.sliding(L_TRAIN // 2).with_sinks(3),
-           AttentionWindow.lambda_shaped(3, L_TRAIN // 2)]
+           AttentionWindow.lm_infinite(3, L_TRAIN // 2)]
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
@@ -68,7 +68,7 @@ def test_sinks_match_naive_attention_with_virtual_distances(window, scheme, grou
     dist, visible = distances(window, L)
     assert torch.equal(visible, window.mask(L))
     assert (got.double() - naive(q, k, v, dist, visible, pos)).abs().max() < 2e-5
-    if window.capped:
+    if window.mode == "lm_infinite":
         assert int(dist[visible].max()) == window.stride  # no distance past L_local
     else:
         assert int(dist[visible].max()) <= window.span - 1  # nothing farther than the window + sinks
@@ -102,7 +102,7 @@ def test_blockwise_prefill_equals_parallel():
     assert torch.allclose(chunks, parallel, atol=2e-4)
 
 
-def test_sink_and_lambda_options_are_explained():
+def test_sink_and_lm_infinite_options_are_explained():
     with pytest.raises(ValueError, match="attach to a bounded window"):
         window_from_options("full", sink_tokens=4, model_training_length=64)
     with pytest.raises(ValueError, match="exceed the BCA block"):
@@ -110,18 +110,18 @@ def test_sink_and_lambda_options_are_explained():
     with pytest.raises(ValueError, match="exceed the sliding width"):
         window_from_options("sliding", "16", sink_tokens=17, model_training_length=64)
     with pytest.raises(ValueError, match="--n-global must be >= 1"):
-        window_from_options("lambda", n_global=0, model_training_length=64)
-    with pytest.raises(ValueError, match="exceed the sliding width"):
-        window_from_options("lambda", n_global=100, l_local=64)
+        window_from_options("lm_infinite", n_global=0, model_training_length=64)
+    with pytest.raises(ValueError, match="exceed LM-Infinite's --l-local"):
+        window_from_options("lm_infinite", n_global=100, l_local=64)
     with pytest.raises(ValueError, match="choose one"):
-        window_from_options("lambda", sink_tokens=2, model_training_length=64)
-    assert str(window_from_options("lambda", model_training_length=64)) == "lambda(10,64)"
+        window_from_options("lm_infinite", sink_tokens=2, model_training_length=64)
+    assert str(window_from_options("lm_infinite", model_training_length=64)) == "lm_infinite(10,64)"
     assert str(window_from_options("bca", sink_tokens=4, model_training_length=64)) == "bca(32)+sinks(4)"
 
 
-def test_eval_lm_length_table_with_sinks_and_lambda(data_bin, trained, tmp_path):
-    """fairseq-eval-lm --eval-windows full,bca,lambda --sink-tokens 4: rows for bca(32)+sinks(4) and
-    lambda(10,64); at L = l every window covers the sample, so all three rows are the same attention."""
+def test_eval_lm_length_table_with_sinks_and_lm_infinite(data_bin, trained, tmp_path):
+    """fairseq-eval-lm --eval-windows full,bca,lm_infinite --sink-tokens 4: rows for bca(32)+sinks(4) and
+    lm_infinite(10,64); at L = l every window covers the sample, so all three rows are the same attention."""
     import json
 
     from conftest import REPO, TRAIN_LEN, run_cli
@@ -130,10 +130,10 @@ def test_eval_lm_length_table_with_sinks_and_lambda(data_bin, trained, tmp_path)
     run_cli(["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--path", str(ckpt),
              "--task", "lex_language_modeling", "--gen-subset", "valid", "--tokens-per-sample", str(TRAIN_LEN),
              "--batch-size", "8", "--num-workers", "0", "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}",
-             "--eval-windows", "full,bca,lambda", "--sink-tokens", "4", "--eval-tokens", "3000",
+             "--eval-windows", "full,bca,lm_infinite", "--sink-tokens", "4", "--eval-tokens", "3000",
              "--report-json", str(tmp_path / "r.json")])
     rows = {(r["window"], r["length"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
-    sinks, lam = f"bca({TRAIN_LEN // 2})+sinks(4)", f"lambda(10,{TRAIN_LEN})"
+    sinks, lam = f"bca({TRAIN_LEN // 2})+sinks(4)", f"lm_infinite(10,{TRAIN_LEN})"
     assert set(rows) == {(w, L) for w in ("full", sinks, lam) for L in (TRAIN_LEN, 4 * TRAIN_LEN)}
     assert rows[(sinks, TRAIN_LEN)]["loss"] == pytest.approx(rows[("full", TRAIN_LEN)]["loss"], abs=1e-5)
     assert rows[(lam, TRAIN_LEN)]["loss"] == pytest.approx(rows[("full", TRAIN_LEN)]["loss"], abs=1e-5)

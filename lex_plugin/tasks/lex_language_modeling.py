@@ -13,7 +13,7 @@
   reaches it through ``eval_lm_dataloader``, its last task hook before scoring). fairseq's own pass at
   ``--tokens-per-sample`` follows, as usual.
 * ``--sink-tokens k`` adds attention sinks to the bca / sliding modes (StreamingLLM); ``--lm-infinite``
-  (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lambda`` in
+  (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lm_infinite`` in
   ``--eval-windows``.
 * ``--rope-scaling linear|ntk|yarn --rope-scaling-factor S|auto`` scales a rotary model's positions at
   evaluation (:mod:`~lex_plugin.modules.positions.rope_scaling`); ``auto`` is max(1, L / l) for each
@@ -85,7 +85,7 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     )
     eval_windows: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated window modes for --eval-lengths among full,bca,sliding,lambda (default: the selected one)"},
+        metadata={"help": "comma-separated window modes for --eval-lengths among full,bca,sliding,lm_infinite (default: the selected one)"},
     )
     eval_tokens: int = field(
         default=0, metadata={"help": "score only the first N tokens of the split in --eval-lengths (0: all)"}

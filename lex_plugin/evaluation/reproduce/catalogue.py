@@ -29,7 +29,7 @@ SINK_TOKENS = 4  # StreamingLLM's choice
 METHODS: Dict[str, tuple] = {
     "bca_sinks": ("bca", ["--sink-tokens", SINK_TOKENS], "bca", False),
     "sliding_sinks": ("sliding", ["--sink-tokens", SINK_TOKENS], "sliding", False),
-    "lambda": ("lambda", [], "sliding", False),
+    "lm_infinite": ("lm_infinite", [], "sliding", False),
     "linear": ("full", ["--rope-scaling", "linear", "--rope-scaling-factor", "auto"], "full", True),
     "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
     "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
@@ -49,7 +49,7 @@ LABELS = {
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
     "bca_sinks": f"BCA + {SINK_TOKENS} sinks", "sliding_sinks": f"sliding window + {SINK_TOKENS} sinks",
-    "lambda": "Λ-shaped (LM-Infinite)", "linear": "full + linear RoPE scaling (PI)",
+    "lm_infinite": "Λ-shaped (LM-Infinite)", "linear": "full + linear RoPE scaling (PI)",
     "ntk": "full + NTK-aware scaling", "yarn": "full + YaRN",
 }
 

@@ -31,7 +31,7 @@ def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> L
 def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,
                  extra: Sequence = ()) -> List:
     """fairseq-eval-lm of ``ckpt`` over the first ``o["eval_tokens"]`` test tokens at each of ``lengths``
-    under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lambda``), writing the length report JSON
+    under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lm_infinite``), writing the length report JSON
     ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
     return [
         "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
@@ -78,7 +78,7 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
     l = o["training_length"]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
-            "--windows", "full,bca,sliding,lambda", "--trials", o.get("passkey_trials", 10),
+            "--windows", "full,bca,sliding,lm_infinite", "--trials", o.get("passkey_trials", 10),
             "--json", out, "--plot", out.with_suffix(".png")]
 
 

@@ -5,6 +5,9 @@ from typing import Dict, List, Optional, Sequence
 
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 
+# modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
+LEGACY_MODES = {"lambda": "lm_infinite"}
+
 __all__ = ["check_claims", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
@@ -12,13 +15,14 @@ __all__ = ["check_claims", "markdown_claims", "markdown_methods", "markdown_pass
 def ppl_table(reports: Dict[str, dict]) -> Dict[str, Dict[str, Dict[int, float]]]:
     """{run: {window mode: {length: ppl}}} from the eval-lm JSON reports ({run: report}) of the stream
     protocol; the mode is the row's structured ``attention`` field (``full``, ``bca``, ``sliding``,
-    ``lambda``), or for a report written before that field, its label's."""
+    ``lm_infinite``), or for a report written before that field, its label's."""
     out: Dict[str, Dict[str, Dict[int, float]]] = {}
     for name, report in reports.items():
         for r in report["results"]:
             if r.get("protocol", "stream") == "stream":
                 # reports written before the structured field: their label's mode ("bca(128)" -> "bca")
                 mode = r["attention"]["mode"] if "attention" in r else r["window"].split("(")[0]
+                mode = LEGACY_MODES.get(mode, mode)
                 out.setdefault(name, {}).setdefault(mode, {})[int(r["length"])] = float(r["ppl"])
     return out
 

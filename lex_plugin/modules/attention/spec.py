@@ -45,10 +45,10 @@ class AttentionSpec:
         return str(self.window) if self.rope_scaling is None else f"{self.window}+{self.rope_scaling}"
 
     def fields(self) -> dict:
-        """The spec as structured report fields: mode, stride, sinks, capped, rope_scaling (kind) and
+        """The spec as structured report fields: mode, stride, sinks, rope_scaling (kind) and
         rope_scaling_factor (s), None where absent."""
         w = self.window
-        return {"mode": "lambda" if w.capped else w.mode, "stride": w.stride or None, "sinks": w.sinks,
+        return {"mode": w.mode, "stride": w.stride or None, "sinks": w.sinks,
                 "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,
                 "rope_scaling_factor": None if self.rope_scaling is None else float(self.rope_scaling.factor)}
 
@@ -64,11 +64,11 @@ class AttentionOptions:
     the bench scripts, turned into a spec in one place (:meth:`spec`).
 
     Attributes:
-        mode: ``full``, ``bca``, ``sliding`` or ``lambda`` (LM-Infinite).
+        mode: ``full``, ``bca``, ``sliding`` or ``lm_infinite`` (LM-Infinite).
         sliding_window: W of ``sliding``: a positive integer or ``l`` (default l).
         training_length: l instead of the checkpoint's (``--training-length``), or None.
         sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
-        n_global, l_local: LM-Infinite's branches (``lambda``; L_local defaults to l).
+        n_global, l_local: LM-Infinite's branches (``lm_infinite``; L_local defaults to l).
         rope_scaling, rope_scaling_factor: ``linear`` / ``ntk`` / ``yarn`` and s > 0 or ``auto``.
     """
 

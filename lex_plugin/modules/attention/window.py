@@ -12,7 +12,7 @@ Both windowed kinds have a *stride* c (w for BCA, W for the sliding window): the
 positions only ever need the keys of blocks b - 1 and b, which is how the planner cuts long inputs.
 
 Sink keys (attached to a BCA or sliding window; :meth:`AttentionWindow.with_sinks`,
-:meth:`AttentionWindow.lambda_shaped`): the first k positions stay visible to every query. A sink that
+:meth:`AttentionWindow.lm_infinite`): the first k positions stay visible to every query. A sink that
 is not already in the query's window is seen at a *virtual* distance, so that no distance exceeds what
 training saw:
 
@@ -32,30 +32,29 @@ from torch import Tensor
 
 __all__ = ["AttentionWindow", "selected_mode", "window_from_options"]
 
-MODES = ("full", "bca", "sliding")
+MODES = ("full", "bca", "sliding", "lm_infinite")
 LM_INFINITE_N_GLOBAL = 10  # default size of LM-Infinite's global branch (--n-global); a handful of starting tokens
 
 
 @dataclass(frozen=True)
 class AttentionWindow:
-    """Which keys a query may attend. Build one with :meth:`full`, :meth:`bca` or :meth:`sliding`.
+    """Which keys a query may attend. Build one with :meth:`full`, :meth:`bca`, :meth:`sliding` (and
+    :meth:`with_sinks`) or :meth:`lm_infinite`.
 
     Attributes:
-        mode: ``full``, ``bca`` or ``sliding``.
-        stride: c: the BCA block w = l / 2, or the sliding width W; 0 for ``full``.
-        sinks: k, the first positions kept visible to every query (0: none).
-        capped: sink distances capped at the stride (LM-Infinite's Λ-shape) instead of placed by cache slot
-            (StreamingLLM).
+        mode: ``full``, ``bca``, ``sliding`` or ``lm_infinite`` (a sliding window whose sinks are LM-Infinite's
+            global branch, seen at distances capped at the stride).
+        stride: c: the BCA block w = l / 2, the sliding width W or LM-Infinite's L_local; 0 for ``full``.
+        sinks: k, the first positions kept visible to every query (0: none); LM-Infinite's n_global.
 
     Raises:
         ValueError: unknown mode, a non-positive stride for bca / sliding, sinks without a bounded window
-            or more sinks than the stride, ``capped`` other than with sinks on a sliding window.
+            or more sinks than the stride, ``lm_infinite`` without its global branch (sinks >= 1).
     """
 
     mode: str = "full"
     stride: int = 0
     sinks: int = 0
-    capped: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -68,10 +67,10 @@ class AttentionWindow:
             raise ValueError("sink tokens attach to a bounded window: use them with --bca or --sliding-window "
                              "(full attention already sees every position).")
         if self.sinks > self.stride and self.mode != "full":
-            what = "the BCA block l/2" if self.mode == "bca" else "the sliding width W"
+            what = {"bca": "the BCA block l/2", "sliding": "the sliding width W"}.get(self.mode, "LM-Infinite's --l-local")
             raise ValueError(f"{self.sinks} sink tokens exceed {what} = {self.stride}; use at most {self.stride}.")
-        if self.capped and (self.mode != "sliding" or not self.sinks):
-            raise ValueError("capped sink distances are LM-Infinite's Λ-shape: a sliding local branch with global tokens.")
+        if self.mode == "lm_infinite" and not self.sinks:
+            raise ValueError("LM-Infinite's Λ-shape needs its global branch: --n-global >= 1 (AttentionWindow.lm_infinite).")
 
     @classmethod
     def full(cls) -> "AttentionWindow":
@@ -111,7 +110,7 @@ class AttentionWindow:
         return AttentionWindow(self.mode, self.stride, int(sinks))
 
     @classmethod
-    def lambda_shaped(cls, n_global: int, l_local: int) -> "AttentionWindow":
+    def lm_infinite(cls, n_global: int, l_local: int) -> "AttentionWindow":
         """LM-Infinite's Λ-shaped attention: the first ``n_global`` positions and the ``l_local`` most recent,
         every distance capped at ``l_local`` (Han et al. 2023, section 4).
 
@@ -120,7 +119,7 @@ class AttentionWindow:
         """
         if n_global < 1:
             raise ValueError(f"--n-global must be >= 1 (the global branch), got {n_global}.")
-        return cls("sliding", cls.sliding(l_local).stride, int(n_global), capped=True)
+        return cls("lm_infinite", cls.sliding(l_local).stride, int(n_global))
 
     @property
     def bounded(self) -> bool:
@@ -179,7 +178,7 @@ class AttentionWindow:
     def sink_distance(self, query: Tensor, key: Tensor) -> Tensor:
         """The distance at which a query sees sink ``key`` outside its window (int64, broadcast): StreamingLLM
         p - j - max(0, f(p) - k), or LM-Infinite min(p - j, L_local)."""
-        if self.capped:
+        if self.mode == "lm_infinite":
             return (query - key).clamp(max=self.stride)
         return query - key - (self.first_key(query) - self.sinks).clamp(min=0)
 
@@ -189,8 +188,8 @@ class AttentionWindow:
         return self.allowed(i[:, None], i[None, :])
 
     def __str__(self) -> str:
-        if self.capped:
-            return f"lambda({self.sinks},{self.stride})"
+        if self.mode == "lm_infinite":
+            return f"lm_infinite({self.sinks},{self.stride})"
         name = "full" if self.mode == "full" else f"{self.mode}({self.stride})"
         return f"{name}+sinks({self.sinks})" if self.sinks else name
 
@@ -208,29 +207,29 @@ def window_from_options(
     commands, hub, bench scripts).
 
     Args:
-        mode: ``full``, ``bca``, ``sliding`` or ``lambda`` (LM-Infinite).
+        mode: ``full``, ``bca``, ``sliding`` or ``lm_infinite`` (LM-Infinite).
         sliding_window: W for ``sliding``: a positive integer, or ``l`` (the training length); default l.
         training_length: ``--training-length``: l to use instead of the checkpoint's.
         model_training_length: the ``tokens_per_sample`` recorded in the checkpoint, or None.
         sink_tokens: ``--sink-tokens`` k added to a ``bca`` or ``sliding`` window (StreamingLLM).
-        n_global, l_local: ``--n-global``, ``--l-local`` of ``lambda`` (defaults: 10, and L_local = l as in the paper).
+        n_global, l_local: ``--n-global``, ``--l-local`` of ``lm_infinite`` (defaults: 10, and L_local = l as in the paper).
 
     Raises:
-        ValueError: an unknown mode; BCA, ``sliding`` with W = l or ``lambda`` without L_local when l is
+        ValueError: an unknown mode; BCA, ``sliding`` with W = l or ``lm_infinite`` without L_local when l is
             unknown; an odd l for BCA; a width that is neither a positive integer nor ``l``; a non-positive
             ``training_length``; sinks on full attention or more than the stride.
     """
     if training_length is not None and int(training_length) <= 0:
         raise ValueError(f"--training-length must be a positive integer, got {training_length}.")
     length = int(training_length) if training_length else model_training_length
-    if mode not in MODES + ("lambda",):
-        raise ValueError(f"attention window mode must be one of {', '.join(MODES + ('lambda',))}, got {mode!r}.")
-    if mode == "lambda":
+    if mode not in MODES:
+        raise ValueError(f"attention window mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if mode == "lm_infinite":
         if sink_tokens:
             raise ValueError("--sink-tokens and LM-Infinite's --n-global both add global tokens; choose one.")
         if not l_local and not length:
             raise ValueError("LM-Infinite needs L_local: give --l-local, or a checkpoint that records its training length.")
-        return AttentionWindow.lambda_shaped(int(n_global), int(l_local or length))
+        return AttentionWindow.lm_infinite(int(n_global), int(l_local or length))
     if mode == "full":
         return AttentionWindow.full().with_sinks(sink_tokens) if sink_tokens else AttentionWindow.full()
     width = None
@@ -249,7 +248,7 @@ def window_from_options(
 
 
 def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]], lm_infinite: bool = False) -> str:
-    """``bca``, ``sliding``, ``lambda`` or ``full`` from the flags ``--bca``, ``--sliding-window`` and
+    """``bca``, ``sliding``, ``lm_infinite`` or ``full`` from the flags ``--bca``, ``--sliding-window`` and
     ``--lm-infinite``.
 
     Raises:
@@ -257,4 +256,4 @@ def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]], lm_infin
     """
     if sum([bool(bca), sliding_window is not None, bool(lm_infinite)]) > 1:
         raise ValueError("choose one of --bca, --sliding-window and --lm-infinite.")
-    return "bca" if bca else "sliding" if sliding_window is not None else "lambda" if lm_infinite else "full"
+    return "bca" if bca else "sliding" if sliding_window is not None else "lm_infinite" if lm_infinite else "full"
