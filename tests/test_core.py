@@ -43,6 +43,27 @@ def test_the_core_imports_and_runs_without_fairseq():
     assert "fairseq: [] above: []" in out.stdout
 
 
+def test_the_model_stands_below_the_hub_and_evaluation():
+    """Layering, read from the source: ``lex_plugin/modules`` imports nothing of the package outside itself,
+    and ``lex_plugin/models`` nothing above it (hub, tasks, evaluation, analysis, data preparation, cli), at
+    module level or inside a function, but for one call: ``from_pretrained`` returns the hub (fairseq's own
+    convention for ``from_pretrained``), importing it when called."""
+    import ast
+
+    above = ("hub_interface", "tasks", "evaluation", "analysis", "data", "cli", "recipe", "reproduce")
+    found = []
+    for package, banned in (("modules", None), ("models", above)):
+        for path in sorted((REPO / "lex_plugin" / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    depth = len(path.relative_to(REPO / "lex_plugin").parts) - 1  # folders below lex_plugin
+                    target = (node.module or "").split(".")[0]
+                    leaves = node.level > depth  # reaches lex_plugin itself or above
+                    if leaves and (banned is None or target in banned):
+                        found.append(f"{path.relative_to(REPO)}: from {'.' * node.level}{node.module or ''}")
+    assert found == ["lex_plugin/models/lex_lm.py: from ..hub_interface"], found
+
+
 def test_a_view_shares_the_weights_and_keeps_the_original_default():
     model = build_lex_model(tokens_per_sample=32)
     view = model.under(AttentionSpec(AttentionWindow.bca(32)))
