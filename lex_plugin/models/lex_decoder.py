@@ -205,7 +205,9 @@ class LexDecoder(FairseqIncrementalDecoder):
 
         Raises:
             TypeError: not an :class:`AttentionSpec`.
-            ValueError: a RoPE scaling on a scheme that is not rotary.
+            ValueError: a RoPE scaling on a scheme that is not rotary; a position map on a scheme without
+                distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
+                not translation-invariant; log-n on learned positions.
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
@@ -214,6 +216,22 @@ class LexDecoder(FairseqIncrementalDecoder):
                 f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
                 f"({self.position_kind}). Use it with rope or xpos checkpoints."
             )
+        method = spec.position_map
+        if method is not None:
+            name = f"--position-map {method.name}"
+            if self.position_kind == "none":
+                raise ValueError(f"{name} remaps the distances a position scheme sees; NoPE has no positions to remap.")
+            if self.position_kind == "absolute":
+                raise ValueError(f"{name} remaps relative distances; --pos-emb {self.pos_emb} adds absolute positions to the "
+                                 "embeddings, which attention never sees as distances. Use it with a rotary or bias scheme.")
+            if self.position_kind == "bias" and not method.integer:
+                raise ValueError(f"{name} gives fractional distances; --pos-emb {self.pos_emb}'s bias is tabulated at integer "
+                                 "distances. Use rerope, self_extend or dca with bias schemes.")
+            if not all(scheme.translation_invariant for scheme in self.positions):
+                raise ValueError(f"{name} needs a translation-invariant scheme (logits a function of n - m).")
+        if spec.logn and self.pos_emb == "learned":
+            raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
+                             "(--pos-emb learned); use it with relative schemes.")
         return spec
 
     @property

@@ -32,6 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ..positions.scheme import PositionScheme
 from .planner import Chunk
+from .position_map import PositionMap, logn_scale
 from .spec import AttentionSpec
 from .window import AttentionWindow
 
@@ -89,8 +90,19 @@ def attend(
         ValueError: sinks over rotated or offset keys without ``sinks``; ``positions`` with a bounded
             window, a cache or sinks, or spread too far for the scheme's scale in q's dtype.
     """
+    if spec.logn:
+        if positions is not None:
+            raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
+        visible = spec.window.visible_keys(torch.arange(q_start, q_start + q.size(2), device=q.device))
+        q = q * logn_scale(visible, spec.logn).to(q.dtype)[:, None]
     run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, k_start, center, key_padding_mask,
                dropout_p, observer, feature_major)
+    if spec.position_map is not None:
+        if center is not None or positions is not None:
+            raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
+                             "no per-sample positions.")
+        outs = [run.remapped(chunk, spec.position_map) for chunk in chunks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     if positions is not None:
         run.use_positions(positions)
     if not scheme.translation_invariant and any(chunk.blocks for chunk in chunks):
@@ -236,6 +248,36 @@ class _Run:
             else:
                 mask = causal_lower_right(qc.size(2), kc.size(2))
         return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal)
+
+    def remapped(self, chunk: Chunk, position_map: PositionMap) -> Tensor:
+        """A dense chunk of full attention under a position map (:mod:`.position_map`), explicitly in fp32: each
+        piece rotates its queries and keys at its own positions (one centre per piece) or biases them at the
+        remapped distance, and writes the logits of the pairs it selects; one softmax over all keys."""
+        qc, kc, vc = self.q[:, :, chunk.q0 : chunk.q1], self.k[:, :, chunk.k0 : chunk.k1], self.v[:, :, chunk.k0 : chunk.k1]
+        dev = qc.device
+        n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
+        m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
+        if self.scheme.kind == "rotary":
+            logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
+            for piece in position_map.pieces(n, m):
+                center = self.scheme.center_near(int(piece.k_pos.min() + piece.k_pos.max()) // 2)
+                qr = self.scheme.rotate_at(qc, piece.q_pos, center, False, self.scaling)
+                kr = self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center, True, self.scaling)
+                part = logits[..., piece.lo : piece.hi]
+                part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
+        else:  # a bias at the remapped (integer) distance
+            distance = position_map.distance(n[:, None], m[None, :]).clamp(min=0).long()
+            logits = _logits(qc, kc, self.scheme.bias_at(distance, torch.zeros_like(distance)))
+        allowed = self.window.allowed(n[:, None], m[None, :])
+        if self.kpm is not None:
+            allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],
+                               offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)
+        if self.observer is not None:
+            self.observer(logits, n[:, None] - m[None, :], allowed)
+        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        if self.dropout_p:
+            probs = F.dropout(probs, self.dropout_p)
+        return (probs @ vc.float()).to(self.q.dtype)
 
     def _window_views(self, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
         """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""

@@ -49,7 +49,7 @@ class KeyValueCache:
 
     Attributes:
         start: position of the first held key; ``end``: one past the last.
-        center: the centre the stored keys are rotated at.
+        center: the centre the stored keys are rotated at (un-rotated under a position map: ``raw``).
         feature_major: the buffers' layout: (B, H, D, cap) in memory (True) or (B, H, cap, D) (module docstring).
     """
 
@@ -67,6 +67,11 @@ class KeyValueCache:
         self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
         self.sink_v: Optional[Tensor] = None
         self.sink_pad: Optional[Tensor] = None  # (B, s) bool: which sink positions are padding
+
+    @property
+    def raw(self) -> bool:
+        """Keys stored un-rotated (a position map rotates every key at remapped positions at each use)."""
+        return self.spec.position_map is not None
 
     @property
     def length(self) -> int:
@@ -134,7 +139,7 @@ class KeyValueCache:
                 ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32 -> feature-major, several -> sequence-major.
                 None keeps the layout.
         """
-        if queries is not None and self._k is not None:
+        if queries is not None and self._k is not None and not self.raw:
             if queries > 1 and self.feature_major:
                 self._move(self._k, self.capacity, False)
             elif (queries == 1 and not self.feature_major and self._length >= FEATURE_MAJOR_KEYS
@@ -161,7 +166,7 @@ class KeyValueCache:
         keep = spec.window.first_key(length)
         cache = cls(spec, scheme)
         cache.center = scheme.center_near(length - 1)
-        keys = scheme.rotate(k[:, :, keep:], keep, cache.center, True, spec.rope_scaling)
+        keys = k[:, :, keep:] if cache.raw else scheme.rotate(k[:, :, keep:], keep, cache.center, True, spec.rope_scaling)
         cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep)
         cache._keep_sinks(k, v, 0, key_padding_mask)
         return cache
@@ -169,7 +174,7 @@ class KeyValueCache:
     def segment_length(self, dtype) -> Optional[int]:
         """The most new positions one :meth:`extend` may take in ``dtype`` (the scheme's scale stays in
         range), or None: any."""
-        limit = self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
+        limit = None if self.raw else self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
         return None if limit is None else max(1, limit - self.scheme.center_step)
 
     def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
@@ -181,6 +186,9 @@ class KeyValueCache:
             ValueError: more positions than ``segment_length``.
         """
         scheme, scaling = self.scheme, self.spec.rope_scaling
+        if self.raw:
+            self.append(k, v, key_padding_mask)
+            return q
         first, last = self.end, self.end + q.size(2) - 1
         limit = scheme.max_center_offset(q.dtype, scaling)
         if limit is not None:

@@ -153,7 +153,8 @@ class LexSelfAttention(nn.Module):
         return self.out_proj(out)
 
     def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, bsz):
-        return plan(spec.window, q_start, q_len, k_start, has_bias=scheme.kind == "bias" or spec.window.sinks > 0,
+        explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
+        return plan(spec.window, q_start, q_len, k_start, has_bias=explicit,
                     padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads,
                     local_positions=scheme.translation_invariant)
 
@@ -172,7 +173,8 @@ class LexSelfAttention(nn.Module):
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
             chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, q.size(0))
-            outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, cache.center, kpm, dropout_p,
+            center = None if cache.raw else cache.center
+            outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, center, kpm, dropout_p,
                                observer, cache.sinks, feature_major=cache.feature_major))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Union
 
 from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
+from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, position_map_from_options
 from .window import LM_INFINITE_N_GLOBAL, AttentionWindow, selected_mode, window_from_options
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
@@ -25,30 +26,51 @@ class AttentionSpec:
         window: which keys each query may attend (:class:`~.window.AttentionWindow`); default full causal.
         rope_scaling: the RoPE scaling of a rotary scheme (:class:`~..positions.rope_scaling.RopeScaling`),
             or None (as trained). A model refuses a scaling when its scheme is not rotary.
+        position_map: a bounded-distance method (:mod:`.position_map`: ReRoPE, Leaky ReRoPE, Self-Extend,
+            DCA) over full attention, or None. A model refuses one its scheme has no distance for.
+        logn: the training length l of log-n attention scaling (queries times max(1, log(n) / log(l)), n the
+            number of keys a query sees), or None (off).
 
-    ``str(spec)`` is the label of a report row: the window, then ``+scaling`` when there is one.
+    ``str(spec)`` is the label of a report row: the window (or the position map), then ``+scaling`` and
+    ``+logn`` when there are.
 
     Raises:
-        TypeError: a window that is not an ``AttentionWindow`` or a scaling that is not a ``RopeScaling``.
+        TypeError: a window that is not an ``AttentionWindow``, a scaling that is not a ``RopeScaling``, a
+            position map that is not a ``PositionMap``.
+        ValueError: a position map over a window other than full attention; log-n with l < 2.
     """
 
     window: AttentionWindow = field(default_factory=AttentionWindow.full)
     rope_scaling: Optional[RopeScaling] = None
+    position_map: Optional[PositionMap] = None
+    logn: Optional[int] = None
 
     def __post_init__(self):
         if not isinstance(self.window, AttentionWindow):
             raise TypeError(f"AttentionSpec.window must be an AttentionWindow, got {type(self.window).__name__}.")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise TypeError(f"AttentionSpec.rope_scaling must be a RopeScaling or None, got {type(self.rope_scaling).__name__}.")
+        if self.position_map is not None:
+            if not isinstance(self.position_map, PositionMap):
+                raise TypeError(f"AttentionSpec.position_map must be a PositionMap or None, got {type(self.position_map).__name__}.")
+            if self.window != AttentionWindow.full():
+                raise ValueError(f"--position-map {self.position_map.name} bounds distances over full attention (every key "
+                                 f"visible); it does not combine with the {self.window} window.")
+        if self.logn is not None and int(self.logn) < 2:
+            raise ValueError(f"log-n scaling divides by log(l); l must be >= 2, got {self.logn}.")
 
     def __str__(self) -> str:
-        return str(self.window) if self.rope_scaling is None else f"{self.window}+{self.rope_scaling}"
+        label = str(self.window) if self.position_map is None else str(self.position_map)
+        if self.rope_scaling is not None:
+            label += f"+{self.rope_scaling}"
+        return label + ("+logn" if self.logn else "")
 
     def fields(self) -> dict:
         """The spec as structured report fields: mode, stride, sinks, rope_scaling (kind) and
         rope_scaling_factor (s), None where absent."""
         w = self.window
-        return {"mode": w.mode, "stride": w.stride or None, "sinks": w.sinks,
+        return {"mode": w.mode if self.position_map is None else self.position_map.name, "stride": w.stride or None,
+                "sinks": w.sinks, "logn": bool(self.logn),
                 "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,
                 "rope_scaling_factor": None if self.rope_scaling is None else float(self.rope_scaling.factor)}
 

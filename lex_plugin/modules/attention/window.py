@@ -161,6 +161,11 @@ class AttentionWindow:
             first = position - self.stride + 1
         return first.clamp(min=0) if isinstance(first, Tensor) else max(0, first)
 
+    def visible_keys(self, query: Tensor) -> Tensor:
+        """How many keys each query at positions ``query`` (int64) sees: its window and the sinks outside it."""
+        first = self.first_key(query)
+        return query - first + 1 + (first.clamp(max=self.sinks) if self.sinks else 0)
+
     def in_window(self, query: Tensor, key: Tensor) -> Tensor:
         """Boolean: key inside the query's window, first_key(query) <= key <= query (broadcast)."""
         return (key <= query) & (key >= self.first_key(query))

@@ -195,15 +195,23 @@ class XPos(PositionScheme):
 
     def _build(self, low: int, size: int, center: int, keys: bool, device, scaling: Optional[RopeScaling]) -> Tensor:
         work = torch.device("cpu") if torch.device(device).type == "mps" else device
+        return self._rotation_at(torch.arange(low, low + size, dtype=torch.float64, device=work), center, keys,
+                                 device, scaling)
+
+    def _rotation_at(self, n: Tensor, center: int, keys: bool, device, scaling: Optional[RopeScaling]) -> Tensor:
+        """(..., d/2) complex64 cos + i sin (times the scales) at float64 positions ``n`` (...,)."""
+        work = torch.device("cpu") if torch.device(device).type == "mps" else device
+        n = n.to(work)
+        if not self.use_scale:
+            center = 0
         theta, decay_divisor, attention_scale = self._angles(scaling)
-        n = torch.arange(low, low + size, dtype=torch.float64, device=work)
-        angle = n[:, None] * theta.to(work)[None, :]
+        angle = n[..., None] * theta.to(work)
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.use_scale:
-            exponent = (n - center)[:, None] / (self.scale_base * decay_divisor)
+            exponent = (n - center)[..., None] / (self.scale_base * decay_divisor)
             if keys:
                 exponent = -exponent
-            scale = torch.exp(exponent * self._log_zeta.to(work)[None, :])
+            scale = torch.exp(exponent * self._log_zeta.to(work))
             cos, sin = cos * scale, sin * scale
         if attention_scale != 1.0:  # YaRN's temperature, on queries and keys alike
             cos, sin = cos * attention_scale, sin * attention_scale
@@ -247,8 +255,12 @@ class XPos(PositionScheme):
 
     def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool,
                   scaling: Optional[RopeScaling] = None) -> Tensor:
-        """xPos / RoPE of x (..., d) at ``positions`` (int64 >= 0, broadcastable to ``x.shape[:-1]``) with the
-        scale centre ``center``: rows of one table gathered. Returns x's shape and dtype (fp32 math)."""
+        """xPos / RoPE of x (..., d) at ``positions`` (>= 0, broadcastable to ``x.shape[:-1]``) with the scale
+        centre ``center``: int64 positions gather rows of one table; floating ones (fractional positions of a
+        position map, Leaky ReRoPE's m / k) get angles and scales formed in float64 at each. Returns x's shape
+        and dtype (fp32 math)."""
+        if positions.is_floating_point():
+            return apply_rotary_complex(x, self._rotation_at(positions.double(), center, keys, x.device, scaling))
         low, high = int(positions.min()), int(positions.max())
         table = self.complex_table(low, high - low + 1, center, keys, x.device, scaling)
         return apply_rotary_complex(x, table[positions - low])

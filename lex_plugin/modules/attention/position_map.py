@@ -1,0 +1,293 @@
+"""Bounded-distance attention: every key stays visible, but the distances the position scheme sees are remapped
+so that none exceeds what training saw. Each method is a *position map*: a set of pieces, each giving the
+positions at which queries and keys are rotated (or biased) for the (query, key) pairs it selects.
+
+The methods (``--position-map``, or a mode of ``--eval-windows``), with n the query position, m the key
+position, d = n - m:
+
+* ``rerope`` (Su 2023, "ReRoPE"; reference ``bojone/rerope``, ``rerope_patch.py``): d if d < w, else w.
+  Pieces: exact (q at n, k at m) for d < w; capped (q at w, k at 0) for d >= w. Default w = l / 2.
+* ``leaky_rerope`` (same reference, ``leaky_rerope_patch.py``): d if d < w, else w + (d - w) / k. Pieces:
+  exact for d < w; q at (n + w (k - 1)) / k, k at m / k (fractional) for d >= w. Default w = l / 2, k = 16 (the
+  reference's).
+* ``self_extend`` (Jin et al. 2024, "LLM Maybe LongLM", Eq. 3-4; ``datamllab/LongLM``,
+  ``self_extend_patch/Llama.py``): d if d < w_n (the neighbour window), else
+  floor(n / G) - floor(m / G) + w_n - floor(w_n / G). Pieces: exact for d < w_n; q at floor(n/G) + w_n -
+  floor(w_n/G), k at floor(m/G) for d >= w_n. The newest reference divides w_n / G without flooring (its flash
+  and legacy paths floor); the two agree when G divides w_n, as the defaults do. Defaults G = 8, w_n = l / 4
+  (the reference's 1024 for l = 4096).
+* ``dca`` (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models", section 3;
+  ``HKUNLP/ChunkLlama``, ``chunkllama_attn_replace.py``): chunk size s (the largest position used; default
+  3l/4), local window w_l (default l/16), chunk length c = s - w_l; keys at m mod c; queries at n mod c for keys
+  of their own chunk (intra-chunk: d exactly), at min(n mod c + c, s) for keys of the previous chunk
+  (successive-chunk), at s for every earlier chunk (inter-chunk). Every distance is at most s < l.
+
+xPos under a position map: the decay follows the remapped distance, zeta^(d'/B) with d' the piece's q position
+minus its k position (the natural choice: the model sees (rotation, decay) pairs of training distances only).
+
+Bias schemes (ALiBi, Sandwich, KERPLE, T5) see the remapped distance d' in their bias f_h(d') where it is an
+integer (``rerope``, ``self_extend``, ``dca``); ``leaky_rerope``'s fractional distances are refused for them.
+NoPE and absolute schemes have no distance to remap: refused.
+
+Numerics: positions are int64 or float64 (``leaky_rerope``); the pieces' logits are fp32, like the executor's.
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import ClassVar, Dict, List, NamedTuple, Optional, Type
+
+import torch
+from torch import Tensor
+
+__all__ = ["DualChunk", "LeakyReRoPE", "POSITION_MAPS", "Piece", "PositionMap", "ReRoPE", "SelfExtend",
+           "logn_scale", "position_map_from_options"]
+
+
+class Piece(NamedTuple):
+    """One score set of a position map over queries at n (Tq,) and keys [lo, hi) of the keys at m (Tk,).
+
+    Attributes:
+        q_pos: (Tq,) positions the queries are rotated at (int64 or float64).
+        lo, hi: the range of key indices the piece may select (outside it, it selects nothing).
+        k_pos: (hi - lo,) positions those keys are rotated at.
+        select: (Tq, hi - lo) bool: the pairs this piece scores (the pieces of a map partition the causal pairs).
+    """
+
+    q_pos: Tensor
+    lo: int
+    hi: int
+    k_pos: Tensor
+    select: Tensor
+
+
+@dataclass(frozen=True)
+class PositionMap:
+    """Base of the bounded-distance methods (module docstring). Subclasses are frozen dataclasses whose fields
+    are the method's options; ``name`` is its ``--position-map`` name."""
+
+    name: ClassVar[str] = ""
+    integer: ClassVar[bool] = True  # remapped distances are integers (bias schemes can take them)
+
+    def distance(self, n: Tensor, m: Tensor) -> Tensor:
+        """The remapped distance d' of queries at ``n`` and keys at ``m`` (int64, broadcast; m <= n), float64."""
+        raise NotImplementedError
+
+    def pieces(self, n: Tensor, m: Tensor) -> List[Piece]:
+        """The score sets for queries at ``n`` (Tq,) and keys at ``m`` (Tk,), both int64 contiguous ranges."""
+        raise NotImplementedError
+
+    def max_distance(self, length: int) -> float:
+        """The largest remapped distance among ``length`` positions."""
+        n = torch.tensor([length - 1])
+        return float(self.distance(n, torch.arange(length)).max())
+
+    def __str__(self) -> str:
+        values = ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self))
+        return f"{self.name}({values})"
+
+
+def _range(n: Tensor, m: Tensor, lo: int, hi: int):
+    lo, hi = max(0, lo), min(m.numel(), hi)
+    return lo, max(lo, hi)
+
+
+def _exact_and_far(n: Tensor, m: Tensor, w: int, far_q: Tensor, far_k_fn) -> List[Piece]:
+    """The two pieces of ReRoPE-like maps: exact distances below ``w``, the far piece at and beyond it."""
+    k0 = int(m[0])
+    out = []
+    lo, hi = _range(n, m, int(n[0]) - w + 1 - k0, int(n[-1]) + 1 - k0)
+    if hi > lo:
+        d = n[:, None] - m[None, lo:hi]
+        out.append(Piece(n, lo, hi, m[lo:hi], d < w))
+    lo, hi = _range(n, m, 0, int(n[-1]) - w + 1 - k0)
+    if hi > lo:
+        d = n[:, None] - m[None, lo:hi]
+        out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), d >= w))
+    return out
+
+
+@dataclass(frozen=True)
+class ReRoPE(PositionMap):
+    """ReRoPE: distance min(d, w) (module docstring). ``window``: w >= 1."""
+
+    name: ClassVar[str] = "rerope"
+    window: int
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"--rerope-window must be >= 1, got {self.window}.")
+
+    def distance(self, n, m):
+        return (n - m).clamp(max=self.window).double()
+
+    def pieces(self, n, m):
+        return _exact_and_far(n, m, self.window, torch.full_like(n, self.window), torch.zeros_like)
+
+
+@dataclass(frozen=True)
+class LeakyReRoPE(PositionMap):
+    """Leaky ReRoPE: d below w, w + (d - w) / k beyond (module docstring). ``window``: w >= 1; ``k`` > 1."""
+
+    name: ClassVar[str] = "leaky_rerope"
+    integer: ClassVar[bool] = False
+    window: int
+    k: float = 16.0
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"--rerope-window must be >= 1, got {self.window}.")
+        if not self.k > 1:
+            raise ValueError(f"--leaky-rerope-k must be > 1 (k = 1 is plain RoPE), got {self.k}.")
+
+    def distance(self, n, m):
+        d = (n - m).double()
+        return torch.where(d < self.window, d, self.window + (d - self.window) / self.k)
+
+    def pieces(self, n, m):
+        far_q = (n.double() + self.window * (self.k - 1)) / self.k
+        return _exact_and_far(n, m, self.window, far_q, lambda keys: keys.double() / self.k)
+
+
+@dataclass(frozen=True)
+class SelfExtend(PositionMap):
+    """Self-Extend: exact below the neighbour window w_n, grouped by G beyond (module docstring)."""
+
+    name: ClassVar[str] = "self_extend"
+    group: int
+    window: int
+
+    def __post_init__(self):
+        if self.group < 1:
+            raise ValueError(f"--self-extend-group must be >= 1, got {self.group}.")
+        if self.window < 1:
+            raise ValueError(f"--self-extend-window must be >= 1, got {self.window}.")
+
+    @property
+    def shift(self) -> int:
+        return self.window - self.window // self.group
+
+    def distance(self, n, m):
+        d = n - m
+        grouped = torch.div(n, self.group, rounding_mode="floor") - torch.div(m, self.group, rounding_mode="floor")
+        return torch.where(d < self.window, d, grouped + self.shift).double()
+
+    def pieces(self, n, m):
+        far_q = torch.div(n, self.group, rounding_mode="floor") + self.shift
+        return _exact_and_far(n, m, self.window, far_q, lambda keys: torch.div(keys, self.group, rounding_mode="floor"))
+
+    def __str__(self) -> str:
+        return f"self_extend(G={self.group},w={self.window})"
+
+
+@dataclass(frozen=True)
+class DualChunk(PositionMap):
+    """Dual Chunk Attention (module docstring): ``chunk_size`` s, ``local_window`` w_l, 0 <= w_l < s."""
+
+    name: ClassVar[str] = "dca"
+    chunk_size: int
+    local_window: int
+
+    def __post_init__(self):
+        if self.local_window < 0 or self.chunk_size - self.local_window < 1:
+            raise ValueError(f"--dca-chunk-size s and --dca-local-window w need 0 <= w < s; got s = {self.chunk_size}, "
+                             f"w = {self.local_window}.")
+
+    @property
+    def chunk_length(self) -> int:
+        """c = s - w_l: the length of a chunk."""
+        return self.chunk_size - self.local_window
+
+    def _query(self, n: Tensor, relation: str) -> Tensor:
+        c, s = self.chunk_length, self.chunk_size
+        if relation == "intra":
+            return n % c
+        if relation == "successive":
+            return (n % c + c).clamp(max=s)
+        return torch.full_like(n, s)
+
+    def distance(self, n, m):
+        c = self.chunk_length
+        gap = torch.div(n, c, rounding_mode="floor") - torch.div(m, c, rounding_mode="floor")
+        n, m = torch.broadcast_tensors(n, m)
+        q = torch.where(gap == 0, self._query(n, "intra"), torch.where(gap == 1, self._query(n, "successive"),
+                                                                        self._query(n, "inter")))
+        return (q - m % c).double()
+
+    def pieces(self, n, m):
+        c, k0 = self.chunk_length, int(m[0])
+        first, last = int(n[0]) // c, int(n[-1]) // c
+        chunk_n = torch.div(n, c, rounding_mode="floor")[:, None]
+        out = []
+        for relation, lo, hi in (("intra", first * c, int(n[-1]) + 1), ("successive", (first - 1) * c, last * c),
+                                 ("inter", 0, (last - 1) * c)):
+            lo, hi = _range(n, m, lo - k0, hi - k0)
+            if hi <= lo:
+                continue
+            gap = chunk_n - torch.div(m[lo:hi], c, rounding_mode="floor")[None, :]
+            select = gap == 0 if relation == "intra" else gap == 1 if relation == "successive" else gap >= 2
+            out.append(Piece(self._query(n, relation), lo, hi, m[lo:hi] % c, select))
+        return out
+
+    def __str__(self) -> str:
+        return f"dca(s={self.chunk_size},w={self.local_window})"
+
+
+POSITION_MAPS: Dict[str, Type[PositionMap]] = {cls.name: cls for cls in (ReRoPE, LeakyReRoPE, SelfExtend, DualChunk)}
+
+# Each option (a flag of every evaluation command): the method that owns it, its field, its default (a
+# function of the training length l, or a constant).
+MAP_OPTIONS = {
+    "rerope_window": (("rerope", "leaky_rerope"), "window", lambda l: l // 2),
+    "leaky_rerope_k": (("leaky_rerope",), "k", lambda l: 16.0),
+    "self_extend_group": (("self_extend",), "group", lambda l: 8),
+    "self_extend_window": (("self_extend",), "window", lambda l: max(1, l // 4)),
+    "dca_chunk_size": (("dca",), "chunk_size", lambda l: 3 * l // 4),
+    "dca_local_window": (("dca",), "local_window", lambda l: l // 16),
+}
+
+
+def position_map_from_options(name: str, training_length: Optional[int], **options) -> PositionMap:
+    """The position map ``name`` for a model trained on ``training_length`` = l tokens, its options given as
+    keywords of :data:`MAP_OPTIONS` (None: the default).
+
+    Raises:
+        ValueError: an unknown name; an option of another method (naming both); a default that needs l when
+            none is known; a window or chunk size >= l; invalid values (the classes').
+    """
+    if name not in POSITION_MAPS:
+        raise ValueError(f"--position-map must be one of {', '.join(POSITION_MAPS)}, got {name!r}.")
+    values = {}
+    for option, value in options.items():
+        owners, field_name, default = MAP_OPTIONS[option]
+        if name not in owners:
+            if value is not None:
+                raise ValueError(f"--{option.replace('_', '-')} is an option of --position-map {' / '.join(owners)}; "
+                                 f"it does not apply to {name}.")
+            continue
+        if value is None:
+            if not training_length:
+                raise ValueError(f"--position-map {name} needs the training length l for its default "
+                                 f"--{option.replace('_', '-')}: give --training-length or the option.")
+            value = default(int(training_length))
+        values[field_name] = value
+    for option, (owners, field_name, default) in MAP_OPTIONS.items():
+        if name in owners and field_name not in values:
+            if not training_length:
+                raise ValueError(f"--position-map {name} needs the training length l for its default "
+                                 f"--{option.replace('_', '-')}: give --training-length or the option.")
+            values[field_name] = default(int(training_length))
+    if training_length:
+        l = int(training_length)
+        for option, (owners, field_name, _) in MAP_OPTIONS.items():
+            if name in owners and field_name in ("window", "chunk_size") and values[field_name] >= l:
+                raise ValueError(f"--{option.replace('_', '-')} {values[field_name]} must be below the training length "
+                                 f"l = {l}: the point of --position-map {name} is that no distance reaches l.")
+    cls = POSITION_MAPS[name]
+    kinds = {f.name: f.type for f in fields(cls)}
+    return cls(**{k: (float(v) if kinds[k] in (float, "float") else int(v)) for k, v in values.items()})
+
+
+def logn_scale(visible: Tensor, training_length: int) -> Tensor:
+    """The entropy-invariant query scale max(1, log(n) / log(l)) for queries that see ``visible`` = n keys
+    (Su's note, 002; Qwen's ``use_logn_attn``, where n = position + 1 under full attention): fp32 (Tq,)."""
+    return (visible.double().clamp(min=1).log() / math.log(training_length)).clamp(min=1.0).float()

@@ -1,0 +1,178 @@
+"""Bounded-distance attention (ReRoPE, Leaky ReRoPE, Self-Extend, Dual Chunk Attention) and log-n scaling
+against naive float64 attention whose logits are written from each paper's distance formula; through the
+key/value cache equal to one parallel forward; bad combinations refused."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import build_lex_model, random_tokens
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+from lex_plugin.modules.attention.position_map import (
+    DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, logn_scale, position_map_from_options)
+from lex_plugin.modules.positions import XPos
+from lex_plugin.modules.positions.biases import ALiBi, alibi_slopes
+
+L_TRAIN = 32
+
+
+def paper_distance(method, n: int, m: int) -> float:
+    """The remapped distance of query n and key m, written from each paper (not from the package)."""
+    d = n - m
+    if isinstance(method, ReRoPE):  # Su 2023: min(d, w)
+        return min(d, method.window)
+    if isinstance(method, LeakyReRoPE):  # d below w, w + (d - w) / k beyond
+        return d if d < method.window else method.window + (d - method.window) / method.k
+    if isinstance(method, SelfExtend):  # Jin et al. 2024, Eq. 3-4
+        G, w = method.group, method.window
+        return d if d < w else n // G - m // G + w - w // G
+    # An et al. 2024 (ChunkLlama): keys at m mod c; queries by chunk relation
+    s, c = method.chunk_size, method.chunk_size - method.local_window
+    gap = n // c - m // c
+    q = n % c if gap == 0 else min(n % c + c, s) if gap == 1 else s
+    return q - m % c
+
+
+def naive(q, k, v, dist, visible, kind: str, heads: int):
+    """float64 attention with logits from the distance of each pair: xPos / RoPE rotation (and xPos's decay)
+    by the distance, or ALiBi's -slope * distance."""
+    q, k, v = q.double(), k.double(), v.double()
+    d = q.size(-1)
+    if kind in ("xpos", "rope"):
+        i = torch.arange(d // 2, dtype=torch.float64)
+        theta = 10000.0 ** (-2 * i / d)
+        phase = torch.exp(1j * dist[..., None] * theta)
+        if kind == "xpos":
+            phase = phase * ((2 * i / d + 0.4) / 1.4) ** (dist[..., None] / 512)
+        qz, kz = torch.complex(q[..., 0::2], q[..., 1::2]), torch.complex(k[..., 0::2], k[..., 1::2])
+        logits = (qz[..., :, None, :] * kz[..., None, :, :].conj() * phase).real.sum(-1)
+    else:
+        logits = q @ k.transpose(-1, -2)
+    logits = logits / math.sqrt(d)
+    if kind == "alibi":
+        logits = logits - torch.tensor(alibi_slopes(heads), dtype=torch.float64)[:, None, None] * dist
+    return torch.softmax(logits.masked_fill(~visible, float("-inf")), -1) @ v
+
+
+def scheme_of(kind: str, heads: int, d: int):
+    return {"xpos": lambda: XPos(d), "rope": lambda: XPos(d, use_scale=False), "alibi": lambda: ALiBi(heads)}[kind]()
+
+
+def run(q, k, v, spec, scheme, bias_elements=1 << 24):
+    chunks = plan(spec.window, 0, q.size(2), 0, has_bias=True, batch_heads=q.size(0) * q.size(1),
+                  bias_elements=bias_elements)
+    return attend(q, k, v, chunks, spec, scheme, 0, 0)
+
+
+METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L_TRAIN // 4), SelfExtend(3, 7),
+           DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16)]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=str)
+@pytest.mark.parametrize("kind", ["xpos", "rope", "alibi"])
+@pytest.mark.parametrize("length", [L_TRAIN, 4 * L_TRAIN, 16 * L_TRAIN])
+def test_each_method_equals_its_formula_in_float64(method, kind, length):
+    """Logits from the paper's distance (rotation by it, xPos's decay zeta^(d'/B), ALiBi's slope times it),
+    one softmax over every causal key; chunks of 3 queries or so (bias_elements) so the pieces straddle
+    chunk and DCA-chunk boundaries."""
+    if kind == "alibi" and not method.integer:
+        pytest.skip("fractional distances are refused for bias schemes (test_bad_combinations_are_refused)")
+    torch.manual_seed(0)
+    B, H, D = 1, 2, 16
+    q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
+    dist = torch.tensor([[paper_distance(method, n, m) if m <= n else 0.0 for m in range(length)]
+                         for n in range(length)], dtype=torch.float64)
+    visible = torch.ones(length, length, dtype=torch.bool).tril()
+    expected = naive(q, k, v, dist, visible, kind, H)
+    got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), bias_elements=B * H * 3 * length)
+    assert (got.double() - expected).abs().max() < 2e-5
+    assert method.max_distance(length) == float(dist.max())
+
+
+@pytest.mark.parametrize("method", METHODS[:1] + METHODS[2:], ids=str)
+def test_methods_keep_their_formula_in_bf16(method):
+    """bf16 queries, keys and values at 8l: within bf16's resolution of the float64 reference of the same
+    bf16 inputs (position math stays fp32)."""
+    torch.manual_seed(1)
+    B, H, D, length = 1, 2, 16, 8 * L_TRAIN
+    q, k, v = (torch.randn(B, H, length, D).bfloat16() for _ in range(3))
+    dist = torch.tensor([[paper_distance(method, n, m) if m <= n else 0.0 for m in range(length)]
+                         for n in range(length)], dtype=torch.float64)
+    expected = naive(q, k, v, dist, torch.ones(length, length, dtype=torch.bool).tril(), "xpos", H)
+    got = run(q, k, v, AttentionSpec(position_map=method), XPos(D))
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - expected).abs().max() < 3e-2
+
+
+@pytest.mark.parametrize("spec", [AttentionSpec(logn=L_TRAIN), AttentionSpec(AttentionWindow.bca(L_TRAIN), logn=L_TRAIN),
+                                  AttentionSpec(AttentionWindow.sliding(L_TRAIN // 2).with_sinks(2), logn=8),
+                                  AttentionSpec(position_map=ReRoPE(L_TRAIN // 2), logn=L_TRAIN)], ids=str)
+def test_logn_scales_each_query_by_the_keys_it_sees(spec):
+    """log-n: query n times max(1, log(keys seen) / log(l)) (Qwen's use_logn_attn under full attention: log(n + 1));
+    the same as the naive attention of the scaled queries."""
+    torch.manual_seed(2)
+    B, H, D, length = 1, 2, 16, 6 * L_TRAIN
+    q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
+    window = spec.window
+    n = torch.arange(length)
+    seen = torch.tensor([int(window.allowed(torch.tensor(p), n).sum()) for p in range(length)])
+    if window.mode == "full":
+        assert torch.equal(seen, n + 1)
+    factor = (seen.double().log() / math.log(spec.logn)).clamp(min=1)
+    assert torch.allclose(logn_scale(seen, spec.logn).double(), factor, atol=1e-6)
+    if window.mode == "bca":
+        assert factor.max() == 1  # BCA never sees more than l keys: log-n changes nothing
+    method = spec.position_map
+    dist = torch.tensor([[paper_distance(method, p, m) if method else p - m for m in range(length)]
+                         for p in range(length)], dtype=torch.float64)
+    visible = window.allowed(n[:, None], n[None, :])
+    if window.sinks:  # sinks seen at their StreamingLLM distance
+        from test_sinks import distances
+        dist = distances(window, length)[0].double()
+    expected = naive(q * factor[:, None].float(), k, v, dist, visible, "xpos", H)
+    got = run(q, k, v, spec, XPos(D), bias_elements=B * H * 5 * length)
+    assert (got.double() - expected).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend", "dca"])
+@pytest.mark.parametrize("pos_emb", ["xpos", "alibi"])
+def test_token_by_token_equals_one_parallel_forward(method, pos_emb):
+    """A prompt of 3l in one chunk or in chunks of 23, then one token at a time to 5l, through the cache
+    (un-rotated keys, rotated at remapped positions at every step): equal to one parallel forward (1e-4)."""
+    if pos_emb == "alibi" and method == "leaky_rerope":
+        pytest.skip("refused for bias schemes")
+    model = build_lex_model(pos_emb=pos_emb, decoder_layers=2).eval()
+    spec = AttentionSpec(position_map=position_map_from_options(method, L_TRAIN), logn=L_TRAIN)
+    tokens = random_tokens(model.decoder.dictionary, 1, 5 * L_TRAIN)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        for step in (3 * L_TRAIN, 23):
+            state = {}
+            outs = [model(tokens[:, :a + min(step, 3 * L_TRAIN - a)], incremental_state=state, spec=spec)[0]
+                    for a in range(0, 3 * L_TRAIN, step)]
+            outs += [model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(3 * L_TRAIN, 5 * L_TRAIN)]
+            assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4
+
+
+def test_bad_combinations_are_refused():
+    with pytest.raises(ValueError, match="does not combine with the bca"):
+        AttentionSpec(AttentionWindow.bca(L_TRAIN), position_map=ReRoPE(8))
+    with pytest.raises(ValueError, match="--self-extend-group is an option of --position-map self_extend; it does not apply to rerope"):
+        position_map_from_options("rerope", L_TRAIN, self_extend_group=4)
+    with pytest.raises(ValueError, match="--rerope-window 32 must be below the training length l = 32"):
+        position_map_from_options("rerope", L_TRAIN, rerope_window=32)
+    with pytest.raises(ValueError, match="--dca-chunk-size 40 must be below the training length"):
+        position_map_from_options("dca", L_TRAIN, dca_chunk_size=40)
+    with pytest.raises(ValueError, match="needs the training length l"):
+        position_map_from_options("self_extend", None)
+    with pytest.raises(ValueError, match="must be one of rerope, leaky_rerope, self_extend, dca"):
+        position_map_from_options("yarn", L_TRAIN)
+    tokens = torch.tensor([[5, 6, 7]])
+    for pos_emb, method, message in (("none", "rerope", "NoPE has no positions"), ("sinusoidal", "dca", "absolute"),
+                                     ("alibi", "leaky_rerope", "fractional")):
+        model = build_lex_model(pos_emb=pos_emb, decoder_layers=1)
+        with pytest.raises(ValueError, match=message):
+            model(tokens, spec=AttentionSpec(position_map=position_map_from_options(method, L_TRAIN)))
+    with pytest.raises(ValueError, match="log-n .* learned"):
+        build_lex_model(pos_emb="learned", decoder_layers=1)(tokens, spec=AttentionSpec(logn=L_TRAIN))
