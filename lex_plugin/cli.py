@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .data.prepare import PrepareConfig, PrepareError, prepare
+from .modules.attention.position_map import MAP_OPTIONS, POSITION_MAPS
 from .modules.attention.spec import AttentionOptions
 from .modules.attention.window import LM_INFINITE_N_GLOBAL
 from .modules.positions.xpos import GAMMA, SCALE_BASE
@@ -21,6 +22,9 @@ def _window_options(fn):
     """The task's window flags for every command: --bca / --sliding-window W|l / --lm-infinite (--n-global,
     --l-local), --sink-tokens k, --training-length l, and RoPE scaling (--rope-scaling, --rope-scaling-factor)."""
     fn = _scaling_options(fn)
+    fn = _map_options(fn)
+    fn = click.option("--position-map", type=click.Choice(list(POSITION_MAPS)), default=None,
+                      help="bounded-distance attention over every key (ReRoPE, Leaky ReRoPE, Self-Extend, DCA)")(fn)
     fn = _sink_options(fn)
     fn = click.option("--lm-infinite", is_flag=True,
                       help="LM-Infinite's Λ-shaped attention: --n-global first tokens + --l-local recent, distances capped")(fn)
@@ -45,6 +49,15 @@ def _sink_options(fn):
     fn = click.option("--sink-tokens", type=click.IntRange(min=0), default=0, show_default=True,
                       help="attention sinks (StreamingLLM): the first k tokens stay visible under --bca / --sliding-window")(fn)
     return fn
+
+
+def _map_options(fn):
+    """--logn and each position map's own options (``position_map.MAP_OPTIONS``), as in the task."""
+    for option in reversed(list(MAP_OPTIONS.values())):
+        kind = click.IntRange(min=0) if option.type is int else click.FloatRange(min=0)
+        fn = click.option(f"--{option.name.replace('_', '-')}", type=kind, default=None, help=option.help)(fn)
+    return click.option("--logn", is_flag=True,
+                        help="log-n scaling: queries times max(1, log(n) / log(l)), n the keys each query sees")(fn)
 
 
 def _scaling_options(fn):
@@ -317,7 +330,8 @@ def score_cmd(checkpoint, data, files, json_out, **window):
 @_DATA
 @click.option("--lengths", default="256,512,1024,2048", show_default=True, help="comma-separated prompt lengths (tokens)")
 @click.option("--depths", default="0.1,0.3,0.5,0.7,0.9", show_default=True, help="relative needle depths in [0, 1]")
-@click.option("--windows", default="full,bca", show_default=True, help="comma-separated among full, bca, sliding, lm_infinite")
+@click.option("--windows", default="full,bca", show_default=True,
+              help="comma-separated among full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per (length, depth)")
 @click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
               help="random other keys scored against the true one")
@@ -325,6 +339,7 @@ def score_cmd(checkpoint, data, files, json_out, **window):
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the filler text comes from")
 @_length_options
 @_sink_options
+@_map_options
 @_scaling_options
 @_JSON
 @_PLOT
@@ -344,6 +359,7 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
         options = AttentionOptions.from_flags(flags)  # the modes come from --windows
+        options.check_modes(modes)
         specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
         filler = split_stream(data, split, hub.src_dict)
         results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, specs, hub.src_dict.eos(),

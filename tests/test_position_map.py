@@ -176,3 +176,39 @@ def test_bad_combinations_are_refused():
             model(tokens, spec=AttentionSpec(position_map=position_map_from_options(method, L_TRAIN)))
     with pytest.raises(ValueError, match="log-n .* learned"):
         build_lex_model(pos_emb="learned", decoder_layers=1)(tokens, spec=AttentionSpec(logn=L_TRAIN))
+
+
+def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp_path):
+    """fairseq-eval-lm --eval-windows full,rerope,leaky_rerope,self_extend,dca --logn: one row per method and
+    length, labelled with its options; at L = l log-n is 1, and a method changes only distances >= its window.
+    ``lex score --position-map`` and ``lex passkey --windows`` run the same specs; an option no mode takes is
+    refused, naming its method."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, TRAIN_LEN, run_cli
+
+    ckpt, _ = trained
+    l = TRAIN_LEN
+    run_cli(["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--path", str(ckpt),
+             "--task", "lex_language_modeling", "--gen-subset", "valid", "--tokens-per-sample", str(l),
+             "--batch-size", "8", "--num-workers", "0", "--eval-lengths", f"{l},{4 * l}", "--logn",
+             "--eval-windows", "full,rerope,leaky_rerope,self_extend,dca", "--self-extend-group", "4",
+             "--eval-tokens", "2000", "--report-json", str(tmp_path / "r.json")])
+    rows = {(r["window"], r["length"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    labels = ["full+logn", f"rerope(window={l // 2})+logn", f"leaky_rerope(window={l // 2},k=16)+logn",
+              f"self_extend(G=4,w={l // 4})+logn", f"dca(s={3 * l // 4},w={l // 16})+logn"]
+    assert set(rows) == {(w, L) for w in labels for L in (l, 4 * l)}
+    assert all(r["tokens"] == 2000 and math.isfinite(r["loss"]) for r in rows.values())
+    assert {rows[(w, l)]["attention"]["mode"] for w in labels} == {"full", "rerope", "leaky_rerope", "self_extend", "dca"}
+    for w in labels[1:]:  # distances >= the window exist at L = l, so each method changes the loss a little
+        assert 0 < abs(rows[(w, l)]["loss"] - rows[("full+logn", l)]["loss"]) < 0.5
+
+    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
+                   "--position-map", "self_extend", "--logn", str(REPO / "README.md")]).stdout
+    assert f"window self_extend(G=8,w={l // 4})+logn: ppl" in out
+    bad = subprocess.run([sys.executable, "-m", "lex_plugin.cli", "passkey", str(data_bin), "--path", str(ckpt),
+                          "--windows", "full,bca", "--dca-chunk-size", "40", "--lengths", "128", "--trials", "1"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode != 0 and "--dca-chunk-size is an option of --position-map dca" in bad.stderr

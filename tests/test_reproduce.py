@@ -87,7 +87,13 @@ def test_method_and_passkey_commands(tmp_path):
     assert sinks[sinks.index("--eval-lengths") + 1] == ",".join(map(str, LENGTHS))
     yarn = reproduce.method_command(tmp_path, tmp_path / "c.pt", "yarn", tmp_path / "r.json", o)
     assert yarn[yarn.index("--rope-scaling") + 1] == "yarn" and yarn[yarn.index("--rope-scaling-factor") + 1] == "auto"
+    logn = reproduce.method_command(tmp_path, tmp_path / "c.pt", "rerope_logn", tmp_path / "r.json", o)
+    assert logn[logn.index("--eval-windows") + 1] == "rerope" and "--logn" in logn
+    assert reproduce.methods_of("alibi", ["rerope", "leaky_rerope", "dca_logn"]) == ["rerope", "dca_logn"]
+    bias = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "passkey.json", o, rotary=False)
+    assert bias[bias.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"
     key = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "passkey.json", o)
+    assert key[key.index("--windows") + 1].endswith(",dca,leaky_rerope")
     assert key[key.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}" and key[key.index("--trials") + 1] == 3
     assert key[key.index("--plot") + 1] == tmp_path / "passkey.png"
     prep = reproduce.passkey_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "pk", o)

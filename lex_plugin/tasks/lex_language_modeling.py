@@ -15,6 +15,9 @@
 * ``--sink-tokens k`` adds attention sinks to the bca / sliding modes (StreamingLLM); ``--lm-infinite``
   (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lm_infinite`` in
   ``--eval-windows``.
+* ``--position-map rerope|leaky_rerope|self_extend|dca`` (with each method's own options) keeps every key
+  visible at bounded distances (:mod:`~lex_plugin.modules.attention.position_map`), modes of the same names in
+  ``--eval-windows``; ``--logn`` scales queries by max(1, log(n) / log(l)) under any mode.
 * ``--rope-scaling linear|ntk|yarn --rope-scaling-factor S|auto`` scales a rotary model's positions at
   evaluation (:mod:`~lex_plugin.modules.positions.rope_scaling`); ``auto`` is max(1, L / l) for each
   evaluation length L, and the rows are labelled ``WINDOW+KIND(s=S)``.
@@ -24,7 +27,7 @@
 import json
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -34,8 +37,9 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
 from ..modules.attention.spec import AttentionOptions
+from ..modules.attention.position_map import MAP_OPTIONS
 from ..modules.attention.window import LM_INFINITE_N_GLOBAL
-from ..options import parse_int_list
+from ..options import parse_int_list, parse_name_list
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,16 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         metadata={"help": "LM-Infinite's Λ-shaped attention: the first --n-global tokens and the --l-local most recent, "
                           "every distance capped at --l-local"},
     )
+    position_map: Optional[str] = field(
+        default=None,
+        metadata={"help": "bounded-distance attention over every key: rerope, leaky_rerope, self_extend or dca "
+                          "(their options: --rerope-window, --leaky-rerope-k, --self-extend-group, --self-extend-window, "
+                          "--dca-chunk-size, --dca-local-window)"},
+    )
+    logn: bool = field(
+        default=False,
+        metadata={"help": "log-n attention scaling: queries times max(1, log(n) / log(l)), n the keys each query sees"},
+    )
     n_global: int = field(default=LM_INFINITE_N_GLOBAL, metadata={"help": "LM-Infinite's global branch (tokens)"})
     l_local: Optional[int] = field(default=None, metadata={"help": "LM-Infinite's local branch (default: l)"})
     training_length: Optional[int] = field(
@@ -85,7 +99,8 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     )
     eval_windows: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated window modes for --eval-lengths among full,bca,sliding,lm_infinite (default: the selected one)"},
+        metadata={"help": "comma-separated attention modes for --eval-lengths among full,bca,sliding,lm_infinite,rerope,"
+                          "leaky_rerope,self_extend,dca (default: the selected one)"},
     )
     eval_tokens: int = field(
         default=0, metadata={"help": "score only the first N tokens of the split in --eval-lengths (0: all)"}
@@ -99,6 +114,15 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
 
 
+# the position maps' own options (--rerope-window ...), from their declaration (None: the method's default)
+LexLanguageModelingConfig = make_dataclass(
+    "LexLanguageModelingConfig",
+    [(o.name, Optional[o.type], field(default=None, metadata={"help": o.help})) for o in MAP_OPTIONS.values()],
+    bases=(LexLanguageModelingConfig,),
+)
+LexLanguageModelingConfig.__module__ = __name__  # (make_dataclass says "types": pickling would fail)
+
+
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
 class LexLanguageModelingTask(LanguageModelingTask):
     """fairseq ``language_modeling`` with BCA / sliding-window evaluation and length-stratified reports."""
@@ -106,10 +130,14 @@ class LexLanguageModelingTask(LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
         self.attention_options = AttentionOptions.from_flags(args)
-        if args.sink_tokens and self.attention_options.mode not in ("bca", "sliding") and not args.eval_windows:
-            raise ValueError("--sink-tokens attach to a bounded window: add --bca or --sliding-window (or --eval-windows bca,...).")
+        self.attention_options.check_modes(self.modes)
         self.eval_lengths = parse_int_list(args.eval_lengths, "--eval-lengths")
         self._models = []
+
+    @property
+    def modes(self):
+        """The attention modes the length report compares: ``--eval-windows``, or the one the flags select."""
+        return parse_name_list(self.args.eval_windows or self.attention_options.mode, "--eval-windows")
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's hook (eval-lm builds models through it): a lex_lm model comes back as a view whose
@@ -179,7 +207,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
             raise ValueError(f"--eval-tokens must be >= 0, got {self.args.eval_tokens}.")
         if self.args.eval_tokens:
             stream = stream[: self.args.eval_tokens]
-        modes = [m.strip() for m in (self.args.eval_windows or self.attention_options.mode).split(",") if m.strip()]
+        modes = self.modes
         results = []
         scaled = self.args.rope_scaling is not None
         for mode in modes:
@@ -193,8 +221,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
                                                   self.args.fixed_target_tokens, self.args.fixed_target_samples, max_tokens,
                                                   longest=max(self.eval_lengths))
                 if scaled:  # one label for every length: "full+yarn(s=auto)"
+                    label = str(spec).replace(str(spec.rope_scaling), f"{self.args.rope_scaling}(s={self.args.rope_scaling_factor})")
                     for r in rows:
-                        r.window = f"{spec.window}+{self.args.rope_scaling}(s={self.args.rope_scaling_factor})"
+                        r.window = label
                 results += rows
         table = format_table(results, l)
         print(f"\nLength-stratified evaluation of {split} ({stream.numel():,} tokens), training length l = {l}\n{table}\n", flush=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, RUNS, SINK_TOKENS, WINDOW_LABEL,
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, ROTARY_RUNS, RUNS, SINK_TOKENS, WINDOW_LABEL,
                         methods_of)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
                        prepare_command, resolution_command, train_command)
@@ -177,7 +177,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
         for method in run_methods[name]:
             if method == "passkey":
                 out = rdir / "passkey.json"
-                run(f"passkey {name}", passkey_command(data, ckpt, out, o), rdir / "passkey.log", out)
+                run(f"passkey {name}", passkey_command(data, ckpt, out, o, name in ROTARY_RUNS), rdir / "passkey.log", out)
             elif method == "passkey_finetuned":
                 tuned = rdir / "passkey_ft"
                 if not (passkey_bin / "train.idx").exists():
@@ -186,7 +186,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                 run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned, run_args, o), tuned / "train.log",
                     tuned / "train.done", stamp=True)
                 out = rdir / "passkey_finetuned.json"
-                run(f"passkey_finetuned {name}", passkey_command(data, tuned / "checkpoint_last.pt", out, o),
+                run(f"passkey_finetuned {name}", passkey_command(data, tuned / "checkpoint_last.pt", out, o, name in ROTARY_RUNS),
                     rdir / "passkey_finetuned.log", out)
             else:
                 out = rdir / f"method_{method}.json"

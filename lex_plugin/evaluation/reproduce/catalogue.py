@@ -3,7 +3,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBES", "ROTARY_RUNS", "RUNS", "SINK_TOKENS",
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "ROTARY_RUNS", "RUNS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -33,7 +33,19 @@ METHODS: Dict[str, tuple] = {
     "linear": ("full", ["--rope-scaling", "linear", "--rope-scaling-factor", "auto"], "full", True),
     "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
     "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
+    # bounded-distance attention (every key visible, distances remapped), with and without log-n scaling
+    "rerope": ("rerope", [], "full", False),
+    "leaky_rerope": ("leaky_rerope", [], "full", True),
+    "self_extend": ("self_extend", [], "full", False),
+    "dca": ("dca", [], "full", False),
+    "logn": ("full", ["--logn"], "full", False),
+    "rerope_logn": ("rerope", ["--logn"], "full", False),
+    "leaky_rerope_logn": ("leaky_rerope", ["--logn"], "full", True),
+    "self_extend_logn": ("self_extend", ["--logn"], "full", False),
+    "dca_logn": ("dca", ["--logn"], "full", False),
 }
+# the modes the passkey probe compares (leaky_rerope on rotary runs only: its distances are fractional)
+PASSKEY_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 PROBES = ("passkey", "passkey_finetuned")  # the passkey probe on each checkpoint, and after fine-tuning on its format
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
@@ -51,6 +63,9 @@ WINDOW_LABEL = {
     "bca_sinks": f"BCA + {SINK_TOKENS} sinks", "sliding_sinks": f"sliding window + {SINK_TOKENS} sinks",
     "lm_infinite": "Λ-shaped (LM-Infinite)", "linear": "full + linear RoPE scaling (PI)",
     "ntk": "full + NTK-aware scaling", "yarn": "full + YaRN",
+    "rerope": "ReRoPE (w = l/2)", "leaky_rerope": "Leaky ReRoPE (w = l/2, k = 16)", "self_extend": "Self-Extend (G = 8, w = l/4)",
+    "dca": "DCA (s = 3l/4, w = l/16)", "logn": "full + log-n", "rerope_logn": "ReRoPE + log-n",
+    "leaky_rerope_logn": "Leaky ReRoPE + log-n", "self_extend_logn": "Self-Extend + log-n", "dca_logn": "DCA + log-n",
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from ...recipe import PLUGIN_DIR, fairseq_train_command
-from .catalogue import METHODS, PASSKEY_FINETUNE
+from .catalogue import METHODS, PASSKEY_FINETUNE, PASSKEY_WINDOWS
 
 __all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command",
            "prepare_command", "resolution_command", "train_command"]
@@ -71,14 +71,16 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
                                  extra=["--finetune-from-model", ckpt])
 
 
-def passkey_command(data: Path, ckpt: Path, out: Path, o: dict) -> List:
-    """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under full attention, BCA, the
-    sliding window and Λ-shaped attention, ``o["passkey_trials"]`` prompts per cell (9 distractor keys),
-    writing the JSON ``out`` and the heat map beside it (same name, .png)."""
+def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+    """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under each of :data:`PASSKEY_WINDOWS`
+    (full attention, BCA, the sliding window, Λ-shaped attention, ReRoPE, Self-Extend, DCA; and Leaky ReRoPE
+    for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per cell (9 distractor keys), writing the
+    JSON ``out`` and the heat map beside it (same name, .png)."""
     l = o["training_length"]
+    windows = PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
-            "--windows", "full,bca,sliding,lm_infinite", "--trials", o.get("passkey_trials", 10),
+            "--windows", ",".join(windows), "--trials", o.get("passkey_trials", 10),
             "--json", out, "--plot", out.with_suffix(".png")]
 
 

@@ -34,13 +34,13 @@ Numerics: positions are int64 or float64 (``leaky_rerope``); the pieces' logits 
 
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar, Dict, List, NamedTuple, Optional, Type
+from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Tuple, Type
 
 import torch
 from torch import Tensor
 
-__all__ = ["DualChunk", "LeakyReRoPE", "POSITION_MAPS", "Piece", "PositionMap", "ReRoPE", "SelfExtend",
-           "logn_scale", "position_map_from_options"]
+__all__ = ["DualChunk", "LeakyReRoPE", "MAP_OPTIONS", "MapOption", "POSITION_MAPS", "Piece", "PositionMap", "ReRoPE", "SelfExtend",
+           "foreign_map_options", "logn_scale", "position_map_from_options"]
 
 
 class Piece(NamedTuple):
@@ -234,16 +234,41 @@ class DualChunk(PositionMap):
 
 POSITION_MAPS: Dict[str, Type[PositionMap]] = {cls.name: cls for cls in (ReRoPE, LeakyReRoPE, SelfExtend, DualChunk)}
 
-# Each option (a flag of every evaluation command): the method that owns it, its field, its default (a
-# function of the training length l, or a constant).
-MAP_OPTIONS = {
-    "rerope_window": (("rerope", "leaky_rerope"), "window", lambda l: l // 2),
-    "leaky_rerope_k": (("leaky_rerope",), "k", lambda l: 16.0),
-    "self_extend_group": (("self_extend",), "group", lambda l: 8),
-    "self_extend_window": (("self_extend",), "window", lambda l: max(1, l // 4)),
-    "dca_chunk_size": (("dca",), "chunk_size", lambda l: 3 * l // 4),
-    "dca_local_window": (("dca",), "local_window", lambda l: l // 16),
-}
+class MapOption(NamedTuple):
+    """One option of a position map, a flag of the task and of every ``lex`` command (``--rerope-window``...).
+
+    Attributes:
+        name: the flag's attribute (``rerope_window``); owners: the methods that take it; field: the
+        method's dataclass field; type: int or float; default: a function of the training length l; help.
+    """
+
+    name: str
+    owners: Tuple[str, ...]
+    field: str
+    type: type
+    default: Callable[[int], float]
+    help: str
+
+
+MAP_OPTIONS: Dict[str, MapOption] = {o.name: o for o in (
+    MapOption("rerope_window", ("rerope", "leaky_rerope"), "window", int, lambda l: l // 2,
+              "ReRoPE / Leaky ReRoPE window w: exact distances below it (default l/2)"),
+    MapOption("leaky_rerope_k", ("leaky_rerope",), "k", float, lambda l: 16.0,
+              "Leaky ReRoPE's k: distance w + (d - w)/k beyond w (default 16)"),
+    MapOption("self_extend_group", ("self_extend",), "group", int, lambda l: 8,
+              "Self-Extend group size G (default 8)"),
+    MapOption("self_extend_window", ("self_extend",), "window", int, lambda l: max(1, l // 4),
+              "Self-Extend neighbour window w_n (default l/4)"),
+    MapOption("dca_chunk_size", ("dca",), "chunk_size", int, lambda l: 3 * l // 4,
+              "Dual Chunk Attention chunk size s, the largest position used (default 3l/4)"),
+    MapOption("dca_local_window", ("dca",), "local_window", int, lambda l: l // 16,
+              "Dual Chunk Attention local window (default l/16)"),
+)}
+
+
+def foreign_map_options(mode: str, given: Dict[str, object]) -> List[str]:
+    """The names of the options in ``given`` (name -> value, None: not given) that ``mode`` does not take."""
+    return [name for name, value in given.items() if value is not None and mode not in MAP_OPTIONS[name].owners]
 
 
 def position_map_from_options(name: str, training_length: Optional[int], **options) -> PositionMap:
@@ -256,35 +281,26 @@ def position_map_from_options(name: str, training_length: Optional[int], **optio
     """
     if name not in POSITION_MAPS:
         raise ValueError(f"--position-map must be one of {', '.join(POSITION_MAPS)}, got {name!r}.")
+    foreign = foreign_map_options(name, options)
+    if foreign:
+        option = MAP_OPTIONS[foreign[0]]
+        raise ValueError(f"--{option.name.replace('_', '-')} is an option of --position-map {' / '.join(option.owners)}; "
+                         f"it does not apply to {name}.")
     values = {}
-    for option, value in options.items():
-        owners, field_name, default = MAP_OPTIONS[option]
-        if name not in owners:
-            if value is not None:
-                raise ValueError(f"--{option.replace('_', '-')} is an option of --position-map {' / '.join(owners)}; "
-                                 f"it does not apply to {name}.")
+    for option in MAP_OPTIONS.values():
+        if name not in option.owners:
             continue
+        value = options.get(option.name)
         if value is None:
             if not training_length:
                 raise ValueError(f"--position-map {name} needs the training length l for its default "
-                                 f"--{option.replace('_', '-')}: give --training-length or the option.")
-            value = default(int(training_length))
-        values[field_name] = value
-    for option, (owners, field_name, default) in MAP_OPTIONS.items():
-        if name in owners and field_name not in values:
-            if not training_length:
-                raise ValueError(f"--position-map {name} needs the training length l for its default "
-                                 f"--{option.replace('_', '-')}: give --training-length or the option.")
-            values[field_name] = default(int(training_length))
-    if training_length:
-        l = int(training_length)
-        for option, (owners, field_name, _) in MAP_OPTIONS.items():
-            if name in owners and field_name in ("window", "chunk_size") and values[field_name] >= l:
-                raise ValueError(f"--{option.replace('_', '-')} {values[field_name]} must be below the training length "
-                                 f"l = {l}: the point of --position-map {name} is that no distance reaches l.")
-    cls = POSITION_MAPS[name]
-    kinds = {f.name: f.type for f in fields(cls)}
-    return cls(**{k: (float(v) if kinds[k] in (float, "float") else int(v)) for k, v in values.items()})
+                                 f"--{option.name.replace('_', '-')}: give --training-length or the option.")
+            value = option.default(int(training_length))
+        values[option.field] = option.type(value)
+        if training_length and option.field in ("window", "chunk_size") and values[option.field] >= int(training_length):
+            raise ValueError(f"--{option.name.replace('_', '-')} {values[option.field]} must be below the training length "
+                             f"l = {training_length}: the point of --position-map {name} is that no distance reaches l.")
+    return POSITION_MAPS[name](**values)
 
 
 def logn_scale(visible: Tensor, training_length: int) -> Tensor:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Union
 
 from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
-from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, position_map_from_options
-from .window import LM_INFINITE_N_GLOBAL, AttentionWindow, selected_mode, window_from_options
+from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, foreign_map_options, position_map_from_options
+from .window import LM_INFINITE_N_GLOBAL, MODES, AttentionWindow, selected_mode, window_from_options
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
 
@@ -81,17 +81,21 @@ FULL_SPEC = AttentionSpec()
 @dataclass(frozen=True)
 class AttentionOptions:
     """The user's words for an :class:`AttentionSpec`: the flags of the task (``--bca``, ``--sliding-window``,
-    ``--lm-infinite``, ``--n-global``, ``--l-local``, ``--sink-tokens``, ``--training-length``,
-    ``--rope-scaling``, ``--rope-scaling-factor``), of every ``lex`` command, of the hub's keywords and of
-    the bench scripts, turned into a spec in one place (:meth:`spec`).
+    ``--lm-infinite``, ``--n-global``, ``--l-local``, ``--sink-tokens``, ``--position-map`` and its options,
+    ``--logn``, ``--training-length``, ``--rope-scaling``, ``--rope-scaling-factor``), of every ``lex`` command,
+    of the hub's keywords and of the bench scripts, turned into a spec in one place (:meth:`spec`).
 
     Attributes:
-        mode: ``full``, ``bca``, ``sliding`` or ``lm_infinite`` (LM-Infinite).
+        mode: ``full``, ``bca``, ``sliding``, ``lm_infinite`` (LM-Infinite) or a position map (``rerope``,
+            ``leaky_rerope``, ``self_extend``, ``dca``: full attention at bounded distances).
         sliding_window: W of ``sliding``: a positive integer or ``l`` (default l).
         training_length: l instead of the checkpoint's (``--training-length``), or None.
         sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
         n_global, l_local: LM-Infinite's branches (``lm_infinite``; L_local defaults to l).
         rope_scaling, rope_scaling_factor: ``linear`` / ``ntk`` / ``yarn`` and s > 0 or ``auto``.
+        logn: log-n query scaling against l (any mode).
+        rerope_window ... dca_local_window: the position maps' options (``position_map.MAP_OPTIONS``; None:
+            the method's default). Each belongs to its methods: given to another mode, it is refused.
     """
 
     mode: str = "full"
@@ -102,28 +106,55 @@ class AttentionOptions:
     l_local: Optional[int] = None
     rope_scaling: Optional[str] = None
     rope_scaling_factor: Optional[Union[str, float]] = None
+    logn: bool = False
+    rerope_window: Optional[int] = None
+    leaky_rerope_k: Optional[float] = None
+    self_extend_group: Optional[int] = None
+    self_extend_window: Optional[int] = None
+    dca_chunk_size: Optional[int] = None
+    dca_local_window: Optional[int] = None
 
     @classmethod
     def from_flags(cls, flags: Union[Mapping[str, Any], Any]) -> "AttentionOptions":
         """The options of parsed flags (a mapping, an argparse / click namespace or a fairseq config) with the
-        names above and ``bca``, ``lm_infinite`` (the mode: ``selected_mode``); a missing name takes its
-        default.
+        names above and ``bca``, ``lm_infinite``, ``position_map`` (the mode: ``selected_mode``); a missing
+        name takes its default.
 
         Raises:
-            ValueError: more than one of --bca, --sliding-window and --lm-infinite.
+            ValueError: more than one of --bca, --sliding-window, --lm-infinite and --position-map.
         """
         get = flags.get if isinstance(flags, Mapping) else (lambda name, default=None: getattr(flags, name, default))
-        mode = selected_mode(get("bca", False), get("sliding_window"), get("lm_infinite", False))
+        mode = selected_mode(get("bca", False), get("sliding_window"), get("lm_infinite", False), get("position_map"))
         n_global = get("n_global", None)
         return cls(mode, get("sliding_window"), get("training_length"), int(get("sink_tokens", 0) or 0),
                    LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), get("l_local"),
-                   get("rope_scaling"), get("rope_scaling_factor"))
+                   get("rope_scaling"), get("rope_scaling_factor"), bool(get("logn", False)),
+                   **{name: get(name) for name in MAP_OPTIONS})
+
+    @property
+    def map_options(self) -> dict:
+        """The position-map options given (name -> value; None: not given)."""
+        return {name: getattr(self, name) for name in MAP_OPTIONS}
 
     def for_mode(self, mode: str) -> "AttentionOptions":
         """These options under another ``mode`` (a comparison over modes: ``--eval-windows``, ``lex passkey
-        --windows``); the sink tokens stay with the modes that take them (bca, sliding) and are dropped from
-        the others."""
-        return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0)
+        --windows``); the sink tokens stay with the modes that take them (bca, sliding) and each position-map
+        option with its methods; the others drop them (:meth:`check_modes` refuses an option no mode takes)."""
+        dropped = {name: None for name in foreign_map_options(mode, self.map_options)}
+        return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0, **dropped)
+
+    def check_modes(self, modes) -> None:
+        """Refuse options that none of ``modes`` (a comparison's modes) takes.
+
+        Raises:
+            ValueError: a position-map option no mode takes; sink tokens without a bca / sliding mode.
+        """
+        for name, value in self.map_options.items():
+            if value is not None and not set(modes) & set(MAP_OPTIONS[name].owners):
+                raise ValueError(f"--{name.replace('_', '-')} is an option of --position-map "
+                                 f"{' / '.join(MAP_OPTIONS[name].owners)}; none of the modes {', '.join(modes)} takes it.")
+        if self.sink_tokens and not set(modes) & {"bca", "sliding"}:
+            raise ValueError("--sink-tokens attach to a bounded window: add bca or sliding to the modes.")
 
     def spec(self, model_training_length: Optional[int], evaluation_length: Optional[int] = None) -> AttentionSpec:
         """The spec for a checkpoint trained on ``model_training_length`` tokens (None if it records none),
@@ -131,11 +162,29 @@ class AttentionOptions:
         unknown).
 
         Raises:
-            ValueError: as ``window_from_options`` and ``rope_scaling_from_options`` (a mode that needs l
-                when none is known, sinks on full attention, ``auto`` without an evaluation length...).
+            ValueError: as ``window_from_options``, ``position_map_from_options`` and
+                ``rope_scaling_from_options`` (a mode that needs l when none is known, sinks on full attention
+                or a position map, an option of another mode, ``auto`` without an evaluation length...); log-n
+                without l.
         """
-        window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
-                                     self.sink_tokens, self.n_global, self.l_local)
-        scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor,
-                                            self.training_length or model_training_length, evaluation_length)
-        return AttentionSpec(window, scaling)
+        if self.mode not in MODES and self.mode not in POSITION_MAPS:
+            raise ValueError(f"attention mode must be one of {', '.join(MODES + tuple(POSITION_MAPS))}, got {self.mode!r}.")
+        length = self.training_length or model_training_length
+        position_map = None
+        if self.mode in POSITION_MAPS:
+            if self.sink_tokens:
+                raise ValueError(f"--sink-tokens attach to a bounded window; --position-map {self.mode} keeps every key visible.")
+            position_map = position_map_from_options(self.mode, length, **self.map_options)
+            window = AttentionWindow.full()
+        else:
+            foreign = foreign_map_options(self.mode, self.map_options)
+            if foreign:
+                owners = MAP_OPTIONS[foreign[0]].owners
+                raise ValueError(f"--{foreign[0].replace('_', '-')} is an option of --position-map {' / '.join(owners)}; "
+                                 f"this evaluation uses {self.mode} attention.")
+            window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
+                                         self.sink_tokens, self.n_global, self.l_local)
+        if self.logn and not length:
+            raise ValueError("--logn scales queries by log(n) / log(l): give --training-length l (the checkpoint records none).")
+        scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length)
+        return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None)

@@ -252,13 +252,16 @@ def window_from_options(
     return window.with_sinks(sink_tokens) if sink_tokens else window
 
 
-def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]], lm_infinite: bool = False) -> str:
-    """``bca``, ``sliding``, ``lm_infinite`` or ``full`` from the flags ``--bca``, ``--sliding-window`` and
-    ``--lm-infinite``.
+def selected_mode(bca: bool, sliding_window: Optional[Union[int, str]], lm_infinite: bool = False,
+                  position_map: Optional[str] = None) -> str:
+    """``bca``, ``sliding``, ``lm_infinite``, a position map's name or ``full`` from the flags ``--bca``,
+    ``--sliding-window``, ``--lm-infinite`` and ``--position-map``.
 
     Raises:
         ValueError: more than one given.
     """
-    if sum([bool(bca), sliding_window is not None, bool(lm_infinite)]) > 1:
-        raise ValueError("choose one of --bca, --sliding-window and --lm-infinite.")
+    if sum([bool(bca), sliding_window is not None, bool(lm_infinite), bool(position_map)]) > 1:
+        raise ValueError("choose one of --bca, --sliding-window, --lm-infinite and --position-map.")
+    if position_map:
+        return str(position_map)
     return "bca" if bca else "sliding" if sliding_window is not None else "lm_infinite" if lm_infinite else "full"
