@@ -72,10 +72,13 @@ METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L
 @pytest.mark.parametrize("method", METHODS, ids=str)
 @pytest.mark.parametrize("kind", ["xpos", "rope", "alibi"])
 @pytest.mark.parametrize("length", [L_TRAIN, 4 * L_TRAIN, 16 * L_TRAIN])
-def test_each_method_equals_its_formula_in_float64(method, kind, length):
+def test_each_method_equals_its_formula_in_float64(method, kind, length, monkeypatch):
     """Logits from the paper's distance (rotation by it, xPos's decay zeta^(d'/B), ALiBi's slope times it),
-    one softmax over every causal key; chunks of 3 queries or so (bias_elements) so the pieces straddle
-    chunk and DCA-chunk boundaries."""
+    one softmax over every causal key; planned chunks of 3 queries (bias_elements) at 1l and 4l, query blocks
+    of 40 inside one chunk at 16l, so that the pieces straddle chunk and DCA-chunk boundaries."""
+    from lex_plugin.modules.attention import executor
+
+    monkeypatch.setattr(executor, "MAP_QUERY_BLOCK", 40)
     if kind == "alibi" and not method.integer:
         pytest.skip("fractional distances are refused for bias schemes (test_bad_combinations_are_refused)")
     torch.manual_seed(0)
@@ -85,7 +88,8 @@ def test_each_method_equals_its_formula_in_float64(method, kind, length):
                          for n in range(length)], dtype=torch.float64)
     visible = torch.ones(length, length, dtype=torch.bool).tril()
     expected = naive(q, k, v, dist, visible, kind, H)
-    got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), bias_elements=B * H * 3 * length)
+    chunk = 3 if length < 16 * L_TRAIN else length
+    got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), bias_elements=B * H * chunk * length)
     assert (got.double() - expected).abs().max() < 2e-5
     assert method.max_distance(length) == float(dist.max())
 

@@ -38,6 +38,10 @@ from .window import AttentionWindow
 
 __all__ = ["Observer", "additive_mask", "attend", "see_self"]
 
+# queries per SDPA call under a rotary position map: each call copies its keys into their pieces' slots, so
+# larger blocks copy less often; each holds a (Tq, Tk) mask (executor.remapped)
+MAP_QUERY_BLOCK = 1024
+
 # observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
 Observer = Callable[[Tensor, Tensor, Tensor], None]
 
@@ -250,34 +254,63 @@ class _Run:
         return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal)
 
     def remapped(self, chunk: Chunk, position_map: PositionMap) -> Tensor:
-        """A dense chunk of full attention under a position map (:mod:`.position_map`), explicitly in fp32: each
-        piece rotates its queries and keys at its own positions (one centre per piece) or biases them at the
-        remapped distance, and writes the logits of the pairs it selects; one softmax over all keys."""
+        """A dense chunk of full attention under a position map (:mod:`.position_map`) in one SDPA call.
+
+        Rotary schemes: each of the P pieces rotates the queries at its positions (one centre per piece) and
+        its keys at theirs; the queries of the pieces are concatenated along the feature axis (P D) and each
+        piece's keys sit in its own slot of a (P D) key with zeros elsewhere, so that q . k of a key copy is the
+        logit of that piece alone; a boolean mask lets each (query, key copy) pair through only where its piece
+        selects it, and every copy carries the key's value: one softmax over every key, on SDPA's fused kernels
+        (the logits are never materialised). Bias schemes: one score set, biased at the remapped distance.
+
+        Queries go ``MAP_QUERY_BLOCK`` at a time, so each block meets only the keys its pieces can select (the
+        far piece of a block of ReRoPE ends w before its last query): about the pairs of causal attention."""
+        if chunk.q1 - chunk.q0 > MAP_QUERY_BLOCK:
+            return torch.cat([self.remapped(Chunk(a, min(chunk.q1, a + MAP_QUERY_BLOCK), chunk.k0,
+                                                  min(chunk.q1, a + MAP_QUERY_BLOCK) + chunk.k1 - chunk.q1, chunk.mask),
+                                            position_map)
+                              for a in range(chunk.q0, chunk.q1, MAP_QUERY_BLOCK)], dim=2)
         qc, kc, vc = self.q[:, :, chunk.q0 : chunk.q1], self.k[:, :, chunk.k0 : chunk.k1], self.v[:, :, chunk.k0 : chunk.k1]
-        dev = qc.device
+        dev, dim = qc.device, qc.size(-1)
         n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
         m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
-        if self.scheme.kind == "rotary":
-            logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
-            for piece in position_map.pieces(n, m):
-                center = self.scheme.center_near(int(piece.k_pos.min() + piece.k_pos.max()) // 2)
-                qr = self.scheme.rotate_at(qc, piece.q_pos, center, False, self.scaling)
-                kr = self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center, True, self.scaling)
-                part = logits[..., piece.lo : piece.hi]
-                part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
-        else:  # a bias at the remapped (integer) distance
-            distance = position_map.distance(n[:, None], m[None, :]).clamp(min=0).long()
-            logits = _logits(qc, kc, self.scheme.bias_at(distance, torch.zeros_like(distance)))
-        allowed = self.window.allowed(n[:, None], m[None, :])
+        allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
         if self.kpm is not None:
             allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],
-                               offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)
+                               offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)  # (B, 1, Tq, Tk)
+        if self.scheme.kind != "rotary":  # a bias at the remapped (integer) distance
+            distance = position_map.distance(n[:, None], m[None, :]).clamp(min=0).long()
+            bias = self.scheme.bias_at(distance, torch.zeros_like(distance))  # (H, Tq, Tk)
+            if self.observer is not None:
+                self.observer(_logits(qc, kc, bias), n[:, None] - m[None, :], allowed)
+            return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)),
+                                                  dropout_p=self.dropout_p)
+        rotated = []
+        for piece in position_map.pieces(n, m):
+            center = self.scheme.center_near(int(piece.k_pos.min() + piece.k_pos.max()) // 2)
+            rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center, False, self.scaling),
+                            self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center, True, self.scaling)))
         if self.observer is not None:
+            logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
+            for piece, qr, kr in rotated:
+                part = logits[..., piece.lo : piece.hi]
+                part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
             self.observer(logits, n[:, None] - m[None, :], allowed)
-        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-        if self.dropout_p:
-            probs = F.dropout(probs, self.dropout_p)
-        return (probs @ vc.float()).to(self.q.dtype)
+        slots = len(rotated)
+        keys = sum(piece.hi - piece.lo for piece, _, _ in rotated)
+        q_cat = torch.cat([qr for _, qr, _ in rotated], dim=-1)  # (B, H, Tq, P D)
+        k_cat = qc.new_zeros(qc.shape[:2] + (keys, slots * dim))
+        v_cat = qc.new_zeros(qc.shape[:2] + (keys, slots * dim))  # values padded to P D: SDPA's fast kernels
+        masks, row = [], 0
+        for i, (piece, _, kr) in enumerate(rotated):
+            size = piece.hi - piece.lo
+            k_cat[:, :, row : row + size, i * dim : (i + 1) * dim] = kr
+            v_cat[:, :, row : row + size, :dim] = vc[:, :, piece.lo : piece.hi]
+            masks.append(allowed[..., piece.lo : piece.hi] & piece.select)
+            row += size
+        out = F.scaled_dot_product_attention(q_cat, k_cat, v_cat, attn_mask=_four_d(torch.cat(masks, dim=-1)),
+                                             dropout_p=self.dropout_p, scale=1.0 / math.sqrt(dim))
+        return out[..., :dim]
 
     def _window_views(self, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
         """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""

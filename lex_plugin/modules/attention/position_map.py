@@ -97,12 +97,10 @@ def _exact_and_far(n: Tensor, m: Tensor, w: int, far_q: Tensor, far_k_fn) -> Lis
     out = []
     lo, hi = _range(n, m, int(n[0]) - w + 1 - k0, int(n[-1]) + 1 - k0)
     if hi > lo:
-        d = n[:, None] - m[None, lo:hi]
-        out.append(Piece(n, lo, hi, m[lo:hi], d < w))
+        out.append(Piece(n, lo, hi, m[lo:hi], m[None, lo:hi] > (n - w)[:, None]))  # d < w
     lo, hi = _range(n, m, 0, int(n[-1]) - w + 1 - k0)
     if hi > lo:
-        d = n[:, None] - m[None, lo:hi]
-        out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), d >= w))
+        out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), m[None, lo:hi] <= (n - w)[:, None]))  # d >= w
     return out
 
 

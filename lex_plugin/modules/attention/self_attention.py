@@ -140,7 +140,7 @@ class LexSelfAttention(nn.Module):
                 "start a new incremental state to change the attention window or scaling."
             )
         if cache is None or cache.end == 0:
-            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, bsz)
+            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, bsz, observer)
             out = attend(q, k, v, chunks, spec, scheme, 0, 0, None, key_padding_mask, dropout_p, observer,
                          positions=positions)
             if incremental_state is not None:
@@ -152,10 +152,13 @@ class LexSelfAttention(nn.Module):
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
-    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, bsz):
+    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, bsz,
+              observer=None):
         explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
+        # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits (executor.remapped)
+        per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None)
         return plan(spec.window, q_start, q_len, k_start, has_bias=explicit,
-                    padded=key_padding_mask is not None, batch_heads=bsz * self.num_heads,
+                    padded=key_padding_mask is not None, batch_heads=bsz * (self.num_heads if per_head else 1),
                     local_positions=scheme.translation_invariant)
 
     def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, scheme, dropout_p,
@@ -172,7 +175,7 @@ class LexSelfAttention(nn.Module):
             keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
-            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, q.size(0))
+            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, q.size(0), observer)
             center = None if cache.raw else cache.center
             outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, center, kpm, dropout_p,
                                observer, cache.sinks, feature_major=cache.feature_major))
