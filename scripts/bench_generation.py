@@ -43,8 +43,8 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     torch.set_num_threads(benchmark.thread_count())
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
-    options = {"bca": AttentionOptions("bca"), "bca_sinks": AttentionOptions("bca", sink_tokens=4),
-               "lm_infinite": AttentionOptions("lm_infinite", n_global=10)}.get(mode, AttentionOptions())
+    # any mode of AttentionOptions (full, bca, sliding, lm_infinite, a position map), or bca_sinks (4 sink tokens)
+    options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
     model = model.under(options.spec(training_length))
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
@@ -81,7 +81,8 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="1024,4096,16384,65536")
-    p.add_argument("--modes", default="bca,full", help="among full, bca, bca_sinks (4 sink tokens), lm_infinite (LM-Infinite)")
+    p.add_argument("--modes", default="bca,full", help="among full, bca, bca_sinks (4 sink tokens), lm_infinite (LM-Infinite), rerope, leaky_rerope, "
+                                                  "self_extend, dca")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=32)

@@ -198,6 +198,7 @@ class PasskeyResult:
     trials: int = 0
     retrieved: int = 0
     margins: List[float] = field(default_factory=list)  # true key's log-prob minus the best distractor's
+    attention: dict = field(default_factory=dict)  # the spec's structured fields (AttentionSpec.fields: mode, ...)
 
     @property
     def accuracy(self) -> float:
@@ -242,7 +243,7 @@ def passkey_accuracy(
     cells = [(L, d) for L in lengths for d in depths]
     bar = tqdm(total=len(cells) * trials * len(specs), desc="passkey", unit="prompt", disable=not progress or None)
     for length, depth in cells:
-        cell = {str(w): PasskeyResult(str(w), length, depth, distractors) for w in specs}
+        cell = {str(w): PasskeyResult(str(w), length, depth, distractors, attention=w.fields()) for w in specs}
         for _ in range(trials):
             offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
             keys = torch.randperm(10**DIGITS, generator=g)[: distractors + 1].tolist()  # keys[0] is the true one

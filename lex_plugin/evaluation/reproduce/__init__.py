@@ -27,10 +27,10 @@ from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, 
                         methods_of)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
                        prepare_command, resolution_command, train_command)
-from .plots import plot_ppl
+from .plots import plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
-from .tables import (check_claims, markdown_claims, markdown_methods, markdown_passkey, markdown_ppl, markdown_resolution,
-                     ppl_table)
+from .tables import (check_claims, flat_and_retrieving, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
+                     markdown_passkey, markdown_ppl, markdown_resolution, ppl_table)
 
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
@@ -78,6 +78,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o["lengths"])
+    flat = (flat_and_retrieving(ppl, passkey.get("passkey_finetuned", {}), [n for n in runs if n in METHOD_RUNS], l,
+                                o["lengths"]) if methods else [])
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
     ab_lengths = [l, 8 * l]
     parts = [
@@ -96,6 +98,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
             markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
             markdown_methods(ppl, runs, methods, o["lengths"], l)] if methods else []),
+        *(["", "### Flat and retrieving: perplexity ratio against passkey accuracy at 8l (after fine-tuning)", "",
+            markdown_flat_and_retrieving(flat, l, max(o["lengths"]))] if flat else []),
         *(["", "### Passkey retrieval: accuracy (mean over depths 0.1..0.9; chance 0.10)", "",
             markdown_passkey(passkey["passkey"], runs, l)] if "passkey" in passkey else []),
         *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
@@ -119,6 +123,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     if methods:
         plot_ppl(ppl, [n for n in runs if n in METHOD_RUNS], methods, l, work / "methods_vs_length.png",
                  f"evaluation-time methods on the same checkpoints (l = {l})", {m: METHODS[m][2] for m in methods})
+    if flat:
+        plot_flat_and_retrieving(flat, l, max(o["lengths"]), work / "flat_and_retrieving.png")
     if random_pairs:
         plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
                  f"trained with and without randomized positions (L_max = {max(o['lengths'])}, l = {l})")

@@ -44,3 +44,30 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
                 legend.setdefault(label, handle)
         axes.flat[len(windows) - 1].legend(list(legend.values()), list(legend), fontsize=8)
         fig.suptitle(title)
+
+
+def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
+    """Write the PNG ``out``: ppl(L_max) / ppl(l) (x) against passkey accuracy at 8l (y), one point per window or
+    method and checkpoint (``tables.flat_and_retrieving`` rows with a passkey result), the flat and retrieving
+    thresholds as lines. Returns False (and writes nothing) when no row has a passkey result."""
+    from ...plotting import figure
+    from .tables import FLAT_RATIO, RETRIEVAL
+
+    points = [r for r in rows if r["passkey"] is not None]
+    if not points:
+        return False
+    with figure(out, 1, 1, (7.5, 5.5), dpi=110) as (fig, ax):
+        for run in dict.fromkeys(r["run"] for r in points):
+            mine = [r for r in points if r["run"] == run]
+            ax.scatter([r["ratio"] for r in mine], [r["passkey"] for r in mine], label=LABELS.get(run, run))
+            for r in mine:
+                ax.annotate(WINDOW_LABEL.get(r["method"], r["method"]), (r["ratio"], r["passkey"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+        ax.axvline(FLAT_RATIO, color="grey", linestyle=":", linewidth=1)
+        ax.axhline(RETRIEVAL, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
+        ax.set_ylabel("passkey accuracy at 8l  (retrieves: above the line)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle("flat and retrieving? one point per window or method")
+    return True

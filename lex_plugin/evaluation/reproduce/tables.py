@@ -8,7 +8,7 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
-__all__ = ["check_claims", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "flat_and_retrieving", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -182,3 +182,65 @@ def markdown_claims(claims: List[dict]) -> str:
     for c in claims:
         rows.append(f"| {c['claim']} | {'yes' if c['holds'] else '**no**'} | {c['numbers']} |")
     return "\n".join(rows)
+
+
+FLAT_RATIO = 1.02  # "flat": ppl(16l) / ppl(l) at most this
+RETRIEVAL = 0.9  # "retrieves": passkey accuracy at 8l at least this (after fine-tuning on the probe's format)
+
+
+def _passkey_mode(result: dict) -> str:
+    """The mode of a passkey row: its structured ``attention`` field (log-n marked), or for a report written
+    before that field, its label's."""
+    if "attention" in result and result["attention"]:
+        mode = result["attention"]["mode"]
+        return mode + "_logn" if result["attention"].get("logn") else mode
+    return LEGACY_MODES.get(result["window"].split("(")[0], result["window"].split("(")[0])
+
+
+def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: int, lengths: Sequence[int]) -> List[dict]:
+    """One row per (run, window or method) with ppl at l and the longest length: {run, method, ratio (ppl(L_max)
+    / ppl(l)), passkey (accuracy at 8l after fine-tuning, or None where not probed), flat, retrieves}.
+
+    Args:
+        ppl: :func:`ppl_table`'s shape, methods filed under their names; passkey: {run: ``lex passkey`` report}.
+    """
+    top, out = max(lengths), []
+    for name in runs:
+        accuracy: Dict[str, List[int]] = {}
+        for r in (passkey.get(name) or {}).get("results", []):
+            if r["length"] == 8 * l:
+                hit = accuracy.setdefault(_passkey_mode(r), [0, 0])
+                hit[0] += r["retrieved"]
+                hit[1] += r["trials"]
+        for method, series in ppl.get(name, {}).items():
+            if l not in series or top not in series:
+                continue
+            probed = method if method not in METHODS or METHODS[method][1] in ([], ["--logn"]) else None
+            if probed in METHODS:
+                probed = METHODS[method][0] + ("_logn" if METHODS[method][1] else "")
+            acc = accuracy.get(probed) if probed else None
+            ratio = series[top] / series[l]
+            score = None if acc is None else acc[0] / acc[1]
+            out.append({"run": name, "method": method, "ratio": ratio, "passkey": score, "flat": ratio <= FLAT_RATIO,
+                        "retrieves": None if score is None else score >= RETRIEVAL})
+    return out
+
+
+def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
+    """The "Flat and retrieving" table: each window or method's ppl ratio and passkey accuracy at 8l, its
+    verdicts, and a last line naming those that are both (or saying that none is)."""
+    head = [f"| model | window / method | ppl({top // l}l) / ppl(l) | passkey at 8l | flat (<= {FLAT_RATIO}) | "
+            f"retrieves (>= {RETRIEVAL}) |", "|---|---|---:|---:|---|---|"]
+
+    def cell(value, text):
+        return "-" if value is None else text
+
+    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {r['ratio']:.2f} | "
+            f"{cell(r['passkey'], format(r['passkey'] or 0, '.2f'))} | {cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
+            f"{cell(r['retrieves'], 'yes' if r['retrieves'] else 'no')} |" for r in rows]
+    both = [f"{LABELS.get(r['run'], r['run'])} + {WINDOW_LABEL.get(r['method'], r['method'])}" for r in rows
+            if r["flat"] and r["retrieves"]]
+    probed = any(r["passkey"] is not None for r in rows)
+    verdict = ("**Flat and retrieving:** " + ("; ".join(both) if both else "none")) if probed else \
+        "**Flat and retrieving:** not decided: no passkey results after fine-tuning in this work directory."
+    return "\n".join(head + body + ["", verdict])

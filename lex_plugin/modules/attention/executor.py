@@ -254,14 +254,12 @@ class _Run:
         return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal)
 
     def remapped(self, chunk: Chunk, position_map: PositionMap) -> Tensor:
-        """A dense chunk of full attention under a position map (:mod:`.position_map`) in one SDPA call.
+        """A dense chunk of full attention under a position map (:mod:`.position_map`).
 
-        Rotary schemes: each of the P pieces rotates the queries at its positions (one centre per piece) and
-        its keys at theirs; the queries of the pieces are concatenated along the feature axis (P D) and each
-        piece's keys sit in its own slot of a (P D) key with zeros elsewhere, so that q . k of a key copy is the
-        logit of that piece alone; a boolean mask lets each (query, key copy) pair through only where its piece
-        selects it, and every copy carries the key's value: one softmax over every key, on SDPA's fused kernels
-        (the logits are never materialised). Bias schemes: one score set, biased at the remapped distance.
+        Rotary schemes: each piece rotates the queries at its positions and its keys at theirs (one centre per
+        piece) and attends, on SDPA's fused CPU kernel, to the keys it selects, returning its output and the
+        log-sum-exp of its logits (:func:`_attention_lse`); the pieces' outputs are merged by their log-sum-exps,
+        which is one softmax over every key. Bias schemes: one SDPA call, biased at the remapped distance.
 
         Queries go ``MAP_QUERY_BLOCK`` at a time, so each block meets only the keys its pieces can select (the
         far piece of a block of ReRoPE ends w before its last query): about the pairs of causal attention."""
@@ -270,8 +268,10 @@ class _Run:
                                                   min(chunk.q1, a + MAP_QUERY_BLOCK) + chunk.k1 - chunk.q1, chunk.mask),
                                             position_map)
                               for a in range(chunk.q0, chunk.q1, MAP_QUERY_BLOCK)], dim=2)
+        if self.dropout_p:
+            raise ValueError("position maps are an evaluation method: run them without attention dropout (model.eval()).")
         qc, kc, vc = self.q[:, :, chunk.q0 : chunk.q1], self.k[:, :, chunk.k0 : chunk.k1], self.v[:, :, chunk.k0 : chunk.k1]
-        dev, dim = qc.device, qc.size(-1)
+        dev = qc.device
         n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
         m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
         allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
@@ -283,8 +283,7 @@ class _Run:
             bias = self.scheme.bias_at(distance, torch.zeros_like(distance))  # (H, Tq, Tk)
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), n[:, None] - m[None, :], allowed)
-            return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)),
-                                                  dropout_p=self.dropout_p)
+            return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)))
         rotated = []
         for piece in position_map.pieces(n, m):
             center = self.scheme.center_near(int(piece.k_pos.min() + piece.k_pos.max()) // 2)
@@ -296,21 +295,15 @@ class _Run:
                 part = logits[..., piece.lo : piece.hi]
                 part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
             self.observer(logits, n[:, None] - m[None, :], allowed)
-        slots = len(rotated)
-        keys = sum(piece.hi - piece.lo for piece, _, _ in rotated)
-        q_cat = torch.cat([qr for _, qr, _ in rotated], dim=-1)  # (B, H, Tq, P D)
-        k_cat = qc.new_zeros(qc.shape[:2] + (keys, slots * dim))
-        v_cat = qc.new_zeros(qc.shape[:2] + (keys, slots * dim))  # values padded to P D: SDPA's fast kernels
-        masks, row = [], 0
-        for i, (piece, _, kr) in enumerate(rotated):
-            size = piece.hi - piece.lo
-            k_cat[:, :, row : row + size, i * dim : (i + 1) * dim] = kr
-            v_cat[:, :, row : row + size, :dim] = vc[:, :, piece.lo : piece.hi]
-            masks.append(allowed[..., piece.lo : piece.hi] & piece.select)
-            row += size
-        out = F.scaled_dot_product_attention(q_cat, k_cat, v_cat, attn_mask=_four_d(torch.cat(masks, dim=-1)),
-                                             dropout_p=self.dropout_p, scale=1.0 / math.sqrt(dim))
-        return out[..., :dim]
+        outs, lses = [], []
+        for piece, qr, kr in rotated:
+            out, lse = _attention_lse(qr, kr, vc[:, :, piece.lo : piece.hi], allowed[..., piece.lo : piece.hi] & piece.select)
+            outs.append(out)
+            lses.append(lse)
+        if len(outs) == 1:
+            return outs[0]
+        weights = torch.softmax(torch.stack(lses), dim=0)  # (P, B, H, Tq): each piece's share of the softmax
+        return sum(w[..., None] * o.float() for w, o in zip(weights, outs)).to(qc.dtype)
 
     def _window_views(self, chunk: Chunk) -> Tuple[Tensor, Tensor, Tensor]:
         """The n windows of a windows chunk: queries (B, H, n, c, D), keys and values (B, H, n, 2c, D), all views."""
@@ -454,6 +447,22 @@ class _Run:
             attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=self.dropout_p,
         ).view(bsz, heads, n, c, dim)
         return out.flatten(2, 3)
+
+
+def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(d)) v over the allowed keys, and the fp32 log-sum-exp of those logits per query
+    (-inf where a query is allowed no key; its output is then 0): q (B, H, Tq, D), k and v (B, H, Tk, D),
+    ``allowed`` bool broadcastable to (B, H, Tq, Tk). On CPU, SDPA's fused flash kernel, which returns the
+    log-sum-exp (``aten::_scaled_dot_product_flash_attention_for_cpu``); elsewhere explicit fp32 logits."""
+    mask = _four_d(torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf")))
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
+    else:
+        logits = _logits(q, k, None) + mask.float()
+        lse = torch.logsumexp(logits, dim=-1)
+        out = (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v.float()).to(q.dtype)
+    empty = ~_four_d(allowed).any(-1)  # (B or 1, 1 or H, Tq)
+    return out.masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, float("-inf"))
 
 
 def _windows_in_batch(x: Tensor) -> Tensor:
