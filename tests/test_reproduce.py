@@ -169,3 +169,31 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
         run_cli([*args[:-2], "--resolution-texts", "3"])
     with pytest.raises(AssertionError, match="unknown runs"):
         run_cli([*args[:6], "--runs", "xpos,rotary"])
+
+
+def test_flat_and_retrieving_verdicts(tmp_path):
+    """The verdict table reads perplexity ratios and passkey accuracy at 8l by structured mode (log-n rows
+    apart; methods with other arguments unprobed), and names the rows that are both flat and retrieving."""
+    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.evaluation.reproduce.tables import flat_and_retrieving, markdown_flat_and_retrieving
+
+    l, lengths = 16, [16, 32, 256]
+    ppl = {"rope": {"full": {16: 10.0, 256: 15.0}, "bca": {16: 10.0, 256: 9.9}, "rerope": {16: 10.0, 256: 10.1},
+                    "rerope_logn": {16: 10.0, 256: 10.0}, "ntk": {16: 10.0, 256: 12.0}}}
+
+    def cell(mode, logn, hits):
+        return {"window": mode, "length": 8 * l, "retrieved": hits, "trials": 10,
+                "attention": {"mode": mode, "logn": logn}}
+
+    passkey = {"rope": {"results": [cell("full", False, 10), cell("bca", False, 1), cell("rerope", False, 9),
+                                    cell("rerope", True, 5), {"window": "full", "length": 2 * l, "retrieved": 0, "trials": 10}]}}
+    rows = {r["method"]: r for r in flat_and_retrieving(ppl, passkey, ["rope"], l, lengths)}
+    assert rows["full"]["ratio"] == 1.5 and rows["full"]["passkey"] == 1.0 and not rows["full"]["flat"]
+    assert rows["bca"]["flat"] and rows["bca"]["retrieves"] is False
+    assert rows["rerope"]["flat"] and rows["rerope"]["retrieves"] and rows["rerope_logn"]["passkey"] == 0.5
+    assert rows["ntk"]["passkey"] is None and rows["ntk"]["retrieves"] is None
+    text = markdown_flat_and_retrieving(list(rows.values()), l, 256)
+    assert "**Flat and retrieving:** RoPE (Roformer) + ReRoPE (w = l/2)" in text and "| 1.01 | 0.90 | yes | yes |" in text
+    assert plot_flat_and_retrieving(list(rows.values()), l, 256, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 5000
+    assert "none" in markdown_flat_and_retrieving([dict(rows["full"])], l, 256)
+    assert "not decided" in markdown_flat_and_retrieving([dict(rows["ntk"])], l, 256)
