@@ -42,6 +42,8 @@ setup(
         "test": ["pytest"],
         # fairseq-train --ddp-backend fully_sharded (FSDP); scripts/install.sh installs it unless EXTRAS says otherwise
         "fsdp": ["fairscale==0.4.13"],
+        # Hugging Face: the RoPE scalings are tested against transformers' own functions
+        "hf": ["transformers>=4.46,<5", "safetensors"],
     },
     entry_points={"console_scripts": ["lex=lex_plugin.cli:main"]},
 )

@@ -14,6 +14,7 @@ from .data.prepare import PrepareConfig, PrepareError, prepare
 from .modules.attention.position_map import MAP_OPTIONS, POSITION_MAPS
 from .modules.attention.spec import AttentionOptions
 from .modules.attention.window import LM_INFINITE_N_GLOBAL
+from .modules.positions.rope_scaling import ROPE_SCALINGS
 from .modules.positions.xpos import GAMMA, SCALE_BASE
 from .options import parse_float_list, parse_int_list, parse_name_list
 
@@ -64,8 +65,11 @@ def _scaling_options(fn):
     """--rope-scaling / --rope-scaling-factor: RoPE scaling of rope / xpos checkpoints, as in the task."""
     fn = click.option("--rope-scaling-factor", default=None, metavar="S|auto",
                       help="s > 0; auto = evaluation length / l where the command has one length")(fn)
-    fn = click.option("--rope-scaling", type=click.Choice(["linear", "ntk", "yarn"]), default=None,
-                      help="RoPE scaling at evaluation: position interpolation, NTK-aware base, YaRN")(fn)
+    fn = click.option("--rope-scaling-file", default=None, metavar="JSON",
+                      help="LongRoPE's factor lists: {\"short_factor\": [...], \"long_factor\": [...]}, d/2 each")(fn)
+    fn = click.option("--rope-scaling", type=click.Choice(list(ROPE_SCALINGS)), default=None,
+                      help="RoPE scaling at evaluation: position interpolation, NTK-aware base, YaRN, dynamic NTK, "
+                           "Llama 3, LongRoPE, Resonance")(fn)
     return fn
 
 

@@ -3,8 +3,9 @@
 #   VENV=.venv            where the environment lives
 #   TORCH_SPEC=torch==2.13.0   what to install when the venv has no torch yet (a GPU user may point
 #                         this at a CUDA build, or pre-install torch in the venv: it is kept as is)
-#   EXTRAS=test,fsdp      setup.py extras to install (test: pytest; fsdp: fairscale for
-#                         --ddp-backend fully_sharded); EXTRAS=test leaves fairscale out
+#   EXTRAS=test,fsdp,hf   setup.py extras to install (test: pytest; fsdp: fairscale for
+#                         --ddp-backend fully_sharded; hf: transformers and safetensors, against which
+#                         the RoPE scalings are tested); EXTRAS=test leaves the others out
 # The installed torch is pinned as a pip constraint for every later step and checked at the end:
 # an install must never change it.
 set -euo pipefail
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 PY=${PYTHON:-python3}
-EXTRAS=${EXTRAS-test,fsdp}
+EXTRAS=${EXTRAS-test,fsdp,hf}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@"; }

@@ -8,7 +8,7 @@ import torch
 from conftest import REPO, TRAIN_LEN, build_lex_model, random_tokens, run_cli
 from lex_plugin.modules.attention import AttentionSpec
 from lex_plugin.modules.positions.rope_scaling import RopeScaling, resolve_factor, rope_scaling_from_options
-from lex_plugin.modules.positions.xpos import XPos
+from lex_plugin.modules.positions.xpos import XPos, rope_theta
 
 D, BASE, L_TRAIN = 64, 10000.0, 512
 
@@ -130,3 +130,94 @@ def test_eval_lm_length_table_with_yarn_auto(data_bin, trained, tmp_path):
     assert yarn[4 * TRAIN_LEN]["loss"] != pytest.approx(plain[4 * TRAIN_LEN]["loss"], abs=1e-4)
     assert yarn[4 * TRAIN_LEN]["tokens"] == plain[4 * TRAIN_LEN]["tokens"] == 3000
 
+
+
+def _hf(kind, s, l, d=64, base=10000.0, seq_len=None, **extra):
+    """transformers' own inverse frequencies and attention factor for a Llama config of head dimension d,
+    trained length l (``max_position_embeddings``)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = None if kind == "default" else {"rope_type": kind, "factor": s, **extra}
+    config = LlamaConfig(hidden_size=d * 2, num_attention_heads=2, head_dim=d, rope_theta=base,
+                         max_position_embeddings=l, rope_scaling=scaling)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=seq_len)
+    return inv_freq.double(), factor
+
+
+@pytest.mark.parametrize("kind,s,length", [("default", 1.0, 256), ("linear", 4.0, 1024), ("dynamic", 4.0, 256),
+                                           ("dynamic", 4.0, 4096), ("dynamic", 2.0, 8192), ("llama3", 8.0, 4096),
+                                           ("longrope", 4.0, 256), ("longrope", 4.0, 1024)])
+def test_scalings_equal_hugging_face_transformers(kind, s, length, tmp_path):
+    """Inverse frequencies and attention factor equal transformers' ``modeling_rope_utils`` (1e-6 relative)
+    for the variants it implements; longrope's factor lists from a JSON file, the long list past l."""
+    import json
+
+    d, base, l = 64, 10000.0, 256
+    theta = rope_theta(d, base)
+    extra, file = {}, None
+    if kind == "longrope":
+        lists = {"short_factor": [1.0 + 0.05 * i for i in range(d // 2)], "long_factor": [1.0 + 0.3 * i for i in range(d // 2)]}
+        file = tmp_path / "factors.json"
+        file.write_text(json.dumps(lists))
+        extra = lists
+    if kind == "llama3":  # Llama 3.1's values; l is its original context
+        extra = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": l}
+    hf, hf_factor = _hf(kind, s, l, d, base, seq_len=length, **extra)
+    if kind == "default":
+        ours, factor = theta, 1.0
+    else:
+        scaling = rope_scaling_from_options(kind, str(s), l, length, file)
+        ours, factor = scaling.angles(theta, d, base), scaling.attention_scale
+    assert torch.allclose(ours, hf, rtol=1e-6, atol=0)
+    assert factor == pytest.approx(hf_factor, rel=1e-6)
+
+
+def test_yarn_follows_the_paper_and_differs_from_transformers_as_documented():
+    """Our YaRN ramps linearly in r = l / wavelength (the paper); transformers ramps linearly in the pair index
+    between floor and ceil of the indices where r = 32 and r = 1. Equal outside that range and in the attention
+    factor; inside it they differ (here by up to a few percent of an angle)."""
+    d, base, l, s = 64, 10000.0, 256, 8.0
+    theta = rope_theta(d, base)
+    ours = RopeScaling("yarn", s, l).angles(theta, d, base)
+    hf, hf_factor = _hf("yarn", s, l, d, base)
+    r = l * theta / (2 * math.pi)
+    outside = (r >= 32) | (r <= 1)
+    assert torch.allclose(ours[outside], hf[outside], rtol=1e-6, atol=0)
+    inside = (ours[~outside] - hf[~outside]).abs() / hf[~outside]
+    assert inside.max() > 1e-3  # the documented difference: not an accident of rounding
+    assert RopeScaling("yarn", s, l).attention_scale == pytest.approx(hf_factor, rel=1e-6)
+
+
+def test_resonance_rounds_every_wavelength_and_dynamic_needs_the_length():
+    d, base = 64, 10000.0
+    theta = rope_theta(d, base)
+    got = rope_scaling_from_options("resonance", None, 256).angles(theta, d, base)
+    wavelength = 2 * math.pi / got
+    assert torch.allclose(wavelength, wavelength.round(), atol=1e-9)
+    assert ((wavelength - 2 * math.pi / theta).abs() <= 0.5 + 1e-9).all()
+    with pytest.raises(ValueError, match="takes no --rope-scaling-factor"):
+        rope_scaling_from_options("resonance", "2", 256)
+    with pytest.raises(ValueError, match="depends on the evaluation length"):
+        rope_scaling_from_options("dynamic", "2", 256, None)
+    with pytest.raises(ValueError, match="needs --rope-scaling-file"):
+        rope_scaling_from_options("longrope", "2", 256, 1024)
+    with pytest.raises(ValueError, match="does not use it"):
+        rope_scaling_from_options("yarn", "2", 256, 1024, "f.json")
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "llama3", "resonance"])
+def test_new_scalings_token_by_token_equal_parallel(kind):
+    """The base of dynamic NTK is fixed by the spec's length: cached keys and later queries share it, so
+    token-by-token generation equals one parallel forward (transformers issue 25104 cannot arise)."""
+    model = build_lex_model(pos_emb="xpos", decoder_layers=2).eval()
+    scaling = rope_scaling_from_options(kind, None if kind == "resonance" else "4", 32, 128)
+    spec = AttentionSpec(rope_scaling=scaling)
+    tokens = random_tokens(model.decoder.dictionary, 1, 128)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        plain = model(tokens)[0]
+        state = {}
+        steps = torch.cat([model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(128)], 1)
+    assert (steps - parallel).abs().max() <= 1e-4
+    assert (parallel - plain).abs().max() > 1e-3  # the scaling does something

@@ -87,7 +87,13 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     rope_scaling: Optional[str] = field(
         default=None,
         metadata={"help": "RoPE scaling at evaluation for rope / xpos checkpoints: linear (position interpolation), "
-                          "ntk (NTK-aware base), yarn (YaRN); with --rope-scaling-factor"},
+                          "ntk (NTK-aware base), yarn (YaRN), dynamic (dynamic NTK), llama3, longrope (with "
+                          "--rope-scaling-file), resonance (no factor); with --rope-scaling-factor"},
+    )
+    rope_scaling_file: Optional[str] = field(
+        default=None,
+        metadata={"help": "LongRoPE's factor lists for --rope-scaling longrope: a JSON object {\"short_factor\": [...], "
+                          "\"long_factor\": [...]}, d/2 numbers each"},
     )
     rope_scaling_factor: Optional[str] = field(
         default=None,
@@ -221,7 +227,8 @@ class LexLanguageModelingTask(LanguageModelingTask):
                                                   self.args.fixed_target_tokens, self.args.fixed_target_samples, max_tokens,
                                                   longest=max(self.eval_lengths))
                 if scaled:  # one label for every length: "full+yarn(s=auto)"
-                    label = str(spec).replace(str(spec.rope_scaling), f"{self.args.rope_scaling}(s={self.args.rope_scaling_factor})")
+                    label = str(spec) if self.args.rope_scaling_factor is None else str(spec).replace(
+                        str(spec.rope_scaling), f"{self.args.rope_scaling}(s={self.args.rope_scaling_factor})")
                     for r in rows:
                         r.window = label
                 results += rows

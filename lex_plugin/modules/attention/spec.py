@@ -92,7 +92,8 @@ class AttentionOptions:
         training_length: l instead of the checkpoint's (``--training-length``), or None.
         sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
         n_global, l_local: LM-Infinite's branches (``lm_infinite``; L_local defaults to l).
-        rope_scaling, rope_scaling_factor: ``linear`` / ``ntk`` / ``yarn`` and s > 0 or ``auto``.
+        rope_scaling, rope_scaling_factor, rope_scaling_file: a kind of ``rope_scaling.ROPE_SCALINGS``, s > 0
+            or ``auto``, and LongRoPE's JSON factor lists.
         logn: log-n query scaling against l (any mode).
         rerope_window ... dca_local_window: the position maps' options (``position_map.MAP_OPTIONS``; None:
             the method's default). Each belongs to its methods: given to another mode, it is refused.
@@ -106,6 +107,7 @@ class AttentionOptions:
     l_local: Optional[int] = None
     rope_scaling: Optional[str] = None
     rope_scaling_factor: Optional[Union[str, float]] = None
+    rope_scaling_file: Optional[str] = None
     logn: bool = False
     rerope_window: Optional[int] = None
     leaky_rerope_k: Optional[float] = None
@@ -128,7 +130,7 @@ class AttentionOptions:
         n_global = get("n_global", None)
         return cls(mode, get("sliding_window"), get("training_length"), int(get("sink_tokens", 0) or 0),
                    LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), get("l_local"),
-                   get("rope_scaling"), get("rope_scaling_factor"), bool(get("logn", False)),
+                   get("rope_scaling"), get("rope_scaling_factor"), get("rope_scaling_file"), bool(get("logn", False)),
                    **{name: get(name) for name in MAP_OPTIONS})
 
     @property
@@ -186,5 +188,6 @@ class AttentionOptions:
                                          self.sink_tokens, self.n_global, self.l_local)
         if self.logn and not length:
             raise ValueError("--logn scales queries by log(n) / log(l): give --training-length l (the checkpoint records none).")
-        scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length)
+        scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length,
+                                            self.rope_scaling_file)
         return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None)
