@@ -40,7 +40,7 @@ __all__ = ["Observer", "additive_mask", "attend", "see_self"]
 
 # queries per SDPA call under a rotary position map: each call copies its keys into their pieces' slots, so
 # larger blocks copy less often; each holds a (Tq, Tk) mask (executor.remapped)
-MAP_QUERY_BLOCK = 1024
+MAP_QUERY_BLOCK = 2048
 
 # observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
 Observer = Callable[[Tensor, Tensor, Tensor], None]
@@ -297,9 +297,17 @@ class _Run:
             self.observer(logits, n[:, None] - m[None, :], allowed)
         outs, lses = [], []
         for piece, qr, kr in rotated:
-            out, lse = _attention_lse(qr, kr, vc[:, :, piece.lo : piece.hi], allowed[..., piece.lo : piece.hi] & piece.select)
-            outs.append(out)
-            lses.append(lse)
+            seen = allowed[..., piece.lo : piece.hi] & piece.select
+            # keys every query sees (a leading and a trailing run) need no mask: SDPA's plain kernel
+            full = seen.reshape(-1, seen.size(-2), seen.size(-1)).all(dim=1).all(dim=0)  # (keys,)
+            head = int(full.long().cumprod(0).sum())
+            tail = 0 if head == full.numel() else int(full.flip(0).long().cumprod(0).sum())
+            for a, b, masked in ((0, head, False), (head, full.numel() - tail, True), (full.numel() - tail, full.numel(), False)):
+                if b > a:
+                    out, lse = _attention_lse(qr, kr[:, :, a:b], vc[:, :, piece.lo + a : piece.lo + b],
+                                              seen[..., a:b] if masked else None)
+                    outs.append(out)
+                    lses.append(lse)
         if len(outs) == 1:
             return outs[0]
         weights = torch.softmax(torch.stack(lses), dim=0)  # (P, B, H, Tq): each piece's share of the softmax
@@ -449,18 +457,21 @@ class _Run:
         return out.flatten(2, 3)
 
 
-def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tuple[Tensor, Tensor]:
+def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(d)) v over the allowed keys, and the fp32 log-sum-exp of those logits per query
     (-inf where a query is allowed no key; its output is then 0): q (B, H, Tq, D), k and v (B, H, Tk, D),
-    ``allowed`` bool broadcastable to (B, H, Tq, Tk). On CPU, SDPA's fused flash kernel, which returns the
-    log-sum-exp (``aten::_scaled_dot_product_flash_attention_for_cpu``); elsewhere explicit fp32 logits."""
-    mask = _four_d(torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf")))
+    ``allowed`` bool broadcastable to (B, H, Tq, Tk), or None: every key. On CPU, SDPA's fused flash kernel,
+    which returns the log-sum-exp (``aten::_scaled_dot_product_flash_attention_for_cpu``); elsewhere explicit
+    fp32 logits."""
+    mask = None if allowed is None else _four_d(torch.where(allowed, 0.0, float("-inf")).to(q.dtype))
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
     else:
-        logits = _logits(q, k, None) + mask.float()
+        logits = _logits(q, k, None) + (0.0 if mask is None else mask.float())
         lse = torch.logsumexp(logits, dim=-1)
         out = (torch.softmax(logits, dim=-1).nan_to_num(0.0) @ v.float()).to(q.dtype)
+    if allowed is None:
+        return out, lse.float()
     empty = ~_four_d(allowed).any(-1)  # (B or 1, 1 or H, Tq)
     return out.masked_fill(empty[..., None], 0.0), lse.float().masked_fill(empty, float("-inf"))
 
