@@ -15,6 +15,7 @@ are fairseq's (beam search, sampling), which feed the prompt one token per step.
 """
 
 import copy
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -205,12 +206,14 @@ def from_pretrained(
         checkpoint_file: file name inside it.
         data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
-        window: ``full``, ``bca``, ``sliding`` or ``lm_infinite``; ``sliding_window``: W (an integer or ``l``,
+        window: ``full``, ``bca``, ``sliding``, ``lm_infinite`` or a position map (``rerope``, ``leaky_rerope``,
+            ``self_extend``, ``dca``; their options by name, e.g. ``rerope_window=``); ``sliding_window``: W (an integer or ``l``,
             default l); ``training_length``: l instead of the checkpoint's; ``sink_tokens``: attention sinks on
             bca / sliding; ``n_global``, ``l_local``: LM-Infinite's branches (``window_from_options``).
         rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs
             ``evaluation_length``): RoPE scaling for rope / xpos checkpoints (``rope_scaling_from_options``).
-        kwargs: further fairseq overrides.
+        kwargs: any other ``AttentionOptions`` field by name (``logn=True``, ``rope_scaling_file=``...), then
+            fairseq overrides.
 
     Raises:
         FileNotFoundError: no checkpoint or data-bin there. ValueError: a window the checkpoint cannot take,
@@ -225,6 +228,8 @@ def from_pretrained(
         raise FileNotFoundError(f"{data} is not a data-bin (no dict.txt); pass the directory lex prepare wrote.")
     meta_path = data / META_FILE
     overrides = dict(kwargs)
+    # the other attention options by name (position_map options, logn, rope_scaling_file...)
+    attention = {f.name: overrides.pop(f.name) for f in dataclasses.fields(AttentionOptions) if f.name in overrides}
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         overrides.setdefault("tokenizer", "lex_moses")
@@ -238,6 +243,6 @@ def from_pretrained(
         str(model_dir), checkpoint_file, str(data.resolve()), **overrides
     )
     hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
-    options = AttentionOptions(window, sliding_window, training_length, sink_tokens, n_global, l_local, rope_scaling,
-                               rope_scaling_factor)
+    options = dataclasses.replace(AttentionOptions(window, sliding_window, training_length, sink_tokens, n_global, l_local,
+                                                   rope_scaling, rope_scaling_factor), **attention)
     return hub.under(hub.spec_for(options, evaluation_length))

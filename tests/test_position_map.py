@@ -209,6 +209,11 @@ def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp
     for w in labels[1:]:  # distances >= the window exist at L = l, so each method changes the loss a little
         assert 0 < abs(rows[(w, l)]["loss"] - rows[("full+logn", l)]["loss"]) < 0.5
 
+    from lex_plugin.hub_interface import from_pretrained
+
+    hub = from_pretrained(ckpt.parent, ckpt.name, data_bin, window="rerope", rerope_window=16, logn=True)
+    assert str(hub.spec) == "rerope(window=16)+logn" and hub.spec.logn == l
+
     out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
                    "--position-map", "self_extend", "--logn", str(REPO / "README.md")]).stdout
     assert f"window self_extend(G=8,w={l // 4})+logn: ppl" in out
