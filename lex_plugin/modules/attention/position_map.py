@@ -86,7 +86,8 @@ class PositionMap:
         return f"{self.name}({values})"
 
 
-def _range(n: Tensor, m: Tensor, lo: int, hi: int):
+def _range(m: Tensor, lo: int, hi: int):
+    """[lo, hi) clipped to the indices of the keys ``m`` (empty: lo == hi)."""
     lo, hi = max(0, lo), min(m.numel(), hi)
     return lo, max(lo, hi)
 
@@ -95,10 +96,10 @@ def _exact_and_far(n: Tensor, m: Tensor, w: int, far_q: Tensor, far_k_fn) -> Lis
     """The two pieces of ReRoPE-like maps: exact distances below ``w``, the far piece at and beyond it."""
     k0 = int(m[0])
     out = []
-    lo, hi = _range(n, m, int(n[0]) - w + 1 - k0, int(n[-1]) + 1 - k0)
+    lo, hi = _range(m, int(n[0]) - w + 1 - k0, int(n[-1]) + 1 - k0)
     if hi > lo:
         out.append(Piece(n, lo, hi, m[lo:hi], m[None, lo:hi] > (n - w)[:, None]))  # d < w
-    lo, hi = _range(n, m, 0, int(n[-1]) - w + 1 - k0)
+    lo, hi = _range(m, 0, int(n[-1]) - w + 1 - k0)
     if hi > lo:
         out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), m[None, lo:hi] <= (n - w)[:, None]))  # d >= w
     return out
@@ -218,7 +219,7 @@ class DualChunk(PositionMap):
         out = []
         for relation, lo, hi in (("intra", first * c, int(n[-1]) + 1), ("successive", (first - 1) * c, last * c),
                                  ("inter", 0, (last - 1) * c)):
-            lo, hi = _range(n, m, lo - k0, hi - k0)
+            lo, hi = _range(m, lo - k0, hi - k0)
             if hi <= lo:
                 continue
             gap = chunk_n - torch.div(m[lo:hi], c, rounding_mode="floor")[None, :]
