@@ -29,7 +29,9 @@ Bias schemes (ALiBi, Sandwich, KERPLE, T5) see the remapped distance d' in their
 integer (``rerope``, ``self_extend``, ``dca``); ``leaky_rerope``'s fractional distances are refused for them.
 NoPE and absolute schemes have no distance to remap: refused.
 
-Numerics: positions are int64 or float64 (``leaky_rerope``); the pieces' logits are fp32, like the executor's.
+Numerics: positions are int64 or float64 (``leaky_rerope``); rotations are formed in float64 and applied in fp32;
+the executor runs each piece on SDPA's fused kernel and merges the pieces in fp32 by their log-sum-exps
+(``executor._Run.remapped``).
 """
 
 import math
