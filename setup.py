@@ -39,7 +39,7 @@ setup(
         "tensorboardX",  # fairseq-train --tensorboard-logdir
     ],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "pytest-xdist"],
         # fairseq-train --ddp-backend fully_sharded (FSDP); scripts/install.sh installs it unless EXTRAS says otherwise
         "fsdp": ["fairscale==0.4.13"],
         # Hugging Face: the RoPE scalings are tested against transformers' own functions
