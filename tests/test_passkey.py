@@ -52,7 +52,8 @@ def test_prompt_has_the_length_and_the_needle_at_its_depth(encode, filler, hub):
 @pytest.mark.parametrize("mode", ["full", "bca"])
 def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, filler, mode):
     """The prompt through the (bounded) cache, the candidates as one reordered batch == each full sequence
-    in one parallel forward, log-probabilities summed in float64."""
+    in one parallel forward, log-probabilities summed in float64 (1e-5 nats: the two paths add fp32 logits in
+    different orders, which moves a sum of about 60 nats by about 1e-6 with one thread)."""
     window = hub.spec_for(mode=mode)
     model = hub.models[0]
     prompt = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.3, 12345)
@@ -65,7 +66,7 @@ def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, fi
         with torch.no_grad():
             logits, _ = model(seq[None, :-1], spec=window)
         lp = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
-        assert float(got[i]) == pytest.approx(float(lp), abs=1e-6)
+        assert float(got[i]) == pytest.approx(float(lp), abs=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["bca", "sliding"])
