@@ -220,3 +220,22 @@ def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp
                           "--windows", "full,bca", "--dca-chunk-size", "40", "--lengths", "128", "--trials", "1"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode != 0 and "--dca-chunk-size is an option of --position-map dca" in bad.stderr
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_log_sum_exp_path_is_the_same_fused_or_explicit(padded):
+    """The fused CPU kernel and the explicit fp32 path (what other devices run) give the same output and
+    log-sum-exp, with a row that sees no key (output 0, log-sum-exp -inf) and a per-sample mask."""
+    from lex_plugin.modules.attention.executor import _attention_lse
+
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    allowed = torch.rand(2, 1, 5, 7) > 0.4 if padded else torch.rand(5, 7) > 0.4
+    allowed[..., 0, :] = False
+    fused, explicit = _attention_lse(q, k, v, allowed, fused=True), _attention_lse(q, k, v, allowed, fused=False)
+    assert torch.allclose(fused[0], explicit[0], atol=1e-5) and torch.equal(fused[1].isinf(), explicit[1].isinf())
+    finite = explicit[1].isfinite()
+    assert torch.allclose(fused[1][finite], explicit[1][finite], atol=1e-5)
+    assert (explicit[0][..., 0, :] == 0).all() and explicit[1][..., 0].eq(float("-inf")).all()
+    logits = (q.double() @ k.double().transpose(-1, -2) / math.sqrt(8)).masked_fill(~allowed, float("-inf"))
+    assert torch.allclose(explicit[1][finite].double(), torch.logsumexp(logits, -1)[finite], atol=1e-5)

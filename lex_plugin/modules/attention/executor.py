@@ -457,14 +457,15 @@ class _Run:
         return out.flatten(2, 3)
 
 
-def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor],
+                   fused: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(d)) v over the allowed keys, and the fp32 log-sum-exp of those logits per query
     (-inf where a query is allowed no key; its output is then 0): q (B, H, Tq, D), k and v (B, H, Tk, D),
     ``allowed`` bool broadcastable to (B, H, Tq, Tk), or None: every key. On CPU, SDPA's fused flash kernel,
     which returns the log-sum-exp (``aten::_scaled_dot_product_flash_attention_for_cpu``); elsewhere explicit
-    fp32 logits."""
+    fp32 logits (``fused``: force one or the other; the explicit one runs on any device)."""
     mask = None if allowed is None else _four_d(torch.where(allowed, 0.0, float("-inf")).to(q.dtype))
-    if q.device.type == "cpu":
+    if fused if fused is not None else q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
     else:
         logits = _logits(q, k, None) + (0.0 if mask is None else mask.float())
