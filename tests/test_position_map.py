@@ -59,10 +59,10 @@ def scheme_of(kind: str, heads: int, d: int):
     return {"xpos": lambda: XPos(d), "rope": lambda: XPos(d, use_scale=False), "alibi": lambda: ALiBi(heads)}[kind]()
 
 
-def run(q, k, v, spec, scheme, bias_elements=1 << 24):
+def run(q, k, v, spec, scheme, bias_elements=1 << 24, key_padding_mask=None):
     chunks = plan(spec.window, 0, q.size(2), 0, has_bias=True, batch_heads=q.size(0) * q.size(1),
-                  bias_elements=bias_elements)
-    return attend(q, k, v, chunks, spec, scheme, 0, 0)
+                  bias_elements=bias_elements, padded=key_padding_mask is not None)
+    return attend(q, k, v, chunks, spec, scheme, 0, 0, key_padding_mask=key_padding_mask)
 
 
 METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L_TRAIN // 4), SelfExtend(3, 7),
@@ -239,3 +239,26 @@ def test_the_log_sum_exp_path_is_the_same_fused_or_explicit(padded):
     assert (explicit[0][..., 0, :] == 0).all() and explicit[1][..., 0].eq(float("-inf")).all()
     logits = (q.double() @ k.double().transpose(-1, -2) / math.sqrt(8)).masked_fill(~allowed, float("-inf"))
     assert torch.allclose(explicit[1][finite].double(), torch.logsumexp(logits, -1)[finite], atol=1e-5)
+
+
+@pytest.mark.parametrize("method", [ReRoPE(L_TRAIN // 2), DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16)], ids=str)
+@pytest.mark.parametrize("kind", ["xpos", "alibi"])
+def test_padded_keys_are_hidden_under_a_position_map(method, kind, monkeypatch):
+    """Left padding (a batch of prompts of different lengths): padded keys are seen by no query, under every
+    piece; the real rows equal float64 attention with those keys masked."""
+    from lex_plugin.modules.attention import executor
+
+    monkeypatch.setattr(executor, "MAP_QUERY_BLOCK", 40)
+    torch.manual_seed(4)
+    B, H, D, length = 2, 2, 16, 4 * L_TRAIN
+    q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
+    pad = torch.zeros(B, length, dtype=torch.bool)
+    pad[1, :5] = True
+    dist = torch.tensor([[paper_distance(method, n, m) if m <= n else 0.0 for m in range(length)]
+                         for n in range(length)], dtype=torch.float64)
+    visible = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = (visible[None, None] & ~pad[:, None, None, :]) | torch.eye(length, dtype=torch.bool)
+    expected = naive(q, k, v, dist, allowed, kind, H)
+    got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), key_padding_mask=pad)
+    real = ~pad
+    assert (got.double() - expected).abs().permute(0, 2, 1, 3)[real].max() < 2e-5
