@@ -102,6 +102,13 @@ def test_method_and_passkey_commands(tmp_path):
     assert tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt") and tune[1] == str(tmp_path / "pk")
     assert tune[tune.index("--sample-break-mode") + 1] == "eos" and "--disable-validation" in tune
     assert tune[tune.index("--tokens-per-sample") + 1] == str(L) and tune[tune.index("--pos-emb") + 1] == "alibi"
+    # the scaled probe: 8l only, full attention, the scaling's own flags with auto = 8 (its value at 8l)
+    flags = reproduce.scaled_passkey_flags("llama3_logn")
+    assert flags == ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--logn"]
+    scaled = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "p.json", o, extra=flags, lengths=[8 * L],
+                                       windows=["full"])
+    assert scaled[scaled.index("--lengths") + 1] == str(8 * L) and scaled[scaled.index("--windows") + 1] == "full"
+    assert scaled[-5:] == flags
 
 
 def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():
@@ -109,6 +116,8 @@ def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():
     assert reproduce.methods_of("rope", asked) == asked
     assert reproduce.methods_of("alibi", asked) == ["bca_sinks", "passkey", "passkey_finetuned"]
     assert reproduce.methods_of("sinusoidal", asked) == [] and reproduce.methods_of("xpos_random", asked) == []
+    probes = ["passkey_finetuned_logn", "passkey_finetuned_scaled", "yarn_logn", "dca_logn"]
+    assert reproduce.methods_of("rope", probes) == probes and reproduce.methods_of("alibi", probes) == ["passkey_finetuned_logn", "dca_logn"]
 
 
 def test_passkey_and_method_tables():
@@ -179,19 +188,23 @@ def test_flat_and_retrieving_verdicts(tmp_path):
 
     l, lengths = 16, [16, 32, 256]
     ppl = {"rope": {"full": {16: 10.0, 256: 15.0}, "bca": {16: 10.0, 256: 9.9}, "rerope": {16: 10.0, 256: 10.1},
-                    "rerope_logn": {16: 10.0, 256: 10.0}, "ntk": {16: 10.0, 256: 12.0}}}
+                    "rerope_logn": {16: 10.0, 256: 10.0}, "ntk": {16: 10.0, 256: 12.0}, "yarn_logn": {16: 10.0, 256: 10.2},
+                    "yarn": {16: 10.0, 256: 11.0}, "bca_sinks": {16: 10.0, 256: 9.8}}}
 
-    def cell(mode, logn, hits):
+    def cell(mode, logn, hits, scaling=None):
         return {"window": mode, "length": 8 * l, "retrieved": hits, "trials": 10,
-                "attention": {"mode": mode, "logn": logn}}
+                "attention": {"mode": mode, "logn": logn, "rope_scaling": scaling}}
 
     passkey = {"rope": {"results": [cell("full", False, 10), cell("bca", False, 1), cell("rerope", False, 9),
-                                    cell("rerope", True, 5), {"window": "full", "length": 2 * l, "retrieved": 0, "trials": 10}]}}
+                                    cell("rerope", True, 5), cell("full", True, 7, "yarn"), cell("full", False, 3, "yarn"),
+                                    {"window": "full", "length": 2 * l, "retrieved": 0, "trials": 10}]}}
     rows = {r["method"]: r for r in flat_and_retrieving(ppl, passkey, ["rope"], l, lengths)}
     assert rows["full"]["ratio"] == 1.5 and rows["full"]["passkey"] == 1.0 and not rows["full"]["flat"]
     assert rows["bca"]["flat"] and rows["bca"]["retrieves"] is False
     assert rows["rerope"]["flat"] and rows["rerope"]["retrieves"] and rows["rerope_logn"]["passkey"] == 0.5
     assert rows["ntk"]["passkey"] is None and rows["ntk"]["retrieves"] is None
+    # a RoPE scaling is probed under its own name, log-n apart; sinks are not probed
+    assert rows["yarn_logn"]["passkey"] == 0.7 and rows["yarn"]["passkey"] == 0.3 and rows["bca_sinks"]["passkey"] is None
     text = markdown_flat_and_retrieving(list(rows.values()), l, 256)
     assert "**Flat and retrieving:** RoPE (Roformer) + ReRoPE (w = l/2)" in text and "| 1.01 | 0.90 | yes | yes |" in text
     assert plot_flat_and_retrieving(list(rows.values()), l, 256, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 5000

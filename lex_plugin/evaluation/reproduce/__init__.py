@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, ROTARY_RUNS, RUNS, SINK_TOKENS, WINDOW_LABEL,
-                        methods_of)
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
+                        WINDOW_LABEL, methods_of)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
-                       prepare_command, resolution_command, train_command)
+                       prepare_command, resolution_command, scaled_passkey_flags, train_command)
 from .plots import plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
 from .tables import (check_claims, flat_and_retrieving, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
@@ -37,7 +37,7 @@ __all__ = [
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
-    "ppl_table", "prepare_command", "reproduce", "resolution_command", "train_command", "write_results",
+    "ppl_table", "prepare_command", "reproduce", "resolution_command", "scaled_passkey_flags", "train_command", "write_results",
 ]
 
 
@@ -65,6 +65,15 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         for probe in PROBES:
             if (rdir / f"{probe}.json").exists():
                 passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
+        scaled = [json.loads(p.read_text())["results"] for m in SCALED_PASSKEY
+                  if (p := rdir / f"passkey_finetuned_{m}.json").exists()]
+        if scaled:
+            passkey.setdefault("passkey_finetuned_scaled", {})[name] = {"results": [r for rs in scaled for r in rs]}
+    # every probe after fine-tuning, one report per run: plain, with log-n, under each RoPE scaling
+    tuned = {}
+    for probe in ("passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled"):
+        for name, rep in passkey.get(probe, {}).items():
+            tuned.setdefault(name, {"results": []})["results"].extend(rep["results"])
     ppl = ppl_table(reports)
     for name in runs:  # each method's report holds one window: file it under the method's name
         for method in METHODS:
@@ -78,7 +87,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o["lengths"])
-    flat = (flat_and_retrieving(ppl, passkey.get("passkey_finetuned", {}), [n for n in runs if n in METHOD_RUNS], l,
+    flat = (flat_and_retrieving(ppl, tuned, [n for n in runs if n in METHOD_RUNS], l,
                                 o["lengths"]) if methods else [])
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
     ab_lengths = [l, 8 * l]
@@ -104,7 +113,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
             markdown_passkey(passkey["passkey"], runs, l)] if "passkey" in passkey else []),
         *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
             f"x {PASSKEY_FINETUNE['batch_size']} prompts of at most {l // 2 - 8} tokens)", "",
-            markdown_passkey(passkey["passkey_finetuned"], runs, l)] if "passkey_finetuned" in passkey else []),
+            markdown_passkey(tuned, runs, l)] if tuned else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
@@ -160,9 +169,15 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
 
     passkey_bin = work / "passkey-bin"
     run_methods = {n: methods_of(n, o.get("methods", [])) for n in runs}
-    tuned_runs = [n for n in runs if "passkey_finetuned" in run_methods[n]]
-    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + len(run_methods[n]) for n in runs)
-             + len(tuned_runs) + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
+    tuned_runs = [n for n in runs if any(m.startswith("passkey_finetuned") for m in run_methods[n])]
+
+    def steps_of(method: str) -> int:  # a probe after fine-tuning: the fine-tuning (once, then "done") and its probes
+        if not method.startswith("passkey_finetuned"):
+            return 1
+        return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
+
+    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + sum(map(steps_of, run_methods[n])) for n in runs)
+             + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -184,16 +199,24 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             if method == "passkey":
                 out = rdir / "passkey.json"
                 run(f"passkey {name}", passkey_command(data, ckpt, out, o, name in ROTARY_RUNS), rdir / "passkey.log", out)
-            elif method == "passkey_finetuned":
-                tuned = rdir / "passkey_ft"
+            elif method.startswith("passkey_finetuned"):
+                tuned = rdir / "passkey_ft" / "checkpoint_last.pt"
                 if not (passkey_bin / "train.idx").exists():
                     run("passkey data", passkey_data_command(data, ckpt, passkey_bin, o), work / "passkey-data.log",
                         passkey_bin / "train.idx")
-                run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned, run_args, o), tuned / "train.log",
-                    tuned / "train.done", stamp=True)
-                out = rdir / "passkey_finetuned.json"
-                run(f"passkey_finetuned {name}", passkey_command(data, tuned / "checkpoint_last.pt", out, o, name in ROTARY_RUNS),
-                    rdir / "passkey_finetuned.log", out)
+                run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned.parent, run_args, o), tuned.parent / "train.log",
+                    tuned.parent / "train.done", stamp=True)
+                if method == "passkey_finetuned_scaled":  # 8l only, each scaling with and without log-n
+                    for scaled in SCALED_PASSKEY:
+                        out = rdir / f"passkey_finetuned_{scaled}.json"
+                        run(f"passkey_finetuned {name} {scaled}",
+                            passkey_command(data, tuned, out, o, extra=scaled_passkey_flags(scaled), lengths=[8 * l], windows=["full"]),
+                            rdir / f"passkey_finetuned_{scaled}.log", out)
+                else:
+                    out = rdir / f"{method}.json"
+                    run(f"{method} {name}", passkey_command(data, tuned, out, o, name in ROTARY_RUNS,
+                                                            ["--logn"] if method.endswith("_logn") else []),
+                        rdir / f"{method}.log", out)
             else:
                 out = rdir / f"method_{method}.json"
                 run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)

@@ -3,7 +3,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "ROTARY_RUNS", "RUNS", "SINK_TOKENS",
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -33,6 +33,10 @@ METHODS: Dict[str, tuple] = {
     "linear": ("full", ["--rope-scaling", "linear", "--rope-scaling-factor", "auto"], "full", True),
     "ntk": ("full", ["--rope-scaling", "ntk", "--rope-scaling-factor", "auto"], "full", True),
     "yarn": ("full", ["--rope-scaling", "yarn", "--rope-scaling-factor", "auto"], "full", True),
+    # dynamic NTK at s = 1 is NTK-aware scaling with s = L / l (the ntk row): s = 2, transformers' usual setting
+    "dynamic": ("full", ["--rope-scaling", "dynamic", "--rope-scaling-factor", 2], "full", True),
+    "llama3": ("full", ["--rope-scaling", "llama3", "--rope-scaling-factor", "auto"], "full", True),
+    "resonance": ("full", ["--rope-scaling", "resonance"], "full", True),
     # bounded-distance attention (every key visible, distances remapped), with and without log-n scaling
     "rerope": ("rerope", [], "full", False),
     "leaky_rerope": ("leaky_rerope", [], "full", True),
@@ -44,9 +48,15 @@ METHODS: Dict[str, tuple] = {
     "self_extend_logn": ("self_extend", ["--logn"], "full", False),
     "dca_logn": ("dca", ["--logn"], "full", False),
 }
+# every RoPE scaling with log-n as well (longrope needs a model's own factor lists: not run)
+SCALINGS = ("linear", "ntk", "yarn", "dynamic", "llama3", "resonance")
+METHODS.update({f"{m}_logn": (METHODS[m][0], [*METHODS[m][1], "--logn"], "full", True) for m in SCALINGS})
+SCALED_PASSKEY = tuple(m for s in SCALINGS for m in (s, f"{s}_logn"))  # the methods passkey_finetuned_scaled probes
 # the modes the passkey probe compares (leaky_rerope on rotary runs only: its distances are fractional)
 PASSKEY_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
-PROBES = ("passkey", "passkey_finetuned")  # the passkey probe on each checkpoint, and after fine-tuning on its format
+# the passkey probe on each checkpoint; after fine-tuning on its format; the latter with log-n; and (rotary runs)
+# at 8l under each of SCALINGS with the factor 8 (= auto at 8l), with and without log-n
+PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled")
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
 PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
@@ -66,12 +76,15 @@ WINDOW_LABEL = {
     "rerope": "ReRoPE (w = l/2)", "leaky_rerope": "Leaky ReRoPE (w = l/2, k = 16)", "self_extend": "Self-Extend (G = 8, w = l/4)",
     "dca": "DCA (s = 3l/4, w = l/16)", "logn": "full + log-n", "rerope_logn": "ReRoPE + log-n",
     "leaky_rerope_logn": "Leaky ReRoPE + log-n", "self_extend_logn": "Self-Extend + log-n", "dca_logn": "DCA + log-n",
+    "dynamic": "full + dynamic NTK (s = 2)", "llama3": "full + Llama 3 scaling", "resonance": "full + Resonance RoPE",
 }
+WINDOW_LABEL.update({f"{m}_logn": f"{WINDOW_LABEL[m]} + log-n" for m in SCALINGS})
 
 
 def methods_of(run: str, methods: Sequence[str]) -> List[str]:
     """Those of ``methods`` (names from :data:`METHODS` or :data:`PROBES`) that run on ``run``'s checkpoint:
-    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling only on the rotary runs."""
+    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling (and its passkey probe) only on the rotary runs."""
     if run not in METHOD_RUNS:
         return []
-    return [m for m in methods if m in PROBES or not METHODS[m][3] or run in ROTARY_RUNS]
+    rotary_only = {m for m, spec in METHODS.items() if spec[3]} | {"passkey_finetuned_scaled"}
+    return [m for m in methods if m not in rotary_only or run in ROTARY_RUNS]

@@ -4,12 +4,12 @@ the lex task, the methods, the passkey probe and its fine-tuning data, lex resol
 import os
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR, fairseq_train_command
 from .catalogue import METHODS, PASSKEY_FINETUNE, PASSKEY_WINDOWS
 
-__all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command",
+__all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command", "scaled_passkey_flags",
            "prepare_command", "resolution_command", "train_command"]
 
 
@@ -71,17 +71,26 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
                                  extra=["--finetune-from-model", ckpt])
 
 
-def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
-    """``lex passkey`` of ``ckpt`` at l, 2l, 4l and 8l, depths 0.1..0.9, under each of :data:`PASSKEY_WINDOWS`
-    (full attention, BCA, the sliding window, Λ-shaped attention, ReRoPE, Self-Extend, DCA; and Leaky ReRoPE
-    for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per cell (9 distractor keys), writing the
-    JSON ``out`` and the heat map beside it (same name, .png)."""
+def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True, extra: Sequence = (),
+                    lengths: Optional[Sequence[int]] = None, windows: Optional[Sequence[str]] = None) -> List:
+    """``lex passkey`` of ``ckpt`` at ``lengths`` (default l, 2l, 4l and 8l), depths 0.1..0.9, under each of
+    ``windows`` (default :data:`PASSKEY_WINDOWS`: full attention, BCA, the sliding window, Λ-shaped attention,
+    ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per
+    cell (9 distractor keys), with the further ``lex passkey`` flags ``extra`` (``--logn``, a RoPE scaling),
+    writing the JSON ``out`` and the heat map beside it (same name, .png)."""
     l = o["training_length"]
-    windows = PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
+    windows = windows or PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
+    lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
-            "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", "0.1,0.3,0.5,0.7,0.9",
+            "--lengths", ",".join(map(str, lengths)), "--depths", "0.1,0.3,0.5,0.7,0.9",
             "--windows", ",".join(windows), "--trials", o.get("passkey_trials", 10),
-            "--json", out, "--plot", out.with_suffix(".png")]
+            "--json", out, "--plot", out.with_suffix(".png"), *extra]
+
+
+def scaled_passkey_flags(method: str) -> List:
+    """The ``lex passkey`` flags of the RoPE scaling ``method`` (a name of :data:`METHODS`: a scaling of
+    :data:`SCALINGS`, with or without ``_logn``) at 8l: ``auto`` becomes 8, its value at 8l."""
+    return ["8" if f == "auto" else f for f in METHODS[method][1]]
 
 
 def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:

@@ -192,9 +192,23 @@ def _passkey_mode(result: dict) -> str:
     """The mode of a passkey row: its structured ``attention`` field (log-n marked), or for a report written
     before that field, its label's."""
     if "attention" in result and result["attention"]:
-        mode = result["attention"]["mode"]
-        return mode + "_logn" if result["attention"].get("logn") else mode
+        a = result["attention"]
+        mode = a["rope_scaling"] if a.get("rope_scaling") else a["mode"]  # a scaling is filed under its method
+        return mode + "_logn" if a.get("logn") else mode
     return LEGACY_MODES.get(result["window"].split("(")[0], result["window"].split("(")[0])
+
+
+def _probed_as(method: str) -> Optional[str]:
+    """The passkey mode (:func:`_passkey_mode`) that probes the window or method ``method``: a window itself;
+    a method its window or RoPE scaling, ``_logn`` added with log-n; None for a method the probe does not run
+    (sinks)."""
+    if method not in METHODS:
+        return method
+    window, flags = METHODS[method][0], [str(f) for f in METHODS[method][1]]
+    logn = "_logn" if "--logn" in flags else ""
+    if "--rope-scaling" in flags:
+        return flags[flags.index("--rope-scaling") + 1] + logn
+    return window + logn if set(flags) <= {"--logn"} else None
 
 
 def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: int, lengths: Sequence[int]) -> List[dict]:
@@ -215,9 +229,7 @@ def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: i
         for method, series in ppl.get(name, {}).items():
             if l not in series or top not in series:
                 continue
-            probed = method if method not in METHODS or METHODS[method][1] in ([], ["--logn"]) else None
-            if probed in METHODS:
-                probed = METHODS[method][0] + ("_logn" if METHODS[method][1] else "")
+            probed = _probed_as(method)
             acc = accuracy.get(probed) if probed else None
             ratio = series[top] / series[l]
             score = None if acc is None else acc[0] / acc[1]
