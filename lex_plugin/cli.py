@@ -31,7 +31,14 @@ def _window_options(fn):
                       help="LM-Infinite's Λ-shaped attention: --n-global first tokens + --l-local recent, distances capped")(fn)
     fn = _length_options(fn)
     fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")(fn)
-    return fn
+    return _precision_options(fn)
+
+
+def _precision_options(fn):
+    """--bf16-autocast, as in the task."""
+    return click.option("--bf16-autocast", is_flag=True,
+                        help="run the model under torch.autocast in bf16, fp32 weights (needs native bf16: "
+                             "a CPU with AVX-512 BF16 / AMX, CUDA 8.0+)")(fn)
 
 
 def _length_options(fn):
@@ -78,7 +85,7 @@ def _hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
     (``AttentionOptions.from_flags``; ValueError as ``AttentionOptions.spec``)."""
     from .hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bool(flags.get("bf16_autocast")))
     return hub.under(hub.spec_for(AttentionOptions.from_flags(flags), evaluation_length))
 
 
@@ -200,7 +207,8 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
 def _analysis_model(checkpoint, data, window: dict, evaluation_length=None):
     from .analysis.report import load_model
 
-    return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length)
+    return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length,
+                      bf16_autocast=bool(window.get("bf16_autocast")))
 
 
 def _outputs(report, table, json_out, plot_out, plotter):
@@ -345,6 +353,7 @@ def score_cmd(checkpoint, data, files, json_out, **window):
 @_sink_options
 @_map_options
 @_scaling_options
+@_precision_options
 @_JSON
 @_PLOT
 def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, json_out, plot_out, **flags):
@@ -361,7 +370,7 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
         modes = parse_name_list(windows, "--windows")
         if not sizes or not fractions or not modes:
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
         options = AttentionOptions.from_flags(flags)  # the modes come from --windows
         options.check_modes(modes)
         specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]

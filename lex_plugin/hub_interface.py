@@ -197,6 +197,7 @@ def from_pretrained(
     sink_tokens: int = 0,
     n_global: int = LM_INFINITE_N_GLOBAL,
     l_local: Optional[int] = None,
+    bf16_autocast: bool = False,
     **kwargs,
 ) -> LexHubInterface:
     """Load a LeX checkpoint for generation and scoring.
@@ -212,6 +213,9 @@ def from_pretrained(
             bca / sliding; ``n_global``, ``l_local``: LM-Infinite's branches (``window_from_options``).
         rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs
             ``evaluation_length``): RoPE scaling for rope / xpos checkpoints (``rope_scaling_from_options``).
+        bf16_autocast: run every forward under ``torch.autocast`` in bf16, fp32 weights
+            (``LexLanguageModel.with_autocast``; refused at the first call on a device without bf16 or with
+            non-fp32 weights).
         kwargs: any other ``AttentionOptions`` field by name (``logn=True``, ``rope_scaling_file=``...), then
             fairseq overrides.
 
@@ -242,7 +246,10 @@ def from_pretrained(
     loaded = hub_utils.from_pretrained(
         str(model_dir), checkpoint_file, str(data.resolve()), **overrides
     )
-    hub = LexHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    models = loaded["models"]
+    if bf16_autocast:
+        models = [m.with_autocast(torch.bfloat16) for m in models]
+    hub = LexHubInterface(loaded["args"], loaded["task"], models)
     options = dataclasses.replace(AttentionOptions(window, sliding_window, training_length, sink_tokens, n_global, l_local,
                                                    rope_scaling, rope_scaling_factor), **attention)
     return hub.under(hub.spec_for(options, evaluation_length))

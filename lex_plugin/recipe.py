@@ -1,7 +1,9 @@
 """The project's one fairseq-train recipe: the demo (``scripts/demo.sh`` through ``lex train``), the
 reproduction's runs and fine-tuning, and the training benchmark all build their command here.
 
-The recipe (LeX section 4.1 in shape, at CPU scale): ``--task language_modeling`` with this plugin, a tied
+The recipe (LeX section 4.1 in shape, at CPU scale): ``--task lex_language_modeling`` (fairseq's
+``language_modeling`` plus this plugin's options, e.g. ``--bf16-autocast``; ``language_modeling`` for a stock
+architecture), a tied
 output embedding, Adam (0.9, 0.98) with weight decay 0.01, gradient clipping at 1.0, a polynomial decay
 of the learning rate after a linear warm-up, no data-loader workers, a fixed seed. What differs between
 uses is an argument: model (``--arch`` and its options), data layout (``--tokens-per-sample``,
@@ -66,7 +68,7 @@ def fairseq_train_command(
                          "must be positive.")
     warmup = max(1, updates // 8) if warmup is None else warmup
     cmd: List[Arg] = ["fairseq-train", data, *(["--user-dir", user_dir] if user_dir is not None else []),
-                      "--task", "language_modeling", "--arch", arch, *model_args, "--share-decoder-input-output-embed",
+                      "--task", "lex_language_modeling" if user_dir is not None else "language_modeling", "--arch", arch, *model_args, "--share-decoder-input-output-embed",
                       "--tokens-per-sample", tokens_per_sample, "--sample-break-mode", break_mode, "--batch-size", batch_size,
                       "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "1.0",
                       "--lr", lr, "--lr-scheduler", "polynomial_decay", "--warmup-updates", warmup,

@@ -50,15 +50,24 @@ def env_with_venv():
 
 # ---- data parallel ------------------------------------------------------------------------------------
 
-def test_two_processes_equal_one_process_with_the_same_global_batch(data_bin, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16_autocast"])
+def test_two_processes_equal_one_process_with_the_same_global_batch(data_bin, tmp_path, precision):
     """torchrun --nproc_per_node 2 scripts/train_distributed.sh (gloo, legacy_ddp) with --batch-size 4 per rank
     reaches the parameters of one process with --batch-size 4 --update-freq 2 (the same batches, summed
-    the same way), with torch_adamw; no dropout (each rank draws its own masks). fairseq itself checks every update that the ranks' gradient norms agree."""
+    the same way), with torch_adamw; no dropout (each rank draws its own masks). fairseq itself checks every
+    update that the ranks' gradient norms agree. The same under --bf16-autocast (emulated where the CPU has no
+    bf16: the same numbers)."""
     common = ["--batch-size", "4", "--max-update", "8", "--dropout", "0", "--optimizer", "torch_adamw"]
-    one = run_cli(["fairseq-train", *train_args(data_bin, tmp_path / "one", *common, "--update-freq", "2")])
+    env = {}
+    if precision == "bf16_autocast":
+        common += ["--task", "lex_language_modeling", "--bf16-autocast"]  # (the later --task wins)
+        env = {"LEX_EMULATED_BF16": "1"}
+    one = run_cli(["fairseq-train", *train_args(data_bin, tmp_path / "one", *common, "--update-freq", "2")], env=env)
     two = run_cli(["torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
                    str(REPO / "scripts" / "train_distributed.sh"), *train_args(data_bin, tmp_path / "two", *common)],
-                  env={"OMP_NUM_THREADS": "1"})
+                  env={"OMP_NUM_THREADS": "1", **env})
+    if precision == "bf16_autocast":
+        assert "bf16 autocast" in one.stdout + one.stderr
     text = two.stdout + two.stderr
     assert "distributed init (rank 0)" in text and "distributed init (rank 1)" in text, text[-3000:]
     a, b = model_params(tmp_path / "one" / "checkpoint_last.pt"), model_params(tmp_path / "two" / "checkpoint_last.pt")

@@ -16,12 +16,14 @@ from .resolution import attention_resolution, expectation_curve, score_by_distan
 __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
 
 
-def load_model(checkpoint: Path, data: Path, options: AttentionOptions, evaluation_length: Optional[int] = None):
-    """The lex_lm model of ``checkpoint`` (eval, fp32, CPU or the current CUDA device), its dictionary, and
-    the attention spec of ``options`` for it (``AttentionOptions.spec``; ValueError as there)."""
+def load_model(checkpoint: Path, data: Path, options: AttentionOptions, evaluation_length: Optional[int] = None,
+               bf16_autocast: bool = False):
+    """The lex_lm model of ``checkpoint`` (eval, fp32 weights, CPU or the current CUDA device; under bf16
+    autocast with ``bf16_autocast``), its dictionary, and the attention spec of ``options`` for it
+    (``AttentionOptions.spec``; ValueError as there)."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bf16_autocast)
     spec = hub.spec_for(options, evaluation_length)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)

@@ -1,5 +1,6 @@
 """``LexDecoder``: TorchScale's ``Decoder`` (decoder-only) as a fairseq ``FairseqIncrementalDecoder``."""
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from torchscale.architecture.config import DecoderConfig
 
 from ..modules.attention.self_attention import IncrementalState
+from ..modules.autocast import AUTOCAST_DTYPES, autocast, check_autocast
 from ..modules.attention.spec import FULL_SPEC, AttentionSpec
 from ..modules.decoder_layer import LexDecoderLayer
 from ..modules.positions import PositionScheme, build_positions
@@ -70,6 +72,7 @@ class LexDecoder(FairseqIncrementalDecoder):
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
         self._spec = self.check_spec(spec)
+        self._autocast: Optional[torch.dtype] = None  # a view's (with_autocast); the model itself runs in its dtype
         self.num_layers = len(self.layers)
         self.layer_norm = LayerNorm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
         # Which dictionary the token ids mean: saved with the weights, checked when a checkpoint is loaded.
@@ -129,9 +132,10 @@ class LexDecoder(FairseqIncrementalDecoder):
         if removed:
             raise TypeError(f"LexDecoder.forward no longer takes {', '.join(removed)}=: pass spec=AttentionSpec(window, "
                             "rope_scaling) (modules.attention.spec).")
-        x, extra = self.extract_features(prev_output_tokens, incremental_state, spec, observer)
-        if not features_only:
-            x = self.output_layer(x)
+        with self._autocast_context(prev_output_tokens.device):
+            x, extra = self.extract_features(prev_output_tokens, incremental_state, spec, observer)
+            if not features_only:
+                x = self.output_layer(x)
         return x, extra
 
     def extract_features(
@@ -143,6 +147,11 @@ class LexDecoder(FairseqIncrementalDecoder):
         Raises:
             ValueError: every position of ``prev_output_tokens`` is already in the cache.
         """
+        with self._autocast_context(prev_output_tokens.device):
+            return self._features(prev_output_tokens, incremental_state, spec, observer)
+
+    def _features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState],
+                  spec: Optional[AttentionSpec], observer: Optional[Callable]) -> Tuple[Tensor, Dict[str, Any]]:
         past = self.layers[0].self_attn.cached_length(incremental_state) if incremental_state is not None else 0
         tokens = prev_output_tokens[:, past:]
         if tokens.size(1) == 0:
@@ -264,6 +273,35 @@ class LexDecoder(FairseqIncrementalDecoder):
         view = copy.copy(self)  # a new __dict__ holding the same _modules / _parameters / _buffers
         object.__setattr__(view, "_spec", self.check_spec(spec))
         return view
+
+    @property
+    def autocast(self) -> Optional[torch.dtype]:
+        """The dtype ``forward`` runs under ``torch.autocast`` in (a view's, :meth:`with_autocast`), or None: the
+        weights' own dtype."""
+        return self._autocast
+
+    def with_autocast(self, dtype: Optional[torch.dtype]) -> "LexDecoder":
+        """A view of this decoder (sharing everything, as :meth:`under`) whose ``forward`` and
+        ``extract_features`` run under ``torch.autocast(dtype)`` on the input's device, fp32 weights kept
+        (:mod:`~lex_plugin.modules.autocast`: position math, softmax statistics fp32); None: no autocast.
+
+        Raises:
+            ValueError: a dtype other than those of ``AUTOCAST_DTYPES`` (fp16 autocast needs a loss scaler:
+                fairseq's ``--amp``).
+        """
+        if dtype is not None and dtype not in AUTOCAST_DTYPES.values():
+            raise ValueError(f"autocast in {dtype} is not offered: {', '.join(map(str, AUTOCAST_DTYPES.values()))} "
+                             "(fp16 needs a loss scaler: fairseq's --amp / --fp16).")
+        view = copy.copy(self)
+        object.__setattr__(view, "_autocast", dtype)
+        return view
+
+    def _autocast_context(self, device: torch.device):
+        """torch.autocast for :attr:`autocast` (checked: fp32 weights, a device with native support), or nothing."""
+        if self._autocast is None or torch.is_autocast_enabled(device.type):
+            return contextlib.nullcontext()  # (nested: extract_features inside forward)
+        check_autocast(device, self._autocast, self.embed_tokens.weight.dtype)
+        return autocast(device, self._autocast)
 
     def output_layer(self, features: Tensor) -> Tensor:
         """(B, T, C) -> (B, T, V) logits."""

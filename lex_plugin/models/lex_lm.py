@@ -177,6 +177,17 @@ class LexLanguageModel(FairseqLanguageModel):
         object.__setattr__(view, "_modules", {**self._modules, "decoder": self.decoder.under(spec)})
         return view
 
+    def with_autocast(self, dtype) -> "LexLanguageModel":
+        """This model running every forward under ``torch.autocast(dtype)`` (bf16) with its fp32 weights: a view
+        sharing every weight (``LexDecoder.with_autocast``; None: no autocast).
+
+        Raises:
+            ValueError: a dtype autocast is not offered in.
+        """
+        view = copy.copy(self)
+        object.__setattr__(view, "_modules", {**self._modules, "decoder": self.decoder.with_autocast(dtype)})
+        return view
+
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's loader, after checking that the checkpoint was trained with this model's dictionary.
 

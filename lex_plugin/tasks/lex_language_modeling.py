@@ -21,6 +21,9 @@
 * ``--rope-scaling linear|ntk|yarn --rope-scaling-factor S|auto`` scales a rotary model's positions at
   evaluation (:mod:`~lex_plugin.modules.positions.rope_scaling`); ``auto`` is max(1, L / l) for each
   evaluation length L, and the rows are labelled ``WINDOW+KIND(s=S)``.
+* ``--bf16-autocast`` runs every forward of the model it builds (fairseq-train's train and valid steps,
+  fairseq-eval-lm, the length report) under ``torch.autocast`` in bf16 with fp32 weights
+  (:mod:`~lex_plugin.modules.autocast`).
 * fairseq silently skips samples longer than ``max_positions()``; this task refuses instead.
 """
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Optional
 
+import torch
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
@@ -118,6 +122,12 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     fixed_target_samples: int = field(default=64, metadata={"help": "number of samples (stretches of the split whose "
                                                                     "last tokens are scored) of the fixed-target protocol"})
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
+    bf16_autocast: bool = field(
+        default=False,
+        metadata={"help": "run the model's forward under torch.autocast in bf16 (CPU with AVX-512 BF16 / AMX, CUDA 8.0+), "
+                          "fp32 weights and optimizer state, no loss scaling: fairseq-train's train and valid steps and "
+                          "fairseq-eval-lm; not with --fp16 / --memory-efficient-fp16 / --bf16"},
+    )
 
 
 # the position maps' own options (--rerope-window ...), from their declaration (None: the method's default)
@@ -162,6 +172,11 @@ class LexLanguageModelingTask(LanguageModelingTask):
             spec = options.for_mode(options.mode).spec(getattr(model, "training_length", None), self.args.tokens_per_sample)
             model = model.under(spec)
             logger.info("attention: %s (training length %s)", spec, getattr(model, "training_length", None))
+        if self.args.bf16_autocast:
+            if not hasattr(model, "with_autocast"):
+                raise ValueError(f"--bf16-autocast needs a lex_lm model, not {type(model).__name__}.")
+            model = model.with_autocast(torch.bfloat16)  # checked at the first forward (device, fp32 weights)
+            logger.info("bf16 autocast: forward in bf16, weights fp32")
         self._models.append(weakref.ref(model))
         return model
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
+from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
 from .planner import Chunk
 from .position_map import PositionMap, logn_scale
@@ -87,13 +88,23 @@ def attend(
         feature_major: k and v are views of (B, H, D, S) memory (``KeyValueCache`` laid out for one
             query): a one-query chunk then runs as two matrix-vector products.
 
+    Under ``torch.autocast`` (``modules.autocast``) q, k and v are cast to its dtype and attention runs with
+    autocast off, exactly as in a model of that dtype: rotation and biases in fp32, softmax statistics in fp32.
+
     Returns:
-        (B, H, T, D) in q's dtype.
+        (B, H, T, D) in q's dtype (the autocast dtype under autocast).
 
     Raises:
         ValueError: sinks over rotated or offset keys without ``sinks``; ``positions`` with a bounded
             window, a cache or sinks, or spread too far for the scheme's scale in q's dtype.
     """
+    dtype = autocast_dtype(q.device)
+    if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
+        with torch.autocast(q.device.type, enabled=False):
+            if sinks is not None:
+                sinks = (sinks[0].to(dtype), sinks[1].to(dtype), sinks[2])
+            return attend(q.to(dtype), k.to(dtype), v.to(dtype), chunks, spec, scheme, q_start, k_start, center,
+                          key_padding_mask, dropout_p, observer, sinks, positions, feature_major)
     if spec.logn:
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")

@@ -1,0 +1,157 @@
+"""bf16 autocast (``--bf16-autocast``, ``LexLanguageModel.with_autocast``): logits of every position scheme within
+a stated bound of fp32's, xPos finite at 64k, a few updates that move the weights as fp32's do, fairseq-train /
+fairseq-eval-lm / the hub / ``lex score`` under it, and the refusals. Where the CPU has no native bf16 the tests
+run it emulated (LEX_EMULATED_BF16=1): the same numbers, slowly."""
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, TRAIN_LEN, build_lex_model, make_dictionary, random_tokens, run_cli
+from lex_plugin.modules import autocast as autocast_module
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
+
+SCHEMES = ["xpos", "rope", "alibi", "sandwich", "smoothed_sandwich", "kerple_log", "kerple_power", "t5", "sinusoidal",
+           "learned", "none"]
+L = 64
+# bf16 keeps 8 bits of mantissa: |log p| errors of a few 1e-2 over a 100-word vocabulary (measured 0.01-0.03)
+LOGPROB_BOUND = 0.1
+
+
+@pytest.fixture
+def emulated_bf16(monkeypatch):
+    monkeypatch.setenv(autocast_module.EMULATED_BF16_ENV, "1")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_logits_under_autocast_stay_within_a_bound_of_fp32(scheme, emulated_bf16):
+    """At l and 16l (l only for learned positions): the view's logits are bf16 (autocast ran) and their
+    log-probabilities within LOGPROB_BOUND of the fp32 model's; the model itself is untouched (fp32 logits,
+    bitwise as before)."""
+    d = make_dictionary()
+    model = build_lex_model(dictionary=d, pos_emb=scheme, tokens_per_sample=L, seed=1)
+    view = model.with_autocast(torch.bfloat16)
+    for length in ([L] if scheme == "learned" else [L, 16 * L]):
+        tokens = random_tokens(d, 2, length, seed=length)
+        with torch.no_grad():
+            ref = model(tokens)[0]
+            got = view(tokens)[0]
+            again = model(tokens)[0]
+        assert ref.dtype == torch.float32 and got.dtype == torch.bfloat16
+        assert torch.equal(ref, again) and next(model.parameters()).dtype == torch.float32
+        err = (torch.log_softmax(got.float(), -1) - torch.log_softmax(ref, -1)).abs().max().item()
+        assert 0 < err < LOGPROB_BOUND, (scheme, length, err)
+
+
+def test_xpos_stays_finite_at_64k_under_autocast(emulated_bf16):
+    """65,536 tokens (1024 l) through a one-layer xPos model under bf16 autocast with BCA (l = 64): every logit
+    finite, and the last block's logits those of the same tokens at the start of a sequence."""
+    d = make_dictionary()
+    model = build_lex_model(dictionary=d, pos_emb="xpos", tokens_per_sample=L, decoder_embed_dim=32,
+                            decoder_attention_heads=2, decoder_ffn_embed_dim=64, decoder_layers=1).with_autocast(torch.bfloat16)
+    tokens = random_tokens(d, 1, 65536, seed=3)
+    spec = AttentionSpec(AttentionWindow.bca(L))
+    with torch.no_grad():
+        logits = model(tokens, spec=spec)[0]
+        tail = model(tokens[:, -2 * L:], spec=spec)[0]
+    assert logits.shape == (1, 65536, len(d)) and torch.isfinite(logits.float()).all()
+    # one layer under BCA: the last l/2 queries see the last l tokens only, so the last 2l tokens alone (the same
+    # block boundaries) give the same logits: xPos at position 65,000 as at 100, within bf16's rounding
+    assert (logits[:, -L // 2:].float() - tail[:, -L // 2:].float()).abs().max() < 0.05
+
+
+def test_a_few_updates_under_autocast_move_the_weights_as_fp32_does(real_batches, emulated_bf16):
+    """Five AdamW steps on real text from the same initialisation, fp32 and under bf16 autocast: the losses
+    agree within 1%, and every parameter's update points the same way (cosine > 0.9 over the whole model)."""
+    batches, d = real_batches
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        model = build_lex_model(dictionary=d, pos_emb="xpos", tokens_per_sample=L, seed=2, dropout=0.0)
+        model.train()
+        start = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        run = model.with_autocast(torch.bfloat16) if precision == "bf16" else model
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for step in range(5):
+            batch = batches[step * 8:(step + 1) * 8]
+            logits = run(batch[:, :-1])[0]
+            assert logits.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+            opt.step()
+            losses.append(loss.item())
+        end = torch.cat([p.detach().flatten() for p in model.parameters()])
+        runs[precision] = (losses, end - start, next(model.parameters()).dtype)
+    (l32, u32, w32), (l16, u16, w16) = runs["fp32"], runs["bf16"]
+    assert w32 == w16 == torch.float32
+    assert all(abs(a - b) / a < 0.01 for a, b in zip(l32, l16)), (l32, l16)
+    assert l16[-1] < l16[0] - 0.3  # it trained
+    assert torch.nn.functional.cosine_similarity(u32, u16, dim=0) > 0.9
+
+
+def test_autocast_refuses_what_it_cannot_do(monkeypatch):
+    """Half-precision weights (--fp16 / --memory-efficient-fp16 / --bf16 cast the model), a device without
+    native bf16, fp16 autocast: each a ValueError that says what to change."""
+    d = make_dictionary()
+    model = build_lex_model(dictionary=d, pos_emb="rope", tokens_per_sample=L)
+    tokens = random_tokens(d, 1, 8)
+    monkeypatch.setenv(autocast_module.EMULATED_BF16_ENV, "1")
+    with pytest.raises(ValueError, match="drop --fp16 / --memory-efficient-fp16 / --bf16"):
+        build_lex_model(dictionary=d, pos_emb="rope", tokens_per_sample=L).half().with_autocast(torch.bfloat16)(tokens)
+    monkeypatch.delenv(autocast_module.EMULATED_BF16_ENV)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="no native bf16"):
+        model.with_autocast(torch.bfloat16)(tokens)
+    with pytest.raises(ValueError, match="loss scaler"):
+        model.with_autocast(torch.float16)
+
+
+def test_fairseq_train_eval_and_lex_commands_under_autocast(data_bin, trained, tmp_path):
+    """fairseq-train --task lex_language_modeling --bf16-autocast: 6 updates whose losses follow fp32's (1%),
+    an fp32 checkpoint; fairseq-eval-lm --bf16-autocast (its length table within 1% of fp32's ppl) and
+    ``lex score --bf16-autocast`` (within 0.5%) on the trained model; --memory-efficient-fp16 refused."""
+    env = {"LEX_EMULATED_BF16": "1"}
+    args = [str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling", "--arch", "lex_lm_tiny",
+            "--share-decoder-input-output-embed", "--tokens-per-sample", str(TRAIN_LEN), "--sample-break-mode", "none",
+            "--batch-size", "8", "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "2",
+            "--max-update", "6", "--no-epoch-checkpoints", "--disable-validation", "--log-format", "json", "--log-interval", "1",
+            "--num-workers", "0", "--seed", "1", "--dropout", "0"]
+    curves = {}
+    for name, extra in (("fp32", []), ("bf16", ["--bf16-autocast"])):
+        proc = run_cli(["fairseq-train", *args, "--save-dir", str(tmp_path / name), *extra], env=env)
+        curves[name] = [float(json.loads(m)["loss"]) for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
+    assert len(curves["fp32"]) == len(curves["bf16"]) == 6
+    assert all(abs(a - b) / a < 0.01 for a, b in zip(curves["fp32"], curves["bf16"])), curves
+    state = torch.load(tmp_path / "bf16" / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    assert all(v.dtype == torch.float32 for k, v in state.items() if v.is_floating_point())
+
+    ckpt = trained[0]
+    reports = {}
+    for name, extra in (("fp32", []), ("bf16", ["--bf16-autocast"])):
+        out = tmp_path / f"{name}.json"
+        run_cli(["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+                 "--path", str(ckpt), "--gen-subset", "valid", "--tokens-per-sample", str(TRAIN_LEN),
+                 "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}", "--eval-windows", "full,bca", "--eval-tokens", "2048",
+                 "--batch-size", "4", "--num-workers", "0", "--report-json", str(out), *extra], env=env)
+        reports[name] = {(r["window"], r["length"]): r["ppl"] for r in json.loads(out.read_text())["results"]}
+    assert reports["fp32"].keys() == reports["bf16"].keys() and len(reports["fp32"]) == 4
+    for key, ppl in reports["fp32"].items():
+        assert 0 < abs(reports["bf16"][key] - ppl) / ppl < 0.01, (key, ppl, reports["bf16"][key])
+
+    text = tmp_path / "doc.txt"
+    text.write_text("It was the best of times, it was the worst of times, it was the age of wisdom.\n")
+    scores = {}
+    for name, extra in (("fp32", []), ("bf16", ["--bf16-autocast"])):
+        out = tmp_path / f"score_{name}.json"
+        run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--data", str(data_bin), "--path", str(ckpt), str(text),
+                 "--bca", "--json", str(out), *extra], env=env)
+        scores[name] = json.loads(out.read_text())["ppl"]
+    assert 0 < abs(scores["bf16"] - scores["fp32"]) / scores["fp32"] < 0.005, scores
+    with pytest.raises(AssertionError, match="drop --fp16 / --memory-efficient-fp16 / --bf16"):
+        run_cli(["fairseq-train", *args, "--save-dir", str(tmp_path / "half"), "--bf16-autocast", "--memory-efficient-fp16",
+                 "--max-update", "1"], env=env)
