@@ -435,6 +435,113 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
                f"filler from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
 
 
+@main.command("ruler")
+@_CKPT
+@_DATA
+@click.option("--tasks", default="niah_single_1,niah_single_2,niah_multikey_1,niah_multikey_2,niah_multivalue,niah_multiquery,vt,fwe",
+              show_default=True, help="comma-separated RULER task names")
+@click.option("--lengths", default=None, help="comma-separated prompt lengths in tokens (default l, 2l, 4l, 8l)")
+@click.option("--depths", default="0.1,0.5,0.9", show_default=True, help="relative needle depths in [0, 1] (fwe has none)")
+@click.option("--windows", default="full,bca", show_default=True,
+              help="comma-separated attention modes: full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
+@click.option("--trials", type=click.IntRange(min=1), default=4, show_default=True, help="prompts per cell")
+@click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
+              help="same-typed wrong candidates per answer (chance 1 / (K + 1))")
+@click.option("--hops", type=click.IntRange(min=1), default=2, show_default=True, help="vt: assignments after the first")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--split", default="test", show_default=True, help="split of the data-bin the book haystacks come from")
+@_length_options
+@_sink_options
+@_map_options
+@_scaling_options
+@_precision_options
+@_JSON
+@_PLOT
+def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distractors, hops, seed, split, json_out, plot_out,
+              **flags):
+    """RULER-lite (RULER's synthetic tasks for small models): needles in noise or book text, several keys, values
+    and queries, variable tracking and frequent-word extraction; each answer scored against K same-typed
+    distractors by the model's log-probability. Accuracy per (task, window, length, depth): table, JSON, one heat
+    map per task (--plot OUT.png writes OUT_TASK.png)."""
+    from .analysis.report import write_json
+    from .data.stream import split_stream
+    from .evaluation.ruler import format_ruler, plot_ruler, ruler_accuracy
+    from .hub_interface import from_pretrained
+
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
+        l = flags["training_length"] or hub.training_length
+        if lengths is None and l is None:
+            raise ValueError("the checkpoint records no training length; give --lengths.")
+        sizes = parse_int_list(lengths, "--lengths") if lengths else [l * k for k in (1, 2, 4, 8)]
+        fractions = parse_float_list(depths, "--depths", 0.0, 1.0)
+        modes, names = parse_name_list(windows, "--windows"), parse_name_list(tasks, "--tasks")
+        if not sizes or not fractions or not modes or not names:
+            raise ValueError("--tasks, --lengths, --depths and --windows each need at least one value.")
+        options = AttentionOptions.from_flags(flags)  # the modes come from --windows
+        options.check_modes(modes)
+        specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
+        filler = split_stream(data, split, hub.src_dict)
+        results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, names, sizes, fractions, specs, hub.src_dict.eos(),
+                                 hub.src_dict.pad(), trials, distractors, hops, seed, unk=hub.src_dict.unk())
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(format_ruler(results, l))
+    report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
+              "distractors": distractors, "hops": hops, "seed": seed, "results": [r.to_dict() for r in results]}
+    write_json(report, json_out)
+    if plot_out:
+        plot_ruler(results, plot_out, l)
+    for label, path in (("JSON", json_out), ("plots", plot_out and plot_out.with_name(f"{plot_out.stem}_TASK{plot_out.suffix}"))):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
+@main.command("ruler-data")
+@_CKPT
+@_DATA
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--tasks", default="niah_single_1,niah_single_2,niah_multikey_1,niah_multikey_2,niah_multivalue,niah_multiquery,vt,fwe",
+              show_default=True, help="the tasks mixed, in turn")
+@click.option("--samples", type=click.IntRange(min=1), default=8000, show_default=True, help="prompts followed by an answer")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="longest sample (prompt and answer) in tokens (default l - 1: one row of --sample-break-mode eos)")
+@click.option("--hops", type=click.IntRange(min=1), default=2, show_default=True, help="vt: assignments after the first")
+@click.option("--split", default="train", show_default=True, help="split the book haystacks come from (keep the probe's test text unseen)")
+@click.option("--seed", type=int, default=1, show_default=True)
+def ruler_data_cmd(checkpoint, data, dest, tasks, samples, max_length, hops, split, seed):
+    """A fine-tuning data-bin DEST in the RULER-lite format (the tasks mixed, each prompt followed by the answer
+    text of one of its questions; at most l - 1 tokens): DEST/train.{bin,idx} plus DATA's dictionary and encoder
+    files. Fine-tune with fairseq-train --sample-break-mode eos --disable-validation --finetune-from-model CKPT,
+    then run lex ruler on DATA."""
+    import shutil
+
+    from .data.stream import split_stream
+    from .evaluation.passkey import write_dataset
+    from .evaluation.ruler import finetune_samples
+    from .hub_interface import from_pretrained
+
+    if dest.exists() and any(dest.iterdir()):
+        raise click.ClickException(f"{dest} exists and is not empty; give a new directory.")
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full")
+        l = hub.training_length
+        if l is None and max_length is None:
+            raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
+        rows = finetune_samples(hub.encode_fragment, split_stream(data, split, hub.src_dict), parse_name_list(tasks, "--tasks"),
+                                samples, max_length or l - 1, seed, hops=hops, unk=hub.src_dict.unk())
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
+        if path.is_file() and path.suffix not in (".bin", ".idx"):
+            shutil.copy2(path, dest / path.name)
+    write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
+    lengths = [r.numel() for r in rows]
+    click.echo(f"{len(rows):,} RULER-lite samples, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
+               f"haystacks from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
+
+
 @main.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("save_dir", type=click.Path(file_okay=False, path_type=Path))

@@ -1,0 +1,345 @@
+"""RULER's synthetic tasks (Hsieh et al. 2024, NVIDIA/RULER ``scripts/synthetic.yaml``), generated as token ids
+for small language models: the context, then one or more questions, each with its answers and same-typed
+distractors for candidate scoring (:mod:`.probe`).
+
+Tasks (RULER's names, so results compare in kind):
+
+* ``niah_single_1``: one needle ``One of the special magic numbers for {key} is: {value}.`` in RULER's repeated
+  noise sentences; ``niah_single_2``: the same in book text (the data-bin's own split);
+* ``niah_multikey_1``: 4 needles with distinct keys in book text, one queried (the queried one at the depth);
+  ``niah_multikey_2``: the haystack made only of needles, one queried;
+* ``niah_multivalue``: 4 needles with one key and 4 values, each value scored;
+* ``niah_multiquery``: 4 needles with distinct keys, all 4 queried, one question each;
+* ``vt``: variable tracking: ``VAR {X1} is {value}.``, then ``VAR {X2} is VAR {X1}.`` ... (``hops`` assignments
+  after the first, default 2; RULER's ``=`` is rare in books, so written ``is``) in noise; every variable of the
+  chain scored;
+* ``fwe``: frequent coded words: random three-letter words drawn with Zipf frequencies (alpha = 2); the 3 most
+  frequent scored against the less frequent words of the same text (no depth: one row per length).
+
+Keys are adjective-noun words (RULER's ``words`` keys), values 7-digit numbers, variable names 5 upper-case
+letters, as RULER's. Needles and chain assignments are whole sentences inserted at sentence boundaries of the
+haystack, the first (or the queried) one at the boundary nearest the requested depth: no needle is ever cut.
+Distractors: for niah tasks the other needles' values in the text that do not answer the query, then random
+7-digit numbers; for ``vt`` random names; for ``fwe`` the text's words ranked below 3. None equals an answer.
+
+RULER asks the multi-query task once for all keys and scores free generation (``string_match_all``); here each
+answer is scored on its own against the distractors, and the trial's score is the fraction found.
+"""
+
+import string
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["NOISE", "Query", "RulerSample", "TASKS", "make_sample"]
+
+Encode = Callable[[str], Tensor]
+
+# RULER's noise haystack (scripts/data/synthetic/niah.py)
+NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
+NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+              "I will quiz you about the numbers afterwards.")
+NEEDLE = "One of the special magic numbers for {key} is: {value}."
+QUESTION = ("What is the special magic number for {key} mentioned in the provided text? "
+            "The special magic number for {key} mentioned in the provided text is")
+QUESTION_ALL = ("What are all the special magic numbers for {key} mentioned in the provided text? "
+                "The special magic numbers for {key} mentioned in the provided text are")
+# RULER writes "VAR X = 12345" and "VAR Y = VAR X"; '=' is rare in books (an unknown token for a book-trained
+# vocabulary), so the assignment is written "is"
+VT_FIRST = "VAR {name} is {value}."
+VT_NEXT = "VAR {name} is VAR {previous}."
+VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text."
+VT_QUESTION = ("Find all variables that are assigned the value {value} in the text above. "
+               "The variables assigned the value {value} are")
+FWE_INTRO = ("Read the following coded text and track the frequency of each coded word. Find the three most "
+             "frequently appeared coded words.")
+FWE_QUESTION = ("What are the three most frequently appeared words in the above coded text? "
+                "The three most frequently appeared words are")
+ADJECTIVES = ("ancient bitter calm damp eager faint gentle hollow icy jolly keen lively mellow narrow odd pale quiet "
+              "rapid silent tender upper vivid wild young zealous brave cheap dusty empty fresh grand humble").split()
+NOUNS = ("anchor basket candle desert engine feather garden harbor island jacket kettle ladder meadow needle orchard "
+         "pencil quarry river saddle tunnel valley wagon yard zipper bridge castle dragon forest glacier hammer").split()
+NEEDLES = 4  # RULER's num_needle_k / num_needle_v / num_needle_q for the multi tasks
+FWE_TOP = 3
+FWE_ALPHA = 2.0
+FWE_VOCAB = 200
+
+
+@dataclass
+class Query:
+    """One question after the context: its tokens, the answers it requires (each scored on its own), and
+    same-typed distractors (none equal to an answer). ``answer_text``: the answers as the model should continue
+    (fine-tuning samples)."""
+
+    question: Tensor
+    answers: List[Tensor]
+    distractors: List[Tensor]
+    answer_text: str = ""
+
+
+@dataclass
+class RulerSample:
+    """A generated prompt: ``context`` (n,) int64, its ``queries``, where its needles sit (``needles``: (start,
+    end) token spans in ``context``, the depth one first) and the depth asked for (None for ``fwe``)."""
+
+    task: str
+    context: Tensor
+    queries: List[Query]
+    needles: List[Tuple[int, int]] = field(default_factory=list)
+    depth: Optional[float] = None
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the longest prompt (context and question): what the model reads."""
+        return self.context.numel() + max(q.question.numel() for q in self.queries)
+
+
+def _number(g: torch.Generator, taken: set) -> str:
+    while True:
+        value = str(int(torch.randint(10**6, 10**7, (1,), generator=g)))
+        if value not in taken:
+            taken.add(value)
+            return value
+
+
+def _key(g: torch.Generator, taken: set) -> str:
+    while True:
+        key = f"{ADJECTIVES[int(torch.randint(len(ADJECTIVES), (1,), generator=g))]}-" \
+              f"{NOUNS[int(torch.randint(len(NOUNS), (1,), generator=g))]}"
+        if key not in taken:
+            taken.add(key)
+            return key
+
+
+def _name(g: torch.Generator, taken: set) -> str:
+    while True:
+        name = "".join(string.ascii_uppercase[int(i)] for i in torch.randint(26, (5,), generator=g))
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+class _Haystack:
+    """Haystack tokens with the positions where a sentence ends (insertion points)."""
+
+    def __init__(self, tokens: Tensor, boundaries: List[int]):
+        self.tokens, self.boundaries = tokens, sorted(set([0, *boundaries, tokens.numel()]))
+
+    def nearest(self, fraction: float) -> int:
+        target = fraction * self.tokens.numel()
+        return min(self.boundaries, key=lambda b: abs(b - target))
+
+    def insert(self, pieces: Sequence[Tuple[int, Tensor]]) -> Tuple[Tensor, List[Tuple[int, int]]]:
+        """Insert (boundary, tokens) pieces (in the given order where boundaries are equal); return the context
+        and each piece's (start, end) span in it, in the order given."""
+        order = sorted(range(len(pieces)), key=lambda i: (pieces[i][0], i))
+        out, spans, last, shift = [], [None] * len(pieces), 0, 0
+        for i in order:
+            at, piece = pieces[i]
+            out.append(self.tokens[last:at])
+            spans[i] = (at + shift, at + shift + piece.numel())
+            out.append(piece)
+            shift += piece.numel()
+            last = at
+        out.append(self.tokens[last:])
+        return torch.cat(out), spans
+
+
+def _noise(encode: Encode, n: int) -> _Haystack:
+    sentences = [encode(s) for s in NOISE]
+    parts, ends, total, i = [], [], 0, 0
+    while total < n:
+        s = sentences[i % len(sentences)]
+        parts.append(s)
+        total += s.numel()
+        ends.append(total)
+        i += 1
+    tokens = torch.cat(parts)[:n] if parts else torch.zeros(0, dtype=torch.long)
+    return _Haystack(tokens, [e for e in ends if e <= n])
+
+
+def _book(filler: Tensor, n: int, g: torch.Generator, stops: Sequence[int]) -> _Haystack:
+    if filler.numel() <= n:
+        raise ValueError(f"the haystack text holds {filler.numel():,} tokens, fewer than the {n:,} this length needs; "
+                         "lower the lengths or take a larger split.")
+    offset = int(torch.randint(0, filler.numel() - n, (1,), generator=g))
+    tokens = filler[offset:offset + n]
+    ends = (torch.isin(tokens, torch.tensor(list(stops), dtype=tokens.dtype)).nonzero().flatten() + 1).tolist()
+    return _Haystack(tokens, ends)
+
+
+def _needle_haystack(encode: Encode, n: int, g: torch.Generator, keys: set, values: set) -> _Haystack:
+    parts, ends, total = [], [], 0
+    while total < n:
+        s = encode(NEEDLE.format(key=_key(g, keys), value=_number(g, values)))
+        parts.append(s)
+        total += s.numel()
+        ends.append(total)
+    return _Haystack(torch.cat(parts)[:n], [e for e in ends if e <= n])
+
+
+def _values_in(distractor_values: Sequence[str], count: int, g: torch.Generator, taken: set) -> List[str]:
+    out = list(distractor_values)[:count]
+    while len(out) < count:
+        out.append(_number(g, taken))
+    return out
+
+
+def _frame(encode: Encode, intro: str, length: int, question_texts: Sequence[str], pieces_texts: Sequence[str]) -> Tuple[Tensor, List[Tensor], List[Tensor], int]:
+    intro_t = encode(intro)
+    questions = [encode(q) for q in question_texts]
+    pieces = [encode(p) for p in pieces_texts]
+    fill = length - intro_t.numel() - max(q.numel() for q in questions) - sum(p.numel() for p in pieces)
+    if fill < 1:
+        raise ValueError(f"a prompt of this task needs more than {length - fill} tokens (intro, needles, question); "
+                         f"length {length} is too short.")
+    return intro_t, questions, pieces, fill
+
+
+def _niah(task: str, encode: Encode, length: int, depth: float, g: torch.Generator, filler: Optional[Tensor],
+          stops: Sequence[int], distractors: int) -> RulerSample:
+    keys, values = set(), set()
+    n_needles = 1 if task.startswith("niah_single") else NEEDLES
+    if task == "niah_multivalue":
+        key = _key(g, keys)
+        needles = [(key, _number(g, values)) for _ in range(n_needles)]
+    else:
+        needles = [(_key(g, keys), _number(g, values)) for _ in range(n_needles)]
+    if task == "niah_multivalue":
+        asked = [(needles[0][0], [v for _, v in needles])]
+        question_texts = [QUESTION_ALL.format(key=needles[0][0])]
+    elif task == "niah_multiquery":
+        asked = [(k, [v]) for k, v in needles]
+        question_texts = [QUESTION.format(key=k) for k, _ in needles]
+    else:
+        asked = [(needles[0][0], [needles[0][1]])]
+        question_texts = [QUESTION.format(key=needles[0][0])]
+    intro, questions, pieces, fill = _frame(encode, NIAH_INTRO, length, question_texts,
+                                            [NEEDLE.format(key=k, value=v) for k, v in needles])
+    if task == "niah_single_1":
+        hay = _noise(encode, fill)
+    elif task == "niah_multikey_2":
+        hay = _needle_haystack(encode, fill, g, keys, values)
+    else:
+        if filler is None:
+            raise ValueError(f"{task} hides its needles in book text: give the filler stream (the data-bin's split).")
+        hay = _book(filler, fill, g, stops)
+    # the first needle at the depth; the others at uniformly random depths
+    at = [hay.nearest(depth)] + [hay.nearest(float(torch.rand((), generator=g))) for _ in needles[1:]]
+    context, spans = hay.insert(list(zip(at, pieces)))
+    context = torch.cat([intro, context])
+    spans = [(a + intro.numel(), b + intro.numel()) for a, b in spans]
+    in_text = [v for _, v in needles]
+    queries = []
+    for (key, answers), question in zip(asked, questions):
+        others = [v for v in in_text if v not in answers]  # the text's other values first: key-value binding
+        wrong = _values_in(others, distractors, g, values)
+        queries.append(Query(question, [encode(a) for a in answers],
+                             [encode(w) for w in wrong], ", ".join(answers) + "."))
+    return RulerSample(task, context, queries, spans, depth)
+
+
+def _vt(encode: Encode, length: int, depth: float, g: torch.Generator, distractors: int, hops: int) -> RulerSample:
+    names, values = set(), set()
+    chain = [_name(g, names) for _ in range(hops + 1)]
+    value = _number(g, values)
+    statements = [VT_FIRST.format(name=chain[0], value=value)] + [VT_NEXT.format(name=b, previous=a) for a, b in zip(chain, chain[1:])]
+    intro, questions, pieces, fill = _frame(encode, VT_INTRO, length, [VT_QUESTION.format(value=value)], statements)
+    hay = _noise(encode, fill)
+    # the first assignment at the depth, the later ones in order at random depths after it
+    later = sorted(float(torch.rand((), generator=g)) * (1 - depth) + depth for _ in statements[1:])
+    at = [hay.nearest(depth)] + [max(hay.nearest(f), hay.nearest(depth)) for f in later]
+    context, spans = hay.insert(list(zip(at, pieces)))
+    context = torch.cat([intro, context])
+    spans = [(a + intro.numel(), b + intro.numel()) for a, b in spans]
+    wrong = [_name(g, names) for _ in range(distractors)]
+    query = Query(questions[0], [encode(n) for n in chain], [encode(n) for n in wrong], ", ".join(chain) + ".")
+    return RulerSample("vt", context, [query], spans, depth)
+
+
+def _fwe(encode: Encode, length: int, g: torch.Generator, distractors: int) -> RulerSample:
+    taken: set = set()
+    vocab = []
+    while len(vocab) < FWE_VOCAB:
+        word = "".join(string.ascii_lowercase[int(i)] for i in torch.randint(26, (3,), generator=g))
+        if word not in taken:
+            taken.add(word)
+            vocab.append(word)
+    intro, questions, _, fill = _frame(encode, FWE_INTRO, length, [FWE_QUESTION], [])
+    encoded = [encode(w) for w in vocab]
+    # Zipf frequencies p(rank r) ~ r^-alpha over the vocabulary, words drawn until the context is full
+    weights = torch.tensor([r ** -FWE_ALPHA for r in range(1, FWE_VOCAB + 1)], dtype=torch.float64)
+    parts, total, counts = [], 0, [0] * FWE_VOCAB
+    while True:
+        r = int(torch.multinomial(weights, 1, generator=g))
+        if total + encoded[r].numel() > fill:
+            break
+        parts.append(encoded[r])
+        total += encoded[r].numel()
+        counts[r] += 1
+    ranked = sorted(range(FWE_VOCAB), key=lambda r: (-counts[r], r))
+    top = ranked[:FWE_TOP]
+    # distractors strictly less frequent than the third word (a word tied with it is neither answer nor distractor)
+    lesser = [r for r in ranked[FWE_TOP:] if 0 < counts[r] < counts[top[-1]]]
+    lesser += [r for r in ranked[FWE_TOP:] if counts[r] == 0]  # words of the code not drawn
+    wrong = lesser[:distractors]
+    context = torch.cat([intro, *parts])
+    query = Query(questions[0], [encoded[r] for r in top], [encoded[r] for r in wrong],
+                  ", ".join(vocab[r] for r in top) + ".")
+    return RulerSample("fwe", context, [query], [], None)
+
+
+TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue", "niah_multiquery",
+         "vt", "fwe")
+
+
+def make_sample(task: str, encode: Encode, length: int, depth: Optional[float], g: torch.Generator,
+                filler: Optional[Tensor] = None, stops: Sequence[int] = (), distractors: int = 9, hops: int = 2,
+                unk: Optional[int] = None) -> RulerSample:
+    """One prompt of ``task`` with at most ``length`` tokens (context and its longest question).
+
+    Args:
+        task: a name of :data:`TASKS`.
+        encode: text -> (n,) int64 ids without end-of-sentence (``LexHubInterface.encode_fragment``).
+        length: the prompt length L in tokens.
+        depth: relative position in [0, 1] of the (queried) needle or the chain's first assignment; ignored by
+            ``fwe``.
+        g: the generator every draw uses (deterministic by its seed).
+        filler: (T,) int64 book text for the book haystacks (``niah_single_2``, ``niah_multikey_1``,
+            ``niah_multivalue``, ``niah_multiquery``).
+        stops: token ids that end a sentence in ``filler`` (needles go after them).
+        distractors: K same-typed distractors per query (chance 1 / (K + 1)).
+        hops: ``vt``'s assignments after the first.
+        unk: the dictionary's unknown-token id: a needle, question, answer or distractor the vocabulary cannot
+            spell is refused (the probe would measure nothing).
+
+    Returns:
+        The sample; its context plus any question has at most ``length`` tokens.
+
+    Raises:
+        ValueError: an unknown task, a depth outside [0, 1], a length too short for the task's frame, a
+            filler too short (or missing) for a book haystack, text the vocabulary spells with ``unk``.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown RULER task {task!r}; choose from {', '.join(TASKS)}.")
+    if task != "fwe" and (depth is None or not 0.0 <= depth <= 1.0):
+        raise ValueError(f"depths are fractions of the context in [0, 1], got {depth}.")
+    if distractors < 1:
+        raise ValueError(f"candidate scoring needs at least one distractor, got {distractors}.")
+    if task == "vt":
+        if hops < 1:
+            raise ValueError(f"variable tracking needs at least one hop, got {hops}.")
+        sample = _vt(encode, length, depth, g, distractors, hops)
+    elif task == "fwe":
+        sample = _fwe(encode, length, g, distractors)
+    else:
+        sample = _niah(task, encode, length, depth, g, filler, stops, distractors)
+    if unk is not None:
+        generated = [t for s, e in sample.needles for t in [sample.context[s:e]]]
+        generated += [t for q in sample.queries for t in (q.question, *q.answers, *q.distractors)]
+        if any(bool((t == unk).any()) for t in generated):
+            raise ValueError(f"the vocabulary spells part of a {task} prompt as the unknown token: this model cannot read "
+                             "the task's text (prepare the corpus with a vocabulary that covers digits and capitals).")
+    return sample
