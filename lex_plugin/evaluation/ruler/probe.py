@@ -20,6 +20,8 @@ from ...modules.attention.spec import AttentionSpec
 from ..passkey import score_candidates
 from .tasks import TASKS, make_sample
 
+ANSWER_ROOM = 48  # tokens kept free for a fine-tuning sample's answer text (4 values, 3 names or words)
+
 __all__ = ["RulerResult", "finetune_samples", "format_ruler", "plot_ruler", "ruler_accuracy", "sentence_stops"]
 
 
@@ -109,7 +111,8 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
 def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, max_length: int, seed: int = 0,
                      distractors: int = 9, hops: int = 2, unk: Optional[int] = None) -> List[Tensor]:
     """``count`` prompts of the tasks (in turn) each followed by its answer text (one query of it), at most
-    ``max_length`` tokens with the answer, each of uniform random length and depth: the probe's format, for
+    ``max_length`` tokens with the answer, each of uniform random length (between max_length / 2, or the
+    shortest the task fits in, and max_length - ANSWER_ROOM) and depth: the probe's format, for
     fine-tuning at the training length (``lex ruler-data``; filler from the training split).
 
     Raises:
@@ -120,10 +123,17 @@ def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, m
     out = []
     for i in range(count):
         task = tasks[i % len(tasks)]
-        answer_room = 48  # the longest answer text (4 values, 3 names or words) in tokens, kept free
-        low = min(max_length, 160)
-        length = int(torch.randint(low - answer_room, max_length - answer_room + 1, (1,), generator=g))
-        sample = make_sample(task, encode, length, float(torch.rand((), generator=g)), g, filler, stops, distractors, hops, unk)
+        low, high = max_length // 2, max_length - ANSWER_ROOM
+        while True:  # a uniform length among those the task's frame (intro, needles, question) fits in
+            length = int(torch.randint(low, max(low, high) + 1, (1,), generator=g))
+            try:
+                sample = make_sample(task, encode, length, float(torch.rand((), generator=g)), g, filler, stops,
+                                     distractors, hops, unk)
+                break
+            except ValueError as err:
+                if "too short" not in str(err) or length >= high:
+                    raise ValueError(f"{err} (--max-length {max_length} leaves {high} tokens for a {task} prompt)") from None
+                low = length + 1
         query = sample.queries[int(torch.randint(len(sample.queries), (1,), generator=g))]
         tokens = torch.cat([sample.context, query.question, encode(query.answer_text)])
         if tokens.numel() > max_length:

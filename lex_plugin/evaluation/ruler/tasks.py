@@ -165,8 +165,12 @@ def _book(filler: Tensor, n: int, g: torch.Generator, stops: Sequence[int]) -> _
         raise ValueError(f"the haystack text holds {filler.numel():,} tokens, fewer than the {n:,} this length needs; "
                          "lower the lengths or take a larger split.")
     offset = int(torch.randint(0, filler.numel() - n, (1,), generator=g))
+    is_stop = torch.isin(filler, torch.tensor(list(stops), dtype=filler.dtype))
+    later = is_stop[offset:filler.numel() - n].nonzero().flatten()
+    if later.numel():  # start after a sentence ends: the haystack (and a needle put at its start) never splits a word
+        offset += int(later[0]) + 1
     tokens = filler[offset:offset + n]
-    ends = (torch.isin(tokens, torch.tensor(list(stops), dtype=tokens.dtype)).nonzero().flatten() + 1).tolist()
+    ends = (is_stop[offset:offset + n].nonzero().flatten() + 1).tolist()
     return _Haystack(tokens, ends)
 
 
@@ -271,18 +275,22 @@ def _fwe(encode: Encode, length: int, g: torch.Generator, distractors: int) -> R
     encoded = [encode(w) for w in vocab]
     # Zipf frequencies p(rank r) ~ r^-alpha over the vocabulary, words drawn until the context is full
     weights = torch.tensor([r ** -FWE_ALPHA for r in range(1, FWE_VOCAB + 1)], dtype=torch.float64)
-    parts, total, counts = [], 0, [0] * FWE_VOCAB
-    while True:
-        r = int(torch.multinomial(weights, 1, generator=g))
-        if total + encoded[r].numel() > fill:
+    for _ in range(100):  # redrawn until the three most frequent words are defined (no tie at the third place)
+        parts, total, counts = [], 0, [0] * FWE_VOCAB
+        while True:
+            r = int(torch.multinomial(weights, 1, generator=g))
+            if total + encoded[r].numel() > fill:
+                break
+            parts.append(encoded[r])
+            total += encoded[r].numel()
+            counts[r] += 1
+        ranked = sorted(range(FWE_VOCAB), key=lambda r: (-counts[r], r))
+        if counts[ranked[FWE_TOP - 1]] > counts[ranked[FWE_TOP]]:
             break
-        parts.append(encoded[r])
-        total += encoded[r].numel()
-        counts[r] += 1
-    ranked = sorted(range(FWE_VOCAB), key=lambda r: (-counts[r], r))
+    else:
+        raise ValueError(f"fwe at length {length}: no draw of coded words had a unique top {FWE_TOP}; use a longer length.")
     top = ranked[:FWE_TOP]
-    # distractors strictly less frequent than the third word (a word tied with it is neither answer nor distractor)
-    lesser = [r for r in ranked[FWE_TOP:] if 0 < counts[r] < counts[top[-1]]]
+    lesser = [r for r in ranked[FWE_TOP:] if counts[r] > 0]
     lesser += [r for r in ranked[FWE_TOP:] if counts[r] == 0]  # words of the code not drawn
     wrong = lesser[:distractors]
     context = torch.cat([intro, *parts])

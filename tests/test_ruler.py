@@ -1,0 +1,187 @@
+"""RULER-lite (lex ruler, lex ruler-data): each task's generator against its invariants on real book text and the
+model's own tokenizer, the scorer against an oracle that reads the prompt (1.0) and against a model that
+provably cannot see the needle (chance within a binomial interval), and the commands end to end."""
+
+import json
+import math
+import re
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import TRAIN_LEN, run_cli
+from lex_plugin import LexLanguageModel
+from lex_plugin.data.stream import split_stream
+from lex_plugin.evaluation.ruler import TASKS, finetune_samples, make_sample, ruler_accuracy, sentence_stops
+from lex_plugin.evaluation.ruler import probe as probe_module
+from lex_plugin.evaluation.ruler.tasks import FWE_INTRO, NOISE
+
+LAYERS = 4  # lex_lm_tiny
+NEEDLE_RE = r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\."
+
+
+@pytest.fixture(scope="module")
+def hub(trained, data_bin):
+    ckpt, _ = trained
+    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
+
+
+@pytest.fixture(scope="module")
+def filler(hub, data_bin):
+    return split_stream(data_bin, "test", hub.src_dict)
+
+
+def _sample(hub, filler, task, length, depth, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return make_sample(task, hub.encode_fragment, length, depth, g, filler, sentence_stops(hub.encode_fragment),
+                       unk=hub.src_dict.unk())
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_generator_keeps_its_invariants(hub, filler, task):
+    """At 4l and depths 0, 0.5, 1: the prompt fits the length; every needle is whole; the answers are in the text
+    as often as the task says; the distractors are distinct and none is an answer; the same seed gives the same
+    prompt."""
+    for depth in (0.0, 0.5, 1.0):
+        s = _sample(hub, filler, task, 4 * TRAIN_LEN, depth)
+        assert all(s.context.numel() + q.question.numel() <= 4 * TRAIN_LEN for q in s.queries)
+        assert s.tokens > 4 * TRAIN_LEN - 40  # filled, short of the length by at most a haystack sentence
+        text = hub.decode(s.context)
+        for query in s.queries:
+            answers = [hub.decode(a) for a in query.answers]
+            wrong = [hub.decode(d) for d in query.distractors]
+            assert len(wrong) == 9 and len(set(wrong)) == 9 and not set(wrong) & set(answers)
+        if task.startswith("niah"):
+            for start, end in s.needles:
+                assert re.fullmatch(NEEDLE_RE, hub.decode(s.context[start:end]))
+            found = re.findall(NEEDLE_RE, text)
+            if task != "niah_multikey_2":
+                assert len(found) == len(s.needles) == (1 if task.startswith("niah_single") else 4), text
+            for query in s.queries:
+                key = re.search(r"for ([a-z]+-[a-z]+) mentioned", hub.decode(query.question)).group(1)
+                values = [v for k, v in found if k == key]
+                assert sorted(values) == sorted(hub.decode(a) for a in query.answers)
+                assert len(values) == (4 if task == "niah_multivalue" else 1)
+        elif task == "vt":
+            chain = [hub.decode(a) for a in s.queries[0].answers]
+            assert len(chain) == 3 and [a for a, _ in s.needles] == sorted(a for a, _ in s.needles)  # in order
+            value = re.search(r"the value (\d{7})", hub.decode(s.queries[0].question)).group(1)
+            assert f"VAR {chain[0]} is {value}." in text
+            assert all(f"VAR {b} is VAR {a}." in text for a, b in zip(chain, chain[1:]))
+        else:  # fwe: the three answers are strictly more frequent than every distractor
+            counts = Counter(text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split())
+            top = [hub.decode(a) for a in s.queries[0].answers]
+            assert min(counts[w] for w in top) > max(counts[hub.decode(d)] for d in s.queries[0].distractors)
+            assert top == [w for w, _ in counts.most_common(3)]  # unique: the generator redraws ties at the third place
+        again = _sample(hub, filler, task, 4 * TRAIN_LEN, depth)
+        assert torch.equal(again.context, s.context) and all(
+            torch.equal(a.question, b.question) for a, b in zip(again.queries, s.queries))
+
+
+def test_needles_sit_within_one_sentence_of_their_depth(hub, filler):
+    """In the noise haystack (sentences of at most a few tokens) the needle starts within one sentence of the
+    requested fraction of the haystack; in book text it moves with the depth."""
+    longest = max(hub.encode_fragment(s).numel() for s in NOISE)
+    for depth in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0):
+        s = _sample(hub, filler, "niah_single_1", 8 * TRAIN_LEN, depth)
+        start, end = s.needles[0]
+        intro = hub.encode_fragment(
+            "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+            "I will quiz you about the numbers afterwards.").numel()
+        haystack = s.context.numel() - intro - (end - start)
+        assert abs(start - intro - depth * haystack) <= longest, (depth, start, intro, haystack)
+    starts = [_sample(hub, filler, "niah_single_2", 8 * TRAIN_LEN, d).needles[0][0] for d in (0.1, 0.5, 0.9)]
+    assert starts == sorted(starts) and starts[2] - starts[0] > 4 * TRAIN_LEN
+
+
+def test_text_the_vocabulary_cannot_spell_is_refused(hub, filler):
+    def encode(text):  # a vocabulary without '='-like symbols: every capital letter unknown
+        ids = hub.encode_fragment(text)
+        return ids.masked_fill(torch.tensor([any(c.isupper() for c in hub.src_dict[i]) for i in ids.tolist()],
+                                            dtype=torch.bool), hub.src_dict.unk())
+
+    with pytest.raises(ValueError, match="unknown token"):
+        make_sample("vt", encode, 4 * TRAIN_LEN, 0.5, torch.Generator().manual_seed(0), unk=hub.src_dict.unk())
+    with pytest.raises(ValueError, match="unknown RULER task"):
+        make_sample("qa_1", hub.encode_fragment, 256, 0.5, torch.Generator())
+    with pytest.raises(ValueError, match="too short"):
+        make_sample("niah_multiquery", hub.encode_fragment, 60, 0.5, torch.Generator(), filler)
+
+
+def _oracle(hub):
+    """score_candidates as a reader of the prompt's text that knows every task: 0 for what the text answers, -1 else."""
+    def score(model, prompt, candidates, spec, eos, pad):
+        text = hub.decode(prompt)
+        question = text[text.rfind("?") - 200:]
+        if "magic number" in question:
+            key = re.findall(r"for ([a-z]+-[a-z]+) mentioned", question)[-1]
+            right = {v for k, v in re.findall(NEEDLE_RE, text) if k == key}
+        elif "variables" in question:
+            value = re.findall(r"the value (\d{7})", question)[-1]
+            right, edges = set(), re.findall(r"VAR ([A-Z]{5}) is (VAR )?([A-Z]{5}|\d{7})\.", text)
+            right |= {a for a, _, b in edges if b == value}
+            for _ in range(10):
+                right |= {a for a, _, b in edges if b in right}
+        else:
+            coded = text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split("What are")[0].split()
+            right = {w for w, _ in Counter(coded).most_common(3)}
+        return torch.tensor([0.0 if hub.decode(c) in right else -1.0 for c in candidates], dtype=torch.float64)
+    return score
+
+
+def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
+    monkeypatch.setattr(probe_module, "score_candidates", _oracle(hub))
+    results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, TASKS, [4 * TRAIN_LEN, 8 * TRAIN_LEN], [0.2, 0.8],
+                             [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2, progress=False, unk=hub.src_dict.unk())
+    assert len(results) == 7 * 2 * 2 + 2  # fwe: one row per length
+    assert all(r.accuracy == 1.0 and r.found == r.items > 0 for r in results), [(r.task, r.accuracy) for r in results if r.accuracy < 1]
+
+
+def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
+    """Under a sliding window W = l each layer reaches l - 1 positions back (the bit-exact bound of the passkey
+    tests): with the needle at depth 0.05 of a 1024-token prompt it is out of every query's reach, so the true
+    value is one of 10 exchangeable candidates. 100 trials land within the 99.9% binomial interval of 0.1."""
+    length, trials = 16 * TRAIN_LEN, 100
+    reach = LAYERS * (TRAIN_LEN - 1)
+    for seed in range(3):  # (ruler_accuracy draws with its own seeds; these check the geometry of such prompts)
+        s = _sample(hub, filler, "niah_single_1", length, 0.05, seed)
+        assert s.tokens - s.needles[0][1] > reach + 1
+    window = hub.spec_for(mode="sliding")
+    [result] = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1"], [length], [0.05], [window],
+                              hub.src_dict.eos(), hub.src_dict.pad(), trials=trials, progress=False)
+    sd = math.sqrt(0.1 * 0.9 / trials)
+    assert abs(result.accuracy - 0.1) < 3.3 * sd, result.accuracy
+
+
+def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
+    """lex ruler writes its table, JSON (the prompt token counts included) and one heat map per task; lex
+    ruler-data writes a data-bin of prompts followed by their answers, at most --max-length tokens each."""
+    ckpt, _ = trained
+    out = tmp_path / "ruler.json"
+    proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "ruler", str(data_bin), "--path", str(ckpt), "--tasks",
+                    "niah_single_2,vt,fwe", "--lengths", f"{TRAIN_LEN * 4},{TRAIN_LEN * 8}", "--depths", "0.5", "--windows",
+                    "full,bca", "--trials", "1", "--json", str(out), "--plot", str(tmp_path / "ruler.png")])
+    assert "| niah_single_2 | full |" in proc.stdout and "| fwe | bca(32) |" in proc.stdout
+    report = json.loads(out.read_text())
+    assert len(report["results"]) == 3 * 2 * 2 and all(0 < r["tokens"] <= r["length"] for r in report["results"])
+    assert all((tmp_path / f"ruler_{t}.png").stat().st_size > 5000 for t in ("niah_single_2", "vt", "fwe"))
+
+    dest = tmp_path / "ruler-bin"
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "ruler-data", "--path", str(ckpt), str(data_bin), str(dest),
+             "--samples", "16", "--max-length", str(8 * TRAIN_LEN - 1)])  # (this small BPE's frames need > l tokens)
+    from fairseq.data import data_utils
+
+    ds = data_utils.load_indexed_dataset(str(dest / "train"), hub.src_dict)
+    assert len(ds) == 16 and max(ds.sizes) <= 8 * TRAIN_LEN  # with </s>
+    assert (dest / "dict.txt").is_file()
+
+
+def test_finetuning_samples_end_with_their_answers(hub, filler):
+    rows = finetune_samples(hub.encode_fragment, filler, ["niah_single_1", "niah_multivalue", "vt"], 6, 8 * TRAIN_LEN - 1,
+                            unk=hub.src_dict.unk())
+    assert len(rows) == 6 and all(r.numel() <= 8 * TRAIN_LEN - 1 for r in rows)
+    first = hub.decode(rows[0])
+    value = re.findall(NEEDLE_RE, first)[0][1]
+    assert first.endswith(f"mentioned in the provided text is {value}.")
