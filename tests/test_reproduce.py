@@ -102,6 +102,15 @@ def test_method_and_passkey_commands(tmp_path):
     assert tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt") and tune[1] == str(tmp_path / "pk")
     assert tune[tune.index("--sample-break-mode") + 1] == "eos" and "--disable-validation" in tune
     assert tune[tune.index("--tokens-per-sample") + 1] == str(L) and tune[tune.index("--pos-emb") + 1] == "alibi"
+    # RULER-lite: its data (l - 1 tokens), the fine-tuning as the passkey's, the probe over every window at l..8l
+    data = reproduce.ruler_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "rb", o)
+    assert "ruler-data" in data and data[data.index("--max-length") + 1] == L - 1
+    tune = reproduce.ruler_finetune_command(tmp_path / "rb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "rope"], o)
+    assert tune[1] == str(tmp_path / "rb") and tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt")
+    probe = reproduce.ruler_command(tmp_path, tmp_path / "c.pt", tmp_path / "ruler.json", o, rotary=False)
+    assert probe[probe.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"
+    assert probe[probe.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}"
+    assert reproduce.methods_of("alibi", ["ruler"]) == ["ruler"]
     # the scaled probe: 8l only, full attention, the scaling's own flags with auto = 8 (its value at 8l)
     flags = reproduce.scaled_passkey_flags("llama3_logn")
     assert flags == ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--logn"]
@@ -178,6 +187,19 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
         run_cli([*args[:-2], "--resolution-texts", "3"])
     with pytest.raises(AssertionError, match="unknown runs"):
         run_cli([*args[:6], "--runs", "xpos,rotary"])
+
+
+def test_ruler_table_reads_lex_ruler_reports():
+    from lex_plugin.evaluation.reproduce.tables import markdown_ruler
+
+    def cell(task, window, length, depth, score, trials=2):
+        return {"task": task, "window": window, "length": length, "depth": depth, "distractors": 9, "trials": trials,
+                "score": score, "items": trials, "found": int(score), "tokens": length, "attention": {}, "accuracy": score / trials}
+
+    report = {"results": [cell("vt", "full", L, 0.1, 2.0), cell("vt", "full", L, 0.9, 1.0), cell("vt", "full", 2 * L, 0.1, 0.0),
+                          cell("vt", "full", 2 * L, 0.9, 0.0), cell("fwe", "full", L, None, 1.0)]}
+    text = markdown_ruler({"rope": report}, ["xpos", "rope"], L)
+    assert text.startswith("RoPE (Roformer):") and "| vt | full | 0.75 | 0.00 |" in text and "| fwe | full | 0.50 | - |" in text
 
 
 def test_flat_and_retrieving_verdicts(tmp_path):

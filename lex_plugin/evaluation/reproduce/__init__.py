@@ -23,21 +23,23 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, RULER_FINETUNE, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
-                       prepare_command, resolution_command, scaled_passkey_flags, train_command)
+                       prepare_command, resolution_command, ruler_command, ruler_data_command, ruler_finetune_command,
+                       scaled_passkey_flags, train_command)
 from .plots import plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
 from .tables import (check_claims, flat_and_retrieving, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
-                     markdown_passkey, markdown_ppl, markdown_resolution, ppl_table)
+                     markdown_passkey, markdown_ppl, markdown_resolution, markdown_ruler, ppl_table)
 
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
-    "ppl_table", "prepare_command", "reproduce", "resolution_command", "scaled_passkey_flags", "train_command", "write_results",
+    "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command",
+    "scaled_passkey_flags", "train_command", "write_results",
 ]
 
 
@@ -53,7 +55,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         The text of tables.md.
     """
     l = o["training_length"]
-    reports, resolution, passkey = {}, {}, {}
+    reports, resolution, passkey, ruler = {}, {}, {}, {}
     for name in runs:
         rdir = work / "runs" / name
         if (rdir / "length_report.json").exists():
@@ -65,6 +67,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         for probe in PROBES:
             if (rdir / f"{probe}.json").exists():
                 passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
+        if (rdir / "ruler.json").exists():
+            ruler[name] = json.loads((rdir / "ruler.json").read_text())
         scaled = [json.loads(p.read_text())["results"] for m in SCALED_PASSKEY
                   if (p := rdir / f"passkey_finetuned_{m}.json").exists()]
         if scaled:
@@ -114,6 +118,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
             f"x {PASSKEY_FINETUNE['batch_size']} prompts of at most {l // 2 - 8} tokens)", "",
             markdown_passkey(tuned, runs, l)] if tuned else []),
+        *(["", f"### RULER-lite after fine-tuning on its format ({RULER_FINETUNE['updates']} updates x "
+            f"{RULER_FINETUNE['batch_size']} prompts of at most l - 1 tokens; mean over depths)", "",
+            markdown_ruler(ruler, runs, l)] if ruler else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
@@ -125,6 +132,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         {"options": o, "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
          **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
+         **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
          "claims": claims, "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
@@ -172,12 +180,15 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     tuned_runs = [n for n in runs if any(m.startswith("passkey_finetuned") for m in run_methods[n])]
 
     def steps_of(method: str) -> int:  # a probe after fine-tuning: the fine-tuning (once, then "done") and its probes
+        if method == "ruler":
+            return 2
         if not method.startswith("passkey_finetuned"):
             return 1
         return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
 
     steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + sum(map(steps_of, run_methods[n])) for n in runs)
-             + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0))
+             + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
+             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / "train.idx").exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -217,6 +228,14 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                     run(f"{method} {name}", passkey_command(data, tuned, out, o, name in ROTARY_RUNS,
                                                             ["--logn"] if method.endswith("_logn") else []),
                         rdir / f"{method}.log", out)
+            elif method == "ruler":
+                ruler_bin, tuned = work / "ruler-bin", rdir / "ruler_ft" / "checkpoint_last.pt"
+                if not (ruler_bin / "train.idx").exists():
+                    run("ruler data", ruler_data_command(data, ckpt, ruler_bin, o), work / "ruler-data.log", ruler_bin / "train.idx")
+                run(f"ruler finetune {name}", ruler_finetune_command(ruler_bin, ckpt, tuned.parent, run_args, o),
+                    tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
+                out = rdir / "ruler.json"
+                run(f"ruler {name}", ruler_command(data, tuned, out, o, name in ROTARY_RUNS), rdir / "ruler.log", out)
             else:
                 out = rdir / f"method_{method}.json"
                 run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)

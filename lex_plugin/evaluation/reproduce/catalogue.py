@@ -3,7 +3,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -56,10 +56,14 @@ SCALED_PASSKEY = tuple(m for s in SCALINGS for m in (s, f"{s}_logn"))  # the met
 PASSKEY_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 # the passkey probe on each checkpoint; after fine-tuning on its format; the latter with log-n; and (rotary runs)
 # at 8l under each of SCALINGS with the factor 8 (= auto at 8l), with and without log-n
-PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled")
+# "ruler": RULER-lite after fine-tuning on its own format (lex ruler-data, RULER_FINETUNE), under RULER_WINDOWS
+PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled", "ruler")
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
 PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
+RULER_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
+RULER_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
+RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
 METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
 ROTARY_RUNS = ("xpos", "rope")
 LABELS = {

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR, fairseq_train_command
-from .catalogue import METHODS, PASSKEY_FINETUNE, PASSKEY_WINDOWS
+from .catalogue import METHODS, PASSKEY_FINETUNE, PASSKEY_WINDOWS, RULER_FINETUNE, RULER_PROBE, RULER_WINDOWS
 
 __all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command", "scaled_passkey_flags",
-           "prepare_command", "resolution_command", "train_command"]
+           "prepare_command", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command", "train_command"]
 
 
 def prepare_command(corpus: Path, data: Path) -> List:
@@ -91,6 +91,33 @@ def scaled_passkey_flags(method: str) -> List:
     """The ``lex passkey`` flags of the RoPE scaling ``method`` (a name of :data:`METHODS`: a scaling of
     :data:`SCALINGS`, with or without ``_logn``) at 8l: ``auto`` becomes 8, its value at 8l."""
     return ["8" if f == "auto" else f for f in METHODS[method][1]]
+
+
+def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+    """``lex ruler-data``: :data:`RULER_FINETUNE` ``samples`` prompts of every RULER-lite task with an answer, at
+    most l - 1 tokens each, haystacks from the training split of ``data``, into ``dest``."""
+    return [sys.executable, "-m", "lex_plugin.cli", "ruler-data", "--path", ckpt, data, dest,
+            "--samples", RULER_FINETUNE["samples"], "--max-length", o["training_length"] - 1]
+
+
+def ruler_finetune_command(ruler_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+    """fairseq-train fine-tuning ``ckpt`` on the RULER-lite data-bin (:data:`RULER_FINETUNE`), as
+    :func:`finetune_command` does for the passkey data."""
+    f = RULER_FINETUNE
+    return fairseq_train_command(ruler_data, save_dir, o["arch"], run_args, o["training_length"], f["batch_size"], f["lr"],
+                                 f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
+                                 extra=["--finetune-from-model", ckpt])
+
+
+def ruler_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+    """``lex ruler`` of ``ckpt``: every task at l, 2l, 4l and 8l, :data:`RULER_PROBE`'s depths and trials, under
+    :data:`RULER_WINDOWS` (and Leaky ReRoPE for a ``rotary`` checkpoint), writing the JSON ``out`` and a heat map
+    per task beside it (``out``'s name + ``_TASK.png``)."""
+    l = o["training_length"]
+    windows = RULER_WINDOWS + (("leaky_rerope",) if rotary else ())
+    return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
+            "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
+            "--windows", ",".join(windows), "--trials", RULER_PROBE["trials"], "--json", out, "--plot", out.with_suffix(".png")]
 
 
 def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:

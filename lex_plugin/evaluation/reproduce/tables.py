@@ -256,3 +256,17 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
     verdict = ("**Flat and retrieving:** " + ("; ".join(both) if both else "none")) if probed else \
         "**Flat and retrieving:** not decided: no passkey results after fine-tuning in this work directory."
     return "\n".join(head + body + ["", verdict])
+
+
+def markdown_ruler(ruler: Dict[str, dict], runs: Sequence[str], l: int) -> str:
+    """The RULER-lite summary of each run's ``lex ruler`` report: rows run x task x window, columns each length
+    (mean over depths), as ``lex ruler`` prints it."""
+    from ..ruler import RulerResult, format_ruler
+
+    fields = set(RulerResult.__dataclass_fields__)
+    parts = []
+    for name in runs:
+        if name in ruler:
+            results = [RulerResult(**{k: v for k, v in r.items() if k in fields}) for r in ruler[name]["results"]]
+            parts.append(f"{LABELS.get(name, name)}:\n\n" + format_ruler(results, l))
+    return "\n\n".join(parts)
