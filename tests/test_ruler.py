@@ -166,6 +166,7 @@ def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
     assert "| niah_single_2 | full |" in proc.stdout and "| fwe | bca(32) |" in proc.stdout
     report = json.loads(out.read_text())
     assert len(report["results"]) == 3 * 2 * 2 and all(0 < r["tokens"] <= r["length"] for r in report["results"])
+    assert all(r["prompt_tokens"] == [r["tokens"]] for r in report["results"])  # one trial: its prompt's count
     assert all((tmp_path / f"ruler_{t}.png").stat().st_size > 5000 for t in ("niah_single_2", "vt", "fwe"))
 
     dest = tmp_path / "ruler-bin"

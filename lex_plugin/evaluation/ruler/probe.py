@@ -38,7 +38,8 @@ def sentence_stops(encode) -> List[int]:
 @dataclass
 class RulerResult:
     """One (task, window, length, depth) cell: ``trials`` prompts, ``score`` the sum of the trials' fractions of
-    answers found, ``items`` / ``found`` the answers scored / found, ``tokens`` the longest prompt read."""
+    answers found, ``items`` / ``found`` the answers scored / found, ``tokens`` the longest prompt read,
+    ``prompt_tokens`` each trial's prompt (context and longest question) in tokens."""
 
     task: str
     window: str
@@ -50,6 +51,7 @@ class RulerResult:
     items: int = 0
     found: int = 0
     tokens: int = 0
+    prompt_tokens: List[int] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
 
     @property
@@ -102,6 +104,7 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
                 result.items += items
                 result.found += found
                 result.tokens = max(result.tokens, sample.tokens)
+                result.prompt_tokens.append(sample.tokens)
                 bar.update(1)
         results += cell.values()
     bar.close()
