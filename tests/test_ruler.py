@@ -141,9 +141,9 @@ def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
 
 def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
     """Under a sliding window W = l each layer reaches l - 1 positions back (the bit-exact bound of the passkey
-    tests): with the needle at depth 0.05 of a 1024-token prompt it is out of every query's reach, so the true
+    tests): with the needle at depth 0.05 of a 512-token prompt it is out of every query's reach, so the true
     value is one of 10 exchangeable candidates. 100 trials land within the 99.9% binomial interval of 0.1."""
-    length, trials = 16 * TRAIN_LEN, 100
+    length, trials = 8 * TRAIN_LEN, 100
     reach = LAYERS * (TRAIN_LEN - 1)
     for seed in range(3):  # (ruler_accuracy draws with its own seeds; these check the geometry of such prompts)
         s = _sample(hub, filler, "niah_single_1", length, 0.05, seed)
