@@ -394,6 +394,35 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
             click.echo(f"{label} -> {path}")
 
 
+def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, split: str, make_rows, what: str, source: str):
+    """A fine-tuning data-bin DEST for a probe (passkey-data, ruler-data): ``make_rows(hub, filler, max_length)``'s
+    samples (max_length default l - 1) as DEST/train.{bin,idx}, plus DATA's dictionary and encoder files."""
+    import shutil
+
+    from .data.stream import split_stream
+    from .evaluation.passkey import write_dataset
+    from .hub_interface import from_pretrained
+
+    if dest.exists() and any(dest.iterdir()):
+        raise click.ClickException(f"{dest} exists and is not empty; give a new directory.")
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full")
+        l = hub.training_length
+        if l is None and max_length is None:
+            raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
+        rows = make_rows(hub, split_stream(data, split, hub.src_dict), max_length or l - 1)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
+        if path.is_file() and path.suffix not in (".bin", ".idx"):
+            shutil.copy2(path, dest / path.name)
+    write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
+    lengths = [r.numel() for r in rows]
+    click.echo(f"{len(rows):,} {what}, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
+               f"{source} from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
+
+
 @main.command("passkey-data")
 @_CKPT
 @_DATA
@@ -409,30 +438,12 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
     together): DEST/train.{bin,idx} plus DATA's dictionary and encoder files, no valid split. Fine-tune on
     it with fairseq-train --sample-break-mode eos --disable-validation --finetune-from-model CKPT, then run
     lex passkey on DATA as usual."""
-    import shutil
+    from .evaluation.passkey import finetune_samples
 
-    from .data.stream import split_stream
-    from .evaluation.passkey import finetune_samples, write_dataset
-    from .hub_interface import from_pretrained
+    def rows(hub, filler, max_length):
+        return finetune_samples(hub.encode_fragment, filler, samples, max_length, seed)
 
-    if dest.exists() and any(dest.iterdir()):
-        raise click.ClickException(f"{dest} exists and is not empty; give a new directory.")
-    try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full")
-        l = hub.training_length
-        if l is None and max_length is None:
-            raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
-        rows = finetune_samples(hub.encode_fragment, split_stream(data, split, hub.src_dict), samples, max_length or l - 1, seed)
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
-        if path.is_file() and path.suffix not in (".bin", ".idx"):
-            shutil.copy2(path, dest / path.name)
-    write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
-    lengths = [r.numel() for r in rows]
-    click.echo(f"{len(rows):,} passkey samples, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
-               f"filler from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
+    _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "passkey samples", "filler")
 
 
 @main.command("ruler")
@@ -514,32 +525,13 @@ def ruler_data_cmd(checkpoint, data, dest, tasks, samples, max_length, hops, spl
     text of one of its questions; at most l - 1 tokens): DEST/train.{bin,idx} plus DATA's dictionary and encoder
     files. Fine-tune with fairseq-train --sample-break-mode eos --disable-validation --finetune-from-model CKPT,
     then run lex ruler on DATA."""
-    import shutil
-
-    from .data.stream import split_stream
-    from .evaluation.passkey import write_dataset
     from .evaluation.ruler import finetune_samples
-    from .hub_interface import from_pretrained
 
-    if dest.exists() and any(dest.iterdir()):
-        raise click.ClickException(f"{dest} exists and is not empty; give a new directory.")
-    try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, "full")
-        l = hub.training_length
-        if l is None and max_length is None:
-            raise ValueError("the checkpoint records no training length; give --max-length (l - 1 for training length l).")
-        rows = finetune_samples(hub.encode_fragment, split_stream(data, split, hub.src_dict), parse_name_list(tasks, "--tasks"),
-                                samples, max_length or l - 1, seed, hops=hops, unk=hub.src_dict.unk())
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
-        if path.is_file() and path.suffix not in (".bin", ".idx"):
-            shutil.copy2(path, dest / path.name)
-    write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
-    lengths = [r.numel() for r in rows]
-    click.echo(f"{len(rows):,} RULER-lite samples, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
-               f"haystacks from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
+    def rows(hub, filler, max_length):
+        return finetune_samples(hub.encode_fragment, filler, parse_name_list(tasks, "--tasks"), samples, max_length, seed,
+                                hops=hops, unk=hub.src_dict.unk())
+
+    _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "RULER-lite samples", "haystacks")
 
 
 @main.command("train", context_settings={"ignore_unknown_options": True})
