@@ -80,6 +80,21 @@ def _scaling_options(fn):
     return fn
 
 
+def _probe_options(fn):
+    """The flags of a probe that compares modes (--windows): every window flag but the mode selectors."""
+    for option in (_precision_options, _scaling_options, _map_options, _sink_options, _length_options):
+        fn = option(fn)
+    return fn
+
+
+def _probe_specs(hub, flags: dict, modes, longest: int):
+    """One attention spec per mode of a probe's --windows, the other flags shared (``AttentionOptions.for_mode``;
+    ValueError for an option no mode takes)."""
+    options = AttentionOptions.from_flags(flags)  # the modes come from --windows
+    options.check_modes(modes)
+    return [hub.spec_for(options.for_mode(m), longest) for m in modes]
+
+
 def _hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
     """The hub of ``checkpoint`` under the attention spec of the flags of :func:`_window_options`
     (``AttentionOptions.from_flags``; ValueError as ``AttentionOptions.spec``)."""
@@ -349,11 +364,7 @@ def score_cmd(checkpoint, data, files, json_out, **window):
               help="random other keys scored against the true one")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the filler text comes from")
-@_length_options
-@_sink_options
-@_map_options
-@_scaling_options
-@_precision_options
+@_probe_options
 @_JSON
 @_PLOT
 def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors, seed, split, json_out, plot_out, **flags):
@@ -371,9 +382,7 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
         if not sizes or not fractions or not modes:
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
         hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
-        options = AttentionOptions.from_flags(flags)  # the modes come from --windows
-        options.check_modes(modes)
-        specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
+        specs = _probe_specs(hub, flags, modes, max(sizes))
         filler = split_stream(data, split, hub.src_dict)
         results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, specs, hub.src_dict.eos(),
                                    hub.src_dict.pad(), trials, distractors, seed)
@@ -461,11 +470,7 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
 @click.option("--hops", type=click.IntRange(min=1), default=2, show_default=True, help="vt: assignments after the first")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the book haystacks come from")
-@_length_options
-@_sink_options
-@_map_options
-@_scaling_options
-@_precision_options
+@_probe_options
 @_JSON
 @_PLOT
 def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distractors, hops, seed, split, json_out, plot_out,
@@ -489,9 +494,7 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
         modes, names = parse_name_list(windows, "--windows"), parse_name_list(tasks, "--tasks")
         if not sizes or not fractions or not modes or not names:
             raise ValueError("--tasks, --lengths, --depths and --windows each need at least one value.")
-        options = AttentionOptions.from_flags(flags)  # the modes come from --windows
-        options.check_modes(modes)
-        specs = [hub.spec_for(options.for_mode(m), max(sizes)) for m in modes]
+        specs = _probe_specs(hub, flags, modes, max(sizes))
         filler = split_stream(data, split, hub.src_dict)
         results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, names, sizes, fractions, specs, hub.src_dict.eos(),
                                  hub.src_dict.pad(), trials, distractors, hops, seed, unk=hub.src_dict.unk())

@@ -46,6 +46,42 @@ def test_logits_under_autocast_stay_within_a_bound_of_fp32(scheme, emulated_bf16
         assert 0 < err < LOGPROB_BOUND, (scheme, length, err)
 
 
+@pytest.mark.parametrize("scheme", ["xpos", "alibi"])
+@pytest.mark.parametrize("window", ["bca_sinks", "sliding", "rerope"])
+def test_windows_sinks_and_position_maps_under_autocast(scheme, window, emulated_bf16):
+    """The executor's other paths under autocast (sink tokens, batched windows, a position map's log-sum-exp
+    merge): bf16 logits within LOGPROB_BOUND of fp32's at 8l."""
+    from lex_plugin.modules.attention import AttentionOptions
+
+    d = make_dictionary()
+    model = build_lex_model(dictionary=d, pos_emb=scheme, tokens_per_sample=L, seed=4)
+    mode = {"bca_sinks": "bca", "sliding": "sliding", "rerope": "rerope"}[window]
+    spec = AttentionOptions(mode, sink_tokens=4 if window == "bca_sinks" else 0).spec(L, 8 * L)
+    tokens = random_tokens(d, 2, 8 * L, seed=5)
+    with torch.no_grad():
+        ref = model(tokens, spec=spec)[0]
+        got = model.with_autocast(torch.bfloat16)(tokens, spec=spec)[0]
+    assert got.dtype == torch.bfloat16
+    err = (torch.log_softmax(got.float(), -1) - torch.log_softmax(ref, -1)).abs().max().item()
+    assert 0 < err < LOGPROB_BOUND, (scheme, window, err)
+
+
+def test_token_by_token_under_autocast_equals_one_forward(emulated_bf16):
+    """Generation through the bounded cache with sink tokens under autocast: each step's logits equal the parallel
+    forward's within bf16 rounding (measured 0.016)."""
+    from lex_plugin.modules.attention import AttentionOptions
+
+    d = make_dictionary()
+    model = build_lex_model(dictionary=d, pos_emb="xpos", tokens_per_sample=L, seed=4).with_autocast(torch.bfloat16)
+    spec = AttentionOptions("bca", sink_tokens=4).spec(L, 4 * L)
+    tokens = random_tokens(d, 1, 2 * L, seed=1)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        state = {}
+        steps = torch.cat([model(tokens[:, :i], incremental_state=state, spec=spec)[0][:, -1:] for i in range(1, 2 * L + 1)], 1)
+    assert steps.dtype == torch.bfloat16 and (parallel.float() - steps.float()).abs().max() < 0.05
+
+
 def test_xpos_stays_finite_at_64k_under_autocast(emulated_bf16):
     """65,536 tokens (1024 l) through a one-layer xPos model under bf16 autocast with BCA (l = 64): every logit
     finite, and the last block's logits those of the same tokens at the start of a sequence."""

@@ -100,9 +100,7 @@ def attend(
     """
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
-        with torch.autocast(q.device.type, enabled=False):
-            if sinks is not None:
-                sinks = (sinks[0].to(dtype), sinks[1].to(dtype), sinks[2])
+        with torch.autocast(q.device.type, enabled=False):  # (a cache's sink keys already hold its dtype)
             return attend(q.to(dtype), k.to(dtype), v.to(dtype), chunks, spec, scheme, q_start, k_start, center,
                           key_padding_mask, dropout_p, observer, sinks, positions, feature_major)
     if spec.logn:
