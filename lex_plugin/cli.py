@@ -219,6 +219,40 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
         raise click.ClickException(str(err)) from None
 
 
+@main.command("export-hf")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the data-bin the checkpoint was trained on (dict.txt, spm.model, lex_prepare.json)")
+@click.option("--position-map", type=click.Choice(list(POSITION_MAPS)), default=None,
+              help="bounded-distance attention over every key (ReRoPE, Leaky ReRoPE, Self-Extend, DCA)")
+@click.option("--lm-infinite", is_flag=True, help="LM-Infinite's Λ-shaped attention")
+@click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")
+@_scaling_options
+@_map_options
+@_sink_options
+@_length_options
+@click.option("--force", is_flag=True, help="replace the files of an existing OUT")
+def export_hf_cmd(checkpoint, out, data, force, **window):
+    """Write CHECKPOINT as a Hugging Face model directory OUT: config.json (model, position scheme, training
+    length, the attention spec of the flags as its default), model.safetensors, the tokenizer (as lex prepare
+    encodes) and the remote code that AutoModelForCausalLM / AutoTokenizer load with trust_remote_code=True
+    (it imports lex_plugin's fairseq-free core)."""
+    try:
+        from .hf.export import export_hf
+    except ImportError as err:
+        raise click.ClickException(f"lex export-hf needs transformers and safetensors (the hf extra: "
+                                   f"pip install -e '.[hf]'): {err}") from None
+    try:
+        model = export_hf(checkpoint, data, out, AttentionOptions.from_flags(window), force)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        raise click.ClickException(str(err)) from None
+    c = model.config
+    click.echo(f"exported {checkpoint} -> {out}: {c.pos_emb}, {c.num_hidden_layers} layers, C = {c.hidden_size}, "
+               f"V = {c.vocab_size}, l = {c.training_length}, attention {model.spec}")
+    click.echo(f"load: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+
+
 def _analysis_model(checkpoint, data, window: dict, evaluation_length=None):
     from .analysis.report import load_model
 

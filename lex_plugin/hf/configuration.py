@@ -1,0 +1,110 @@
+"""``LexConfig``: a lex_lm checkpoint's model, position scheme and attention options as a Hugging Face config.
+
+The standard names (``vocab_size``, ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+``intermediate_size``, ``hidden_act``, ``layer_norm_eps``, ``tie_word_embeddings``, the special token ids)
+are mapped from TorchScale's ``DecoderConfig``; what has no standard name keeps the plugin's (``pos_emb`` and
+its scheme's options under ``position_options``, ``training_length``, ``attention``: the ``AttentionOptions``
+fields of the default attention spec, e.g. ``{"mode": "bca"}``).
+"""
+
+from typing import Any, Dict, Optional
+
+from transformers import PretrainedConfig
+
+__all__ = ["LexConfig", "MODEL_TYPE"]
+
+MODEL_TYPE = "lex_lm"
+
+
+class LexConfig(PretrainedConfig):
+    """Configuration of :class:`~lex_plugin.hf.modeling.LexForCausalLM`.
+
+    Args:
+        vocab_size: V, the rows of fairseq's dictionary (``dict.txt`` plus the 4 specials, padding included).
+        hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: C, layers, heads, FFN width.
+        hidden_act: ``gelu``, ``relu`` or ``swish`` (TorchScale's ``activation_fn``).
+        layer_norm_eps: LayerNorm epsilon.
+        pos_emb: the ``--pos-emb`` scheme; ``position_options``: its options, resolved (name -> value).
+        training_length: l, the tokens per sample the model was trained on (BCA's blocks, log-n, auto scalings).
+        attention: the default attention spec's ``AttentionOptions`` fields (name -> value; ``{}``: full
+            attention as trained).
+        normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
+        tie_word_embeddings: the output projection is the token embedding.
+        dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
+        use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
+
+    Raises (when the model is built from it, :class:`~lex_plugin.hf.modeling.LexForCausalLM`):
+        ValueError: an unknown scheme or attention option.
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(
+        self,
+        vocab_size: int = 8192,
+        hidden_size: int = 256,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 4,
+        intermediate_size: int = 1024,
+        hidden_act: str = "gelu",
+        layer_norm_eps: float = 1e-5,
+        pos_emb: str = "xpos",
+        position_options: Optional[Dict[str, Any]] = None,
+        training_length: Optional[int] = None,
+        attention: Optional[Dict[str, Any]] = None,
+        normalize_before: bool = True,
+        deepnorm: bool = False,
+        subln: bool = False,
+        layernorm_embedding: bool = False,
+        scale_embedding: bool = True,
+        tie_word_embeddings: bool = False,
+        dictionary_digest: Optional[str] = None,
+        use_cache: bool = True,
+        bos_token_id: int = 2,
+        pad_token_id: int = 1,
+        eos_token_id: int = 2,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.layer_norm_eps = layer_norm_eps
+        self.pos_emb = pos_emb
+        self.position_options = dict(position_options or {})
+        self.training_length = training_length
+        self.attention = dict(attention or {})
+        self.normalize_before = normalize_before
+        self.deepnorm = deepnorm
+        self.subln = subln
+        self.layernorm_embedding = layernorm_embedding
+        self.scale_embedding = scale_embedding
+        self.dictionary_digest = dictionary_digest
+        self.use_cache = use_cache
+        super().__init__(bos_token_id=bos_token_id, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def decoder_config(self):
+        """The TorchScale ``DecoderConfig`` (plus ``pos_emb``, its options, ``tokens_per_sample``) the model is
+        built from, as ``lex_lm.build_decoder_config`` builds it for fairseq; dropout 0 (inference)."""
+        from torchscale.architecture.config import DecoderConfig
+
+        config = DecoderConfig(
+            decoder_embed_dim=self.hidden_size, decoder_attention_heads=self.num_attention_heads,
+            decoder_ffn_embed_dim=self.intermediate_size, decoder_layers=self.num_hidden_layers,
+            decoder_normalize_before=self.normalize_before, activation_fn=self.hidden_act, dropout=0.0,
+            drop_path_rate=0.0, attention_dropout=0.0, activation_dropout=0.0,
+            no_scale_embedding=not self.scale_embedding, layernorm_embedding=self.layernorm_embedding,
+            deepnorm=self.deepnorm, subln=self.subln, share_decoder_input_output_embed=self.tie_word_embeddings,
+            layernorm_eps=self.layer_norm_eps, vocab_size=self.vocab_size,
+        )
+        from ..modules.positions import SCHEME_OPTIONS
+
+        config.pos_emb = self.pos_emb
+        for name in SCHEME_OPTIONS:  # (DecoderConfig has a max_target_positions of its own: not the scheme's)
+            setattr(config, name, self.position_options.get(name))
+        config.random_positions = 0
+        config.tokens_per_sample = self.training_length
+        return config

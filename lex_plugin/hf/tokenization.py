@@ -1,0 +1,177 @@
+"""``LexTokenizer``: text to fairseq dictionary ids exactly as ``lex prepare`` and ``lex score`` encode it.
+
+A text is cut into paragraphs (blank-line separated, whitespace collapsed: ``data.prepare.paragraphs``); each
+is Moses-normalised and tokenized (sacremoses, no XML escaping: ``data.prepare.moses_tokenize``), split into
+the corpus' SentencePiece pieces when the data-bin used BPE, mapped to ``dict.txt`` ids (fairseq's
+``Dictionary``: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, then the file's symbols in order; a piece
+not in it is ``<unk>``) and followed by ``</s>``. ``add_special_tokens`` (the default of ``tokenizer(text)``)
+puts ``</s>`` first as well: the start of a fairseq language-model stream, so ``tokenizer(doc).input_ids``
+is the model input that scores ``doc`` as ``lex score`` does. A prompt to continue drops the last ``</s>``
+(:meth:`LexTokenizer.encode_prompt`), as ``lex generate`` does.
+
+Decoding joins the pieces, detokenizes each paragraph with Moses and separates paragraphs by a blank line.
+"""
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from transformers import PreTrainedTokenizer
+
+from ..data.prepare import moses_tokenize, paragraphs
+
+__all__ = ["LexTokenizer", "read_fairseq_dictionary", "FAIRSEQ_SPECIALS"]
+
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 of every fairseq Dictionary
+VOCAB_FILES_NAMES = {"dict_file": "dict.txt", "spm_file": "spm.model"}
+
+
+def read_fairseq_dictionary(path: Path) -> List[str]:
+    """The symbols of a fairseq ``dict.txt`` in id order, the 4 specials first (``Dictionary.add_from_file``:
+    one ``symbol count [#fairseq:overwrite]`` per line).
+
+    Raises:
+        FileNotFoundError: no file there. ValueError: a line without a count, a symbol listed twice without
+            ``#fairseq:overwrite``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no fairseq dictionary {path}: the export writes dict.txt beside the tokenizer; "
+                                "copy it from the data-bin the model was trained on.")
+    symbols = list(FAIRSEQ_SPECIALS)
+    seen = set(symbols)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        overwrite = line.endswith(" #fairseq:overwrite")
+        if overwrite:
+            line = line[: -len(" #fairseq:overwrite")]
+        symbol, sep, count = line.rpartition(" ")
+        if not sep or not count.lstrip("-").isdigit():
+            raise ValueError(f"{path}:{number}: expected 'symbol count', got {line!r}.")
+        if symbol in seen and not overwrite:
+            raise ValueError(f"{path}:{number}: duplicate symbol {symbol!r} (fairseq needs #fairseq:overwrite).")
+        if symbol not in seen:
+            symbols.append(symbol)
+            seen.add(symbol)
+    return symbols
+
+
+class LexTokenizer(PreTrainedTokenizer):
+    """The ``lex prepare`` encoding as a transformers tokenizer (module docstring).
+
+    Args:
+        dict_file: the data-bin's ``dict.txt``.
+        spm_file: the data-bin's SentencePiece model, or None when it kept Moses words (``--bpe none``).
+        moses_lang: the Moses language code (``lex_prepare.json``: ``lang``).
+
+    Raises:
+        ValueError: no ``dict.txt``, or one :func:`read_fairseq_dictionary` refuses; a SentencePiece file that
+            does not exist.
+    """
+
+    vocab_files_names = VOCAB_FILES_NAMES
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, dict_file: Optional[str] = None, spm_file: Optional[str] = None, moses_lang: str = "en",
+                 **kwargs):
+        if dict_file is None or not Path(dict_file).is_file():  # (ValueError: transformers rewords an OSError)
+            raise ValueError("LexTokenizer needs dict.txt (the data-bin's fairseq dictionary): none was found "
+                                    "beside the tokenizer's files.")
+        self.symbols = read_fairseq_dictionary(Path(dict_file))
+        self.ids: Dict[str, int] = {s: i for i, s in enumerate(self.symbols)}
+        self.dict_file, self.spm_file, self.moses_lang = str(dict_file), spm_file, moses_lang
+        self.sp = None
+        if spm_file:
+            if not Path(spm_file).is_file():
+                raise ValueError(f"no SentencePiece model {spm_file}; copy spm.model from the data-bin.")
+            import sentencepiece as spm
+
+            self.sp = spm.SentencePieceProcessor(model_file=str(spm_file))
+        kwargs.setdefault("split_special_tokens", True)  # '</s>' typed in a text is text, as lex prepare reads it
+        kwargs.setdefault("clean_up_tokenization_spaces", False)
+        for name, token in (("bos_token", "</s>"), ("eos_token", "</s>"), ("pad_token", "<pad>"), ("unk_token", "<unk>")):
+            kwargs.setdefault(name, token)
+        super().__init__(moses_lang=moses_lang, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.symbols)
+
+    def get_vocab(self) -> Dict[str, int]:
+        return dict(self.ids)
+
+    def _tokenize(self, text: str, **unused) -> List[str]:
+        pieces: List[str] = []
+        for paragraph in paragraphs(text):
+            tokenized = moses_tokenize(paragraph, self.moses_lang)
+            if not tokenized.strip():
+                continue
+            pieces += self.sp.encode(tokenized, out_type=str) if self.sp is not None else tokenized.split()
+            pieces.append(self.eos_token)
+        return pieces
+
+    def _convert_token_to_id(self, token: str) -> int:
+        return self.ids.get(token, self.ids["<unk>"])
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self.symbols[index]
+
+    def convert_tokens_to_string(self, tokens: List[str]) -> str:
+        """Pieces -> text: each paragraph (ended by ``</s>``) joined and Moses-detokenized; paragraphs separated by
+        a blank line; ``<s>`` and ``<pad>`` dropped."""
+        from sacremoses import MosesDetokenizer
+
+        detok = MosesDetokenizer(lang=self.moses_lang)
+        paragraphs_out, current = [], []
+
+        def flush():
+            if current:
+                text = self.sp.decode_pieces(current) if self.sp is not None else " ".join(current)
+                paragraphs_out.append(detok.detokenize(text.split()))
+                current.clear()
+
+        for token in tokens:
+            if token == self.eos_token:
+                flush()
+            elif token not in ("<s>", "<pad>"):
+                current.append(token)
+        flush()
+        return "\n\n".join(paragraphs_out)
+
+    def build_inputs_with_special_tokens(self, token_ids_0: List[int], token_ids_1: Optional[List[int]] = None) -> List[int]:
+        """``</s>`` (the start of a fairseq LM stream) before the text's ids; a pair is refused."""
+        if token_ids_1 is not None:
+            raise ValueError("LexTokenizer encodes one text (a language-model stream), not a pair.")
+        return [self.bos_token_id] + token_ids_0
+
+    def get_special_tokens_mask(self, token_ids_0: List[int], token_ids_1: Optional[List[int]] = None,
+                                already_has_special_tokens: bool = False) -> List[int]:
+        if already_has_special_tokens:
+            return super().get_special_tokens_mask(token_ids_0, token_ids_1, True)
+        return [1] + [0] * len(token_ids_0)
+
+    def encode_prompt(self, text: str) -> List[int]:
+        """Ids of a prompt to continue, as ``lex generate`` builds them: ``</s>``, the text's ids, without the
+        ``</s>`` that would end its last paragraph.
+
+        Raises:
+            ValueError: a text without a token.
+        """
+        ids = self.encode(text, add_special_tokens=False)
+        if not ids:
+            raise ValueError("empty prompt: give some text to continue.")
+        return [self.bos_token_id] + ids[:-1]
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: Optional[str] = None) -> Tuple[str, ...]:
+        """Copy ``dict.txt`` (and ``spm.model``) into ``save_directory``."""
+        import shutil
+
+        prefix = f"{filename_prefix}-" if filename_prefix else ""
+        written = []
+        for source, name in ((self.dict_file, "dict.txt"), (self.spm_file, "spm.model")):
+            if source:
+                target = os.path.join(save_directory, prefix + name)
+                if os.path.abspath(source) != os.path.abspath(target):
+                    shutil.copyfile(source, target)
+                written.append(target)
+        return tuple(written)
+

@@ -1,0 +1,291 @@
+"""The decoder stack of the LeX Transformer, without fairseq: embeddings, positions, layers, output projection.
+
+:class:`DecoderStack` is what every face of the model runs: fairseq's ``LexDecoder``
+(``models.lex_decoder``, a ``FairseqIncrementalDecoder``) and the Hugging Face export (``lex_plugin.hf``)
+both build their modules with :meth:`DecoderStack.build_stack` and run :meth:`DecoderStack.stack_features`,
+so the two compute the same function of the same state dict (TorchScale's ``Decoder`` names). How attention
+runs (window, position map, RoPE scaling, log-n: an ``AttentionSpec``) is an argument of every call, with a
+default fixed when the stack is built; :meth:`DecoderStack.under` and :meth:`DecoderStack.with_autocast` give
+views with another default, never a setting changed and restored.
+"""
+
+import contextlib
+import copy
+import hashlib
+import math
+from functools import partial
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .attention.self_attention import IncrementalState
+from .attention.spec import FULL_SPEC, AttentionSpec
+from .autocast import AUTOCAST_DTYPES, autocast, check_autocast
+from .decoder_layer import LexDecoderLayer
+from .positions import PositionScheme, build_positions
+
+__all__ = ["DecoderStack", "UNBOUNDED_POSITIONS", "is_right_padded", "symbols_digest"]
+
+# xPos has no position table, so the model itself takes any length. fairseq compares sample lengths
+# with max_positions() and *silently skips* longer samples in eval-lm; the model must never be what
+# caps them, so it reports a bound no corpus reaches.
+UNBOUNDED_POSITIONS = 2**30
+
+
+class DecoderStack:
+    """Mixin of an ``nn.Module``: the decoder-only LeX Transformer configured by TorchScale's ``DecoderConfig``.
+
+    Tokens are embedded (scaled by sqrt(C) unless ``no_scale_embedding``), plus an absolute position vector
+    for absolute schemes, optionally layer-normed, passed through ``decoder_layers`` blocks
+    (:class:`LexDecoderLayer`), the final LayerNorm (pre-LN models) and the output projection. The position
+    scheme is ``config.pos_emb`` from the ``--pos-emb`` registry: one module shared by every layer, or one per
+    layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme.
+
+    Submodules (state-dict names, TorchScale's ``Decoder``): ``embed_tokens``, ``layernorm_embedding``,
+    ``positions.N.*`` (KERPLE, T5, learned), ``layers.N.*``, ``layer_norm``, ``output_projection``.
+    """
+
+    def build_stack(self, config, embed_tokens: nn.Embedding, output_size: int, spec: AttentionSpec = FULL_SPEC,
+                    layer_norm: Callable[..., nn.Module] = nn.LayerNorm) -> None:
+        """Create the submodules (called once from the module's ``__init__``, after ``nn.Module.__init__``).
+
+        Args:
+            config: TorchScale ``DecoderConfig`` plus ``pos_emb`` and its scheme options (``random_positions``
+                optional).
+            embed_tokens: ``nn.Embedding`` (V, C) with ``padding_idx``.
+            output_size: rows of the output projection (the target vocabulary; tied: ``embed_tokens``'s).
+            spec: the default attention spec.
+            layer_norm: the LayerNorm class of the embedding and final norms (fairseq's fused one under fairseq).
+
+        Raises:
+            ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme cannot take.
+        """
+        dim = config.decoder_embed_dim
+        self.embed_dim = dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.embed_tokens = embed_tokens
+        self.embed_scale = 1.0 if config.no_scale_embedding else math.sqrt(dim)
+        self.layernorm_embedding = layer_norm(dim, eps=config.layernorm_eps) if config.layernorm_embedding else None
+        self.dropout_module = nn.Dropout(config.dropout)
+
+        self.pos_emb = config.pos_emb
+        self.position_kind, self.positions = build_positions(config)
+        self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
+        self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
+        self._spec = self.check_spec(spec)
+        self._autocast: Optional[torch.dtype] = None  # a view's (with_autocast); the model itself runs in its dtype
+        self.num_layers = len(self.layers)
+        self.layer_norm = layer_norm(dim, eps=config.layernorm_eps) if config.decoder_normalize_before else None
+
+        if config.share_decoder_input_output_embed:
+            self.output_projection = nn.Linear(dim, embed_tokens.num_embeddings, bias=False)
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            self.output_projection = nn.Linear(dim, output_size, bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
+        self._scale_init(config)
+
+    def _scale_init(self, config):
+        """TorchScale's depth-dependent initialisation of fc1, fc2, out_proj, v_proj (decoder-only):
+        DeepNet divides by (8 N) ** 0.25, Magneto (subln) multiplies by sqrt(log 2N)."""
+        if config.deepnorm:
+            factor = 1.0 / math.pow(8.0 * config.decoder_layers, 0.25)
+        elif config.subln:
+            factor = math.sqrt(math.log(config.decoder_layers * 2))
+        else:
+            return
+        with torch.no_grad():
+            for name, p in self.layers.named_parameters():
+                if any(part in name for part in ("fc1", "fc2", "out_proj", "v_proj")):
+                    p.mul_(factor)
+
+    def past_length(self, incremental_state: Optional[IncrementalState]) -> int:
+        """Positions already run through ``incremental_state`` (0 without one)."""
+        return 0 if incremental_state is None else self.layers[0].self_attn.cached_length(incremental_state)
+
+    def stack_features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None,
+                       spec: Optional[AttentionSpec] = None, observer: Optional[Callable] = None,
+                       padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
+        """Final hidden states of the positions not yet in ``incremental_state``.
+
+        Args:
+            prev_output_tokens: (B, T) int64 ids: with ``prefix`` the whole prefix (fairseq's generator: the
+                positions already cached are skipped), otherwise only the new positions (Hugging Face's).
+            incremental_state: the key/value caches of the layers, or None (a parallel forward).
+            spec: the attention spec (default :attr:`spec`).
+            observer: ``observer(layer, logits, distance, visible)`` (``executor.Observer``) or None.
+            padding_mask: (B, T') bool, True at padding, of the new positions; None: the tokens equal to
+                ``padding_idx``.
+            prefix: whether ``prev_output_tokens`` starts at position 0 (True) or after the cache (False).
+
+        Returns:
+            ((B, T', C) hidden states, [embedding output, each layer's output]), T' the new positions.
+
+        Raises:
+            ValueError: every position of ``prev_output_tokens`` is already in the cache; a spec this model
+                cannot take (:meth:`check_spec`).
+        """
+        with self._autocast_context(prev_output_tokens.device):
+            return self._features(prev_output_tokens, incremental_state, spec, observer, padding_mask, prefix)
+
+    def _features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState],
+                  spec: Optional[AttentionSpec], observer: Optional[Callable],
+                  padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
+        past = self.past_length(incremental_state)
+        tokens = prev_output_tokens[:, past:] if prefix else prev_output_tokens
+        if tokens.size(1) == 0:
+            raise ValueError(
+                f"the decoder got {prev_output_tokens.size(1)} tokens but {past} are already cached: "
+                "pass the prefix plus at least one new token."
+            )
+        if padding_mask is None:
+            padding_mask = tokens.eq(self.padding_idx)
+        elif padding_mask.shape != tokens.shape:
+            raise ValueError(f"the padding mask is {tuple(padding_mask.shape)}; the new positions are {tuple(tokens.shape)}.")
+        if not padding_mask.any() or (incremental_state is None and is_right_padded(padding_mask)):
+            padding_mask = None  # causal attention never lets a real token see trailing pads
+
+        x = self.embed_scale * self.embed_tokens(tokens)
+        # train()/eval() reach the layers whichever view they were called on (a view's own flag may be stale)
+        training = self.layers.training
+        positions = self._random_positions(tokens) if training and incremental_state is None else None
+        if self.position_kind == "absolute":
+            table = self.positions[0]
+            rows = table.embed(past, tokens.size(1), x.device) if positions is None else table.embed_at(positions)
+            x = x + rows.to(x.dtype)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        inner_states = [x]
+        spec = self._spec if spec is None else self.check_spec(spec)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.position(i), padding_mask, incremental_state, spec, positions,
+                      None if observer is None else partial(observer, i))
+            inner_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x, inner_states
+
+    def _random_positions(self, tokens: Tensor) -> Optional[Tensor]:
+        """Randomized positions at training (Ruoss et al. 2023, section 3): for each sample, T distinct
+        position ids drawn uniformly from [0, L_max) and sorted; None when ``random_positions`` is 0.
+
+        Raises:
+            ValueError: T > L_max.
+        """
+        limit = self.random_positions
+        if not limit:
+            return None
+        bsz, length = tokens.shape
+        if length > limit:
+            raise ValueError(f"--random-positions {limit} must be at least the sample length {length}.")
+        draws = torch.rand(bsz, limit, device=tokens.device).argsort(dim=1)[:, :length]
+        return draws.sort(dim=1).values
+
+    def position(self, layer: int) -> PositionScheme:
+        """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes)."""
+        return self.positions[layer if len(self.positions) > 1 else 0]
+
+    @property
+    def spec(self) -> AttentionSpec:
+        """The attention spec ``forward`` uses when given none (read-only; :meth:`under` for another)."""
+        return self._spec
+
+    def check_spec(self, spec: AttentionSpec) -> AttentionSpec:
+        """``spec`` if this decoder can run it.
+
+        Raises:
+            TypeError: not an :class:`AttentionSpec`.
+            ValueError: a RoPE scaling on a scheme that is not rotary; a position map on a scheme without
+                distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
+                not translation-invariant; log-n on learned positions.
+        """
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
+        if spec.rope_scaling is not None and self.position_kind != "rotary":
+            raise ValueError(
+                f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
+                f"({self.position_kind}). Use it with rope or xpos checkpoints."
+            )
+        method = spec.position_map
+        if method is not None:
+            name = f"--position-map {method.name}"
+            if self.position_kind == "none":
+                raise ValueError(f"{name} remaps the distances a position scheme sees; NoPE has no positions to remap.")
+            if self.position_kind == "absolute":
+                raise ValueError(f"{name} remaps relative distances; --pos-emb {self.pos_emb} adds absolute positions to the "
+                                 "embeddings, which attention never sees as distances. Use it with a rotary or bias scheme.")
+            if self.position_kind == "bias" and not method.integer:
+                raise ValueError(f"{name} gives fractional distances; --pos-emb {self.pos_emb}'s bias is tabulated at integer "
+                                 "distances. Use rerope, self_extend or dca with bias schemes.")
+            if not all(scheme.translation_invariant for scheme in self.positions):
+                raise ValueError(f"{name} needs a translation-invariant scheme (logits a function of n - m).")
+        if spec.logn and self.pos_emb == "learned":
+            raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
+                             "(--pos-emb learned); use it with relative schemes.")
+        return spec
+
+    def under(self, spec: AttentionSpec) -> "DecoderStack":
+        """A view of this decoder whose ``forward`` defaults to ``spec``: every parameter, buffer, layer and hook
+        is shared (loading weights into one loads them into both; no copy; a submodule assigned or a hook
+        registered on one is on both), only the default differs. ``train()``/``eval()`` on either reach the
+        shared layers, which decide training behaviour (randomized positions, dropout).
+
+        Raises:
+            TypeError, ValueError: as :meth:`check_spec`.
+        """
+        view = copy.copy(self)  # a new __dict__ holding the same _modules / _parameters / _buffers
+        object.__setattr__(view, "_spec", self.check_spec(spec))
+        return view
+
+    @property
+    def autocast(self) -> Optional[torch.dtype]:
+        """The dtype ``forward`` runs under ``torch.autocast`` in (a view's, :meth:`with_autocast`), or None: the
+        weights' own dtype."""
+        return self._autocast
+
+    def with_autocast(self, dtype: Optional[torch.dtype]) -> "DecoderStack":
+        """A view of this decoder (sharing everything, as :meth:`under`) whose ``forward`` and
+        ``extract_features`` run under ``torch.autocast(dtype)`` on the input's device, fp32 weights kept
+        (:mod:`~lex_plugin.modules.autocast`: position math, softmax statistics fp32); None: no autocast.
+
+        Raises:
+            ValueError: a dtype other than those of ``AUTOCAST_DTYPES`` (fp16 autocast needs a loss scaler:
+                fairseq's ``--amp``).
+        """
+        if dtype is not None and dtype not in AUTOCAST_DTYPES.values():
+            raise ValueError(f"autocast in {dtype} is not offered: {', '.join(map(str, AUTOCAST_DTYPES.values()))} "
+                             "(fp16 needs a loss scaler: fairseq's --amp / --fp16).")
+        view = copy.copy(self)
+        object.__setattr__(view, "_autocast", dtype)
+        return view
+
+    def _autocast_context(self, device: torch.device):
+        """torch.autocast for :attr:`autocast` (checked: fp32 weights, a device with native support), or nothing."""
+        if self._autocast is None or torch.is_autocast_enabled(device.type):
+            return contextlib.nullcontext()  # (nested: extract_features inside forward)
+        check_autocast(device, self._autocast, self.embed_tokens.weight.dtype)
+        return autocast(device, self._autocast)
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        """(B, T, C) -> (B, T, V) logits."""
+        return self.output_projection(features)
+
+    def max_positions(self) -> int:
+        """The scheme's limit (the learned table size); otherwise unbounded, not the training length:
+        every other scheme takes any length (see ``UNBOUNDED_POSITIONS``)."""
+        return self.positions[0].max_positions or UNBOUNDED_POSITIONS
+
+
+def is_right_padded(key_padding_mask: Tensor) -> bool:
+    """True when every (B, L) row is [real ..., real, pad ..., pad]: causality alone then hides the pads."""
+    m = key_padding_mask.to(torch.int8)
+    return bool((m[:, 1:] >= m[:, :-1]).all())
+
+
+def symbols_digest(symbols: Sequence[str]) -> Tensor:
+    """MD5 of a vocabulary's symbols in id order (joined by newlines), as a (16,) uint8 tensor: which
+    vocabulary a model's token ids index (fairseq's ``Dictionary.symbols``, the export's ``dict.txt``)."""
+    md5 = hashlib.md5("\n".join(symbols).encode("utf-8")).digest()
+    return torch.tensor(list(md5), dtype=torch.uint8)

@@ -1,0 +1,290 @@
+"""lex export-hf: the exported Hugging Face model, tokenizer and lm-eval task against the fairseq model and lex prepare."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq.data import Dictionary, data_utils
+
+from lex_plugin.hub_interface import from_pretrained
+from lex_plugin.modules.attention.spec import AttentionOptions
+from lex_plugin.modules.positions import POSITION_SCHEMES
+
+from conftest import REPO, TRAIN_LEN, build_lex_model, run_cli, shared_data
+
+transformers = pytest.importorskip("transformers")
+from lex_plugin.hf import LexCache, LexTokenizer  # noqa: E402
+from lex_plugin.hf.export import export_hf  # noqa: E402
+
+L = TRAIN_LEN
+SPECS = {"full": AttentionOptions(), "bca": AttentionOptions("bca"), "sliding": AttentionOptions("sliding", "l")}
+
+
+@pytest.fixture(scope="module")
+def hf_env(tmp_path_factory):
+    """Environment of a process that loads exports: transformers' module cache in a temporary directory, offline."""
+    home = tmp_path_factory.mktemp("hf_home")
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def scheme_checkpoints(trained, data_bin, tmp_path_factory):
+    """One checkpoint per --pos-emb: the trained xPos model's layers and embeddings, with the scheme's own
+    parameters (KERPLE, T5, the learned table) freshly initialised; the trained cfg with pos_emb replaced."""
+    ckpt, _ = trained
+    base = torch.load(ckpt, map_location="cpu", weights_only=False)
+    dictionary = Dictionary.load(str(data_bin / "dict.txt"))
+    out = tmp_path_factory.mktemp("schemes")
+    paths = {}
+    for i, name in enumerate(POSITION_SCHEMES):
+        state = dict(base)
+        state["cfg"] = dict(base["cfg"])
+        model_cfg = dict(state["cfg"]["model"])
+        model_cfg["pos_emb"] = name
+        for option in [k for k in model_cfg if k.startswith(("xpos_", "rope_"))]:
+            model_cfg[option] = None  # xPos's resolved options would be foreign to another scheme
+        state["cfg"]["model"] = model_cfg
+        fresh = build_lex_model("lex_lm_tiny", dictionary, seed=i, pos_emb=name, tokens_per_sample=L,
+                                share_decoder_input_output_embed=True)
+        weights = fresh.state_dict()
+        weights.update({k: v for k, v in base["model"].items() if k in weights and not k.startswith("decoder.positions.")})
+        state["model"] = weights
+        path = out / name / "checkpoint_last.pt"
+        path.parent.mkdir()
+        torch.save(state, path)
+        paths[name] = path
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exports(scheme_checkpoints, data_bin, tmp_path_factory):
+    """name -> (exported directory, LexForCausalLM, fairseq hub, checkpoint), full attention as the default."""
+    out = tmp_path_factory.mktemp("exports")
+    result = {}
+    for name, ckpt in scheme_checkpoints.items():
+        model = export_hf(ckpt, data_bin, out / name)
+        result[name] = (out / name, model, from_pretrained(ckpt.parent, ckpt.name, data_bin), ckpt)
+    return result
+
+
+@pytest.fixture(scope="module")
+def test_tokens(data_bin):
+    """(1, 4l) consecutive ids of the real test split."""
+    d = Dictionary.load(str(data_bin / "dict.txt"))
+    ds = data_utils.load_indexed_dataset(str(data_bin / "test"), d)
+    stream = torch.cat([ds[i].long() for i in range(len(ds))])
+    return stream[: 4 * L].unsqueeze(0)
+
+
+@pytest.mark.parametrize("name", list(POSITION_SCHEMES))
+def test_logits_equal_fairseq_for_every_scheme_and_window(exports, test_tokens, name):
+    _, model, hub, _ = exports[name]
+    fairseq_model = hub.models[0]
+    checked = 0
+    for window, options in SPECS.items():
+        try:
+            spec = hub.spec_for(options)
+            fairseq_model.decoder.check_spec(spec)
+        except ValueError:
+            continue  # a window this scheme refuses (none of these three today): refused alike by both
+        for length in (L, 4 * L):
+            if name == "learned" and length > L:
+                continue  # the learned table ends at l
+            tokens = test_tokens[:, :length]
+            with torch.no_grad():
+                expected, _ = fairseq_model(tokens, spec=spec)
+                got = model(tokens, spec=spec, use_cache=False).logits
+            assert got.shape == expected.shape
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, msg=f"{name} {window} at {length}")
+            checked += 1
+    assert checked >= 3
+
+
+def test_config_maps_the_standard_names(exports):
+    directory, model, hub, _ = exports["xpos"]
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == "lex_lm" and config["auto_map"]["AutoModelForCausalLM"] == "modeling_lex.LexForCausalLM"
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]) == (4, 256, 4, 1024)
+    assert config["vocab_size"] == len(hub.tgt_dict) and config["training_length"] == L
+    assert config["position_options"]["xpos_scale_base"] == 512 and config["position_options"]["xpos_gamma"] == 0.4
+    assert config["tie_word_embeddings"] is True and config["eos_token_id"] == hub.tgt_dict.eos()
+    assert (directory / "model.safetensors").is_file() and (directory / "dict.txt").is_file()
+
+
+LOAD_SCRIPT = r"""
+import importlib.abc, json, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "fairseq" or name.startswith(("fairseq.", "fairseq_cli")):
+            raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+sys.meta_path.insert(0, Refuse())
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+out = {}
+for directory in sys.argv[2:]:
+    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
+    ids = tok(open(sys.argv[1]).read(), return_tensors="pt").input_ids[:, :256]
+    with torch.no_grad():
+        logits = model(ids).logits
+    out[directory] = {"ids": ids[0].tolist(), "logits": logits[0, :, :50].tolist(), "spec": str(model.spec),
+                      "tokenizer": type(tok).__name__, "model": type(model).__name__}
+assert not any(m == "fairseq" or m.startswith("fairseq.") for m in sys.modules), "fairseq was imported"
+print(json.dumps(out))
+"""
+
+
+def test_auto_classes_load_the_export_without_fairseq(scheme_checkpoints, data_bin, tmp_path, hf_env):
+    """lex export-hf with --bca (xPos) and --sliding-window l (ALiBi); loaded by transformers' auto classes in a
+    process where fairseq cannot be imported; the logits equal the fairseq model's under the same window."""
+    text = (shared_data() / "pg" / "test" / "pg113_the-secret-garden.txt").read_text(encoding="utf-8")[20_000:32_000]
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    cases = {"xpos": ["--bca"], "alibi": ["--sliding-window", "l"]}
+    dirs = []
+    for name, flags in cases.items():
+        out = tmp_path / f"hf_{name}"
+        proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "export-hf", str(scheme_checkpoints[name]), str(out),
+                        "--data", str(data_bin), *flags])
+        assert "exported" in proc.stdout
+        dirs.append(str(out))
+    proc = run_cli([sys.executable, "-c", LOAD_SCRIPT, str(tmp_path / "text.txt"), *dirs], env=hf_env)
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (name, flags), directory in zip(cases.items(), dirs):
+        got = loaded[directory]
+        assert got["model"] == "LexForCausalLM" and got["tokenizer"] == "LexTokenizer"
+        hub = from_pretrained(scheme_checkpoints[name].parent, "checkpoint_last.pt", data_bin,
+                              window="bca" if name == "xpos" else "sliding", sliding_window="l" if name == "alibi" else None)
+        assert got["spec"] == str(hub.spec)
+        ids = torch.tensor([got["ids"]])
+        from lex_plugin.evaluation.documents import encode_document
+
+        expected_ids = torch.cat([torch.tensor([hub.src_dict.eos()]), encode_document(hub, text)])[:256]
+        assert torch.equal(ids[0], expected_ids)
+        with torch.no_grad():
+            expected, _ = hub.models[0](ids)
+        torch.testing.assert_close(torch.tensor(got["logits"]), expected[0, :, :50], rtol=0, atol=1e-5)
+
+
+class BoundCheck(transformers.LogitsProcessor):
+    """Records the cache's held positions at every generation step."""
+
+    def __init__(self, cache: LexCache):
+        self.cache, self.held = cache, []
+
+    def __call__(self, input_ids, scores):
+        self.held.append(self.cache.held_positions())
+        return scores
+
+
+@pytest.mark.parametrize("name, options, bound", [
+    ("xpos", AttentionOptions("bca"), L),
+    ("alibi", AttentionOptions("sliding", "l"), L),
+])
+def test_greedy_generate_equals_lex_generate_with_a_bounded_cache(scheme_checkpoints, data_bin, tmp_path, name, options, bound):
+    model = export_hf(scheme_checkpoints[name], data_bin, tmp_path / "hf", options)
+    tok = LexTokenizer(str(tmp_path / "hf" / "dict.txt"), str(tmp_path / "hf" / "spm.model"))
+    hub = from_pretrained(scheme_checkpoints[name].parent, "checkpoint_last.pt", data_bin).under(model.spec)
+    prompt = (shared_data() / "pg" / "test" / "pg730_oliver-twist.txt").read_text(encoding="utf-8")[30_000:31_500]
+    steps = 3 * L
+    expected = hub.continue_tokens(prompt, max_len=steps, temperature=0)
+    ids = torch.tensor([tok.encode_prompt(prompt)])
+    assert ids.size(1) > 2 * L  # the prompt alone outgrows the window
+    cache = LexCache()
+    check = BoundCheck(cache)
+    out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, past_key_values=cache,
+                         logits_processor=transformers.LogitsProcessorList([check]), eos_token_id=None, pad_token_id=1)
+    got = out[0, ids.size(1):]
+    assert torch.equal(got, expected), (got[:20].tolist(), expected[:20].tolist())
+    assert len(check.held) == steps and max(check.held) <= bound, (max(check.held), bound)
+    assert cache.get_seq_length() == ids.size(1) + steps - 1
+
+
+def test_tokenizer_ids_equal_lex_prepare_like(data_bin, tmp_path):
+    """Two held-out books (cut to 40k characters) through lex prepare --like and through the tokenizer."""
+    src = tmp_path / "books"
+    (src / "test").mkdir(parents=True)
+    books = sorted((shared_data() / "pg" / "test").glob("*.txt"))[1:3]
+    texts = []
+    for path in books:
+        text = path.read_text(encoding="utf-8")[:40_000]
+        (src / "test" / path.name).write_text(text, encoding="utf-8")
+        texts.append(text)
+    dest = tmp_path / "like"
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "prepare", str(src), str(dest), "--like", str(data_bin),
+             "--splits", "test", "--workers", "1"])
+    d = Dictionary.load(str(dest / "dict.txt"))
+    ds = data_utils.load_indexed_dataset(str(dest / "test"), d)
+    binarised = torch.cat([ds[i].long() for i in range(len(ds))]).tolist()
+    tok = LexTokenizer(str(data_bin / "dict.txt"), str(data_bin / "spm.model"))
+    first, second = (tok(t, add_special_tokens=False).input_ids for t in texts)
+    eos = d.eos()
+    assert binarised == first + [eos] + second  # lex prepare separates documents by an empty line (a lone </s>)
+    assert tok(texts[0]).input_ids == [eos] + first
+    # decode round-trips wherever no piece was unknown (an <unk> decodes to " \u2047 ", SentencePiece's mark)
+    known, paragraph = [], []
+    for i in first:
+        paragraph.append(i)
+        if i == eos:
+            known += paragraph if d.unk() not in paragraph else []
+            paragraph = []
+    assert len(known) > 0.8 * len(first)
+    assert tok(tok.decode(known), add_special_tokens=False).input_ids == known
+    assert tok.decode(known).count("\n\n") == known.count(eos) - 1
+
+
+def test_lm_eval_rolling_loglikelihood_equals_lex_score(exports, data_bin, tmp_path, hf_env):
+    """lm_eval --model hf on the local WikiText-2 task (first 3 articles) against lex score on the same articles."""
+    directory, _, _, ckpt = exports["xpos"]
+    out = tmp_path / "lm_eval"
+    env = dict(hf_env)
+    proc = run_cli([Path(sys.executable).parent / "lm_eval", "--model", "hf", "--model_args",
+                    f"pretrained={directory},trust_remote_code=True,max_length=16384,dtype=float32",
+                    "--include_path", str(REPO / "examples" / "lex_lm" / "lm_eval"), "--tasks", "lex_wikitext2",
+                    "--limit", "3", "--batch_size", "1", "--device", "cpu", "--output_path", str(out)], env=env)
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["lex_wikitext2"]
+    total = results["loglikelihood,none"]
+
+    from lex_plugin.data.prepare import split_wikitext
+
+    pages = split_wikitext((shared_data() / "wikitext-2" / "test.txt").read_text(encoding="utf-8"))[:3]
+    for i, page in enumerate(pages):
+        (tmp_path / f"page{i}.txt").write_text(page, encoding="utf-8")
+    report = tmp_path / "score.json"
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data",
+             str(data_bin), *[str(tmp_path / f"page{i}.txt") for i in range(3)], "--json", str(report)])
+    docs = json.loads(report.read_text())["documents"]
+    expected = -sum(doc["loss"] * doc["tokens"] * math.log(2) for doc in docs)
+    assert abs(total - expected) <= 1e-4 * abs(expected), (total, expected, proc.stdout[-500:])
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("safetensors", "model.safetensors"),
+    ("scheme", "pos_emb"),
+    ("dict", "dict.txt"),
+])
+def test_corrupted_exports_fail_to_load_clearly(exports, tmp_path, hf_env, damage, message):
+    import shutil
+
+    directory = tmp_path / "broken"
+    shutil.copytree(exports["alibi"][0], directory)
+    if damage == "safetensors":
+        (directory / "model.safetensors").unlink()
+        what = "AutoModelForCausalLM"
+    elif damage == "scheme":
+        config = json.loads((directory / "config.json").read_text())
+        config["pos_emb"] = "wavelet"
+        (directory / "config.json").write_text(json.dumps(config))
+        what = "AutoModelForCausalLM"
+    else:
+        (directory / "dict.txt").unlink()
+        what = "AutoTokenizer"
+    script = (f"from transformers import {what}\n{what}.from_pretrained({str(directory)!r}, trust_remote_code=True)\n")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **hf_env)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0
+    assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1500:]
