@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Optional, Union
 
 import torch
 from fairseq import hub_utils
@@ -27,26 +27,13 @@ from fairseq.hub_utils import GeneratorHubInterface
 from torch import Tensor, nn
 
 from .data.prepare import BPE_MODEL, META_FILE
+from .evaluation.sampling import continue_ids, filter_logits
 from .modules.attention.spec import AttentionOptions, AttentionSpec
 from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LexHubInterface", "from_pretrained", "filter_logits"]
-
-
-def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Top-k then nucleus (top-p) filtering of (V,) logits: removed entries become -inf; the most likely
-    token always survives (Holtzman et al. 2020)."""
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
 
 
 class LexHubInterface(GeneratorHubInterface):
@@ -152,36 +139,14 @@ class LexHubInterface(GeneratorHubInterface):
         Returns:
             (n,) int64 ids of the generated tokens, n <= max_len.
         """
-        if max_len <= 0:
-            raise ValueError(f"max_len must be positive, got {max_len}.")
-        model = self.models[0]
-        eos = self.src_dict.eos()
         prompt_tokens = self.encode(prompt)[:-1]
-        buffer = prompt_tokens.new_empty(1, prompt_tokens.numel() + 1 + max_len)
-        buffer[0, 0] = eos
-        buffer[0, 1 : prompt_tokens.numel() + 1] = prompt_tokens
-        length = prompt_tokens.numel() + 1
-        buffer = buffer.to(self.device)
         generator = torch.Generator(device=self.device)
         if seed is not None:
             generator.manual_seed(seed)
-        state: dict = {}
-        generated: List[int] = []
-        for _ in range(max_len):
-            logits, _ = model(buffer[:, :length], incremental_state=state, spec=spec)
-            last = logits[0, -1].float()
-            last[self.src_dict.pad()] = float("-inf")
-            if temperature <= 0:
-                token = int(last.argmax())
-            else:
-                probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=generator))
-            if token == eos and stop_at_eos:
-                break
-            generated.append(token)
-            buffer[0, length] = token
-            length += 1
-        return torch.tensor(generated, dtype=torch.long)
+        eos = self.src_dict.eos()
+        prompt_ids = torch.cat([prompt_tokens.new_tensor([eos]), prompt_tokens]).to(self.device)
+        return continue_ids(self.models[0], prompt_ids, max_len, eos, self.src_dict.pad(), temperature, top_k, top_p,
+                            generator, stop_at_eos, spec)
 
 
 def from_pretrained(

@@ -22,7 +22,7 @@ from .configuration import LexConfig
 from .modeling import LexForCausalLM
 from .tokenization import LexTokenizer
 
-__all__ = ["AUTO_MAP", "REMOTE_CODE", "export_hf", "hf_config"]
+__all__ = ["AUTO_MAP", "REMOTE_CODE", "export_hf", "from_fairseq", "hf_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,37 +42,51 @@ def _attention_fields(options: AttentionOptions) -> dict:
             if getattr(options, name) != getattr(default, name)}
 
 
-def hf_config(hub, options: AttentionOptions) -> LexConfig:
-    """The :class:`LexConfig` of a loaded checkpoint (``LexHubInterface``) under ``options``.
+def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Optional[AttentionOptions] = None) -> LexConfig:
+    """The :class:`LexConfig` of a lex_lm built from ``model_cfg`` (fairseq's model config: the checkpoint's
+    ``cfg.model`` or an argparse Namespace of ``--arch lex_lm`` options) over ``dictionary`` (fairseq's), trained
+    at ``training_length``, with ``options`` as the default attention (None: full).
 
     Raises:
-        ValueError: options the checkpoint cannot take (``AttentionOptions.spec``, ``LexDecoder.check_spec``), a
-            RoPE scaling factor ``auto`` (it depends on each evaluation's length: give s).
+        ValueError: a RoPE scaling factor ``auto`` (it depends on each evaluation's length: give s); options
+            ``AttentionOptions.spec`` refuses.
     """
     from ..models.lex_lm import build_decoder_config
+    from ..modules.decoder import symbols_digest
     from ..modules.positions.scheme import get_scheme, scheme_option_values
 
+    options = options or AttentionOptions()
     if options.rope_scaling_factor == "auto":
         raise ValueError("--rope-scaling-factor auto depends on each evaluation's length; an export fixes one spec: "
                          "give the factor s (evaluation length / l).")
-    model = hub.models[0]
-    model.decoder.check_spec(hub.spec_for(options))  # refuse now what the export could not run
-    cfg = hub.cfg.model
-    decoder = build_decoder_config(cfg, len(hub.tgt_dict))
-    digest = bytes(model.decoder.dictionary_digest.tolist()).hex()
+    options.spec(training_length)  # refuse now what the export could not run
+    decoder = build_decoder_config(model_cfg, len(dictionary))
     # the scheme's own options, resolved (the task's config may carry others' values, e.g. max_target_positions)
     own = SimpleNamespace(**{o.name: getattr(decoder, o.name, None) for o in get_scheme(decoder.pos_emb).options})
     return LexConfig(
-        vocab_size=len(hub.tgt_dict), hidden_size=decoder.decoder_embed_dim, num_hidden_layers=decoder.decoder_layers,
+        vocab_size=len(dictionary), hidden_size=decoder.decoder_embed_dim, num_hidden_layers=decoder.decoder_layers,
         num_attention_heads=decoder.decoder_attention_heads, intermediate_size=decoder.decoder_ffn_embed_dim,
         hidden_act=decoder.activation_fn, layer_norm_eps=decoder.layernorm_eps, pos_emb=decoder.pos_emb,
-        position_options=scheme_option_values(decoder.pos_emb, own), training_length=hub.training_length,
+        position_options=scheme_option_values(decoder.pos_emb, own), training_length=training_length,
         attention=_attention_fields(options), normalize_before=decoder.decoder_normalize_before,
         deepnorm=decoder.deepnorm, subln=decoder.subln, layernorm_embedding=decoder.layernorm_embedding,
         scale_embedding=not decoder.no_scale_embedding, tie_word_embeddings=decoder.share_decoder_input_output_embed,
-        dictionary_digest=digest, bos_token_id=hub.tgt_dict.eos(), pad_token_id=hub.tgt_dict.pad(),
-        eos_token_id=hub.tgt_dict.eos(),
+        dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
+        pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(),
     )
+
+
+def from_fairseq(model, config: LexConfig) -> LexForCausalLM:
+    """A :class:`LexForCausalLM` of ``config`` holding a fairseq lex_lm's weights (fp32, eval mode).
+
+    Raises:
+        RuntimeError: the state dicts differ (a config that is not the model's).
+    """
+    state = {k[len("decoder."):]: v.float() for k, v in model.state_dict().items()
+             if k.startswith("decoder.") and k != "decoder.dictionary_digest"}
+    hf = LexForCausalLM(config)
+    hf.decoder.load_state_dict(state, strict=True)
+    return hf.eval()
 
 
 def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[AttentionOptions] = None,
@@ -103,21 +117,18 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
     if not hasattr(hub.models[0].decoder, "stack_features"):
         raise ValueError(f"{checkpoint} is not a lex_lm checkpoint (arch {hub.cfg.model._name}); only lex_lm exports.")
-    config = hf_config(hub, options)
+    model = hub.models[0]
+    model.decoder.check_spec(hub.spec_for(options))  # refuse now what the scheme could not run
+    config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options)
     config.auto_map = dict(AUTO_MAP)
     scaling_file = options.rope_scaling_file
     if scaling_file:  # carried inside the export, named relative to it
         config.attention["rope_scaling_file"] = "rope_scaling.json"
-    fairseq_state = hub.models[0].state_dict()
-    state = {k[len("decoder."):]: v.float() for k, v in fairseq_state.items()
-             if k.startswith("decoder.") and k != "decoder.dictionary_digest"}
     out.mkdir(parents=True, exist_ok=True)
     if scaling_file:
         shutil.copyfile(scaling_file, out / "rope_scaling.json")
     config.name_or_path = str(out)
-    model = LexForCausalLM(config)
-    model.decoder.load_state_dict(state, strict=True)
-    model.eval()
+    model = from_fairseq(hub.models[0], config)
     model.generation_config.suppress_tokens = [hub.tgt_dict.pad()]  # lex generate never samples <pad>
     model.save_pretrained(out, safe_serialization=True)
 

@@ -1,0 +1,72 @@
+"""The generation loop of ``lex generate`` and ``LexHubInterface.continue_tokens``: one parallel pass over the
+prompt, then one token per step through the key/value cache (fairseq-free: any model called as
+``model(tokens, incremental_state=state, spec=spec)`` that returns ``(logits, extra)``)."""
+
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from ..modules.attention.spec import AttentionSpec
+
+__all__ = ["continue_ids", "filter_logits"]
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Top-k then nucleus (top-p) filtering of (V,) logits: removed entries become -inf; the most likely
+    token always survives (Holtzman et al. 2020)."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, generator: Optional[torch.Generator] = None, stop_at_eos: bool = False,
+                 spec: Optional[AttentionSpec] = None) -> Tensor:
+    """Sample up to ``max_len`` ids after ``prompt`` (temperature 0: greedy; ``<pad>`` is never drawn).
+
+    Args:
+        model: a lex_lm (or its decoder view) on the prompt's device.
+        prompt: (P,) int64 ids, the stream start ``</s>`` first.
+        max_len: tokens to generate (> 0).
+        eos, pad: the dictionary's ``</s>`` and ``<pad>`` ids.
+        temperature, top_k, top_p: the sampling distribution (:func:`filter_logits`).
+        generator: the random generator of the draws (None: torch's default).
+        stop_at_eos: stop before a drawn ``</s>``.
+        spec: the attention spec (None: the model's default).
+
+    Returns:
+        (n,) int64 generated ids on the CPU, n <= max_len.
+
+    Raises:
+        ValueError: max_len <= 0.
+    """
+    if max_len <= 0:
+        raise ValueError(f"max_len must be positive, got {max_len}.")
+    length = prompt.numel()
+    buffer = prompt.new_empty(1, length + max_len)
+    buffer[0, :length] = prompt
+    state: dict = {}
+    generated: List[int] = []
+    for _ in range(max_len):
+        logits, _ = model(buffer[:, :length], incremental_state=state, spec=spec)
+        last = logits[0, -1].float()
+        last[pad] = float("-inf")
+        if temperature <= 0:
+            token = int(last.argmax())
+        else:
+            probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        if token == eos and stop_at_eos:
+            break
+        generated.append(token)
+        buffer[0, length] = token
+        length += 1
+    return torch.tensor(generated, dtype=torch.long)
