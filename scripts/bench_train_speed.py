@@ -9,6 +9,7 @@ second of fairseq's own ``train_inner`` log over the updates after warm-up, and 
     python scripts/bench_train_speed.py --data work/demo/data-bin [--updates 60] [--rounds 2]
     python scripts/bench_train_speed.py --schemes xpos,rope,alibi,sandwich,kerple_log,t5,sinusoidal,learned,none
     python scripts/bench_train_speed.py --baseline ../lex-before   # old / new / new/old columns
+    python scripts/bench_train_speed.py --autocast --arch lex_lm_tiny,lex_lm_small   # fp32 vs --bf16-autocast
 
 With --baseline PATH every run is repeated right after itself with PATH's lex_plugin as --user-dir (under
 PYTHONPATH=PATH); the stock transformer_lm runs the same code on both sides, so its new/old ratio shows
@@ -66,10 +67,14 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 @click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
 @click.option("--random-positions", type=int, default=None, metavar="L_MAX",
               help="compare lex_lm_tiny with and without --random-positions L_MAX instead")
+@click.option("--autocast", is_flag=True,
+              help="compare each --arch in fp32 and under --bf16-autocast (bf16 autocast, fp32 weights) instead")
+@click.option("--arch", "arch_names", default="lex_lm_tiny", show_default=True, help="the lex_lm presets of --autocast")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="PATH",
               help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
-def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, random_positions, json_out, baseline):
+def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, random_positions, autocast, arch_names,
+         json_out, baseline):
     if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
         raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS
@@ -78,6 +83,9 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
     if random_positions:
         archs = {"lex_lm_tiny": ARCHS["lex_lm_tiny"],
                  f"lex_lm_tiny --random-positions {random_positions}": ("lex_lm_tiny", ["--random-positions", random_positions], True)}
+    if autocast:
+        archs = {f"{a} {p}": (a, flags, True) for a in arch_names.split(",")
+                 for p, flags in (("fp32", []), ("bf16 autocast", ["--bf16-autocast"]))}
     sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
     wps = {side: {name: [] for name in archs} for side in sides}
     for r in range(rounds):
