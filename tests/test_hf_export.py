@@ -288,3 +288,16 @@ def test_corrupted_exports_fail_to_load_clearly(exports, tmp_path, hf_env, damag
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode != 0
     assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-1500:]
+
+
+def test_beam_search_through_the_cache_equals_beam_search_without(exports, test_tokens):
+    """Beam search reorders LexCache's per-layer caches (reorder_cache); with use_cache=False every step reruns the
+    whole prefix: the two must give the same beams."""
+    _, model, _, _ = exports["rope"]
+    prompt = test_tokens[:, :40]
+    kwargs = dict(max_new_tokens=12, min_new_tokens=12, num_beams=3, num_return_sequences=3, do_sample=False,
+                  eos_token_id=None, pad_token_id=1, length_penalty=0.0)
+    cached = model.generate(prompt, **kwargs)
+    uncached = model.generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+    assert len({tuple(row.tolist()) for row in cached}) == 3
