@@ -5,6 +5,7 @@ the same lex_lm weights throughout, one run.
 
     python scripts/bench_attention.py [--lengths 1024,...,32768] [--training-length 1024] [--arch lex_lm_tiny]
     python scripts/bench_attention.py --baseline ../lex-before   # old / new / new/old columns
+    python scripts/bench_attention.py --modes bca_blockwise,bca_blockwise+bf16 --lengths 1024,32768   # fp32 vs bf16 autocast
 
 Every (mode, L) runs in a fresh process: tokens/s of a batch-1 forward to the final hidden states (the
 output projection and its L x V logits cost the same in every mode and are left out) (best of the repeats after a warm-up)
@@ -36,11 +37,12 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
+    label, mode, autocast = mode, *benchmark.precision_of(mode)
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True, pos_emb=pos_emb)
     options = AttentionOptions({"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode))
     spec = options.spec(training_length)
-    model = model.under(spec)
+    model = model.under(spec).with_autocast(autocast)
     if mode == "reference":
         from lex_plugin.evaluation.torchscale_reference import use_reference_attention
 
@@ -58,7 +60,7 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
         peak_before = benchmark.peak_rss_mb()
         best = benchmark.best_time(lambda: run(tokens), repeats)
     peak = benchmark.peak_rss_mb()
-    return {"mode": mode, "length": length, "tokens_per_s": length / best, "seconds": best,
+    return {"mode": label, "length": length, "tokens_per_s": length / best, "seconds": best,
             "peak_mb_above_start": max(peak, peak_before) - base}
 
 

@@ -4,6 +4,7 @@ and with full attention (the cache keeps every position).
 
     python scripts/bench_generation.py [--contexts 1024,4096,16384,65536] [--training-length 1024]
     python scripts/bench_generation.py --baseline ../lex-before   # old / new / new/old columns
+    python scripts/bench_generation.py --modes bca,bca+bf16,full,full+bf16   # fp32 vs bf16 autocast
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
@@ -41,11 +42,12 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
+    label, mode, autocast = mode, *benchmark.precision_of(mode)
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
     # any mode of AttentionOptions (full, bca, sliding, lm_infinite, a position map), or bca_sinks (4 sink tokens)
     options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
-    model = model.under(options.spec(training_length))
+    model = model.under(options.spec(training_length)).with_autocast(autocast)
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
     with torch.no_grad():
@@ -73,7 +75,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         flat = torch.ones(cache_bytes // 4)
         stream_ms = 1000 * benchmark.median_time(lambda _: flat.sum(), range(steps))
         del flat
-    return {"mode": mode, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms,
+    return {"mode": label, "context": context, "ms_per_token": ms, "prefill_s": prefill_s, "cache_read_ms": read_ms,
             "cache_mb": cache_bytes / 2**20, "attention_ms": attention_ms, "read_gb_per_s": cache_bytes / stream_ms / 1e6,
             **memory}
 

@@ -2,17 +2,19 @@
 """Generation through Hugging Face ``generate()`` on the exported model against ``lex generate``'s loop on the
 same weights, and against a transformers ``LlamaForCausalLM`` of the same size with random weights (SDPA).
 
-    python scripts/bench_hf_generate.py [--contexts 1024,16384] [--steps 32] [--mode full]
+    python scripts/bench_hf_generate.py [--contexts 1024,16384] [--steps 64] [--mode full]
 
 For each (engine, context N), in a fresh process: a random lex_lm (``--arch``, l = ``--training-length``,
 vocabulary 8192, tied embeddings) is built; ``lex`` runs ``evaluation.sampling.continue_ids`` (what
 ``lex generate`` and ``LexHubInterface.continue_tokens`` run: one parallel pass over the prompt, then one token
 per step through the key/value cache), ``hf`` runs ``LexForCausalLM.generate`` on the same weights (greedy,
 ``LexCache``), ``llama`` runs ``LlamaForCausalLM.generate`` (hidden size, layers, heads and FFN width of the
-lex model, SDPA attention, DynamicCache). Each engine generates 1 token and then 1 + ``--steps`` tokens after
-the same N-token prompt; ms/token = (second time - first time) / steps (the prompt's pass cancels), best of
-``--repeats``. Memory: the peak resident memory of the process above its state before the first call.
-Results are recorded in examples/lex_lm/BENCHMARKS.md.
+lex model, SDPA attention, DynamicCache). Each engine generates 1 + ``--steps`` tokens after the same N-token
+prompt; the end of every step is time-stamped (lex: when the model returns; transformers: a logits processor,
+called once per step), and ms/token is the median of the steps after the first (the prompt's pass), so the
+prompt's own time, which varies from run to run by more than a step costs, never enters. Memory: the peak
+resident memory of the process above its state before the model was built. Results are recorded in
+examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
@@ -31,8 +33,9 @@ VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special sy
 ENGINES = ("lex", "hf", "llama")
 
 
-def build(engine: str, arch: str, training_length: int, mode: str):
-    """(generate(prompt (1, N), new tokens) -> None, the model) for one engine."""
+def build(engine: str, arch: str, training_length: int, mode: str, stamps: list):
+    """(generate(prompt (1, N), new tokens) -> None, the model) for one engine; every step appends
+    ``time.perf_counter()`` to ``stamps`` when its logits are ready."""
     import argparse as ap
 
     import torch
@@ -47,7 +50,15 @@ def build(engine: str, arch: str, training_length: int, mode: str):
                                share_decoder_input_output_embed=True)
     if engine == "lex":
         model = model.under(options.spec(training_length))
-        return (lambda prompt, n: continue_ids(model, prompt[0], n, d.eos(), d.pad(), temperature=0)), model
+
+        def timed(*args, **kwargs):
+            out = model(*args, **kwargs)
+            stamps.append(time.perf_counter())
+            return out
+
+        return (lambda prompt, n: continue_ids(timed, prompt[0], n, d.eos(), d.pad(), temperature=0)), model
+    from transformers import LogitsProcessor, LogitsProcessorList
+
     args = ap.Namespace(arch=arch, tokens_per_sample=training_length, share_decoder_input_output_embed=True)
     ARCH_CONFIG_REGISTRY[arch](args)
     if engine == "hf":
@@ -64,31 +75,36 @@ def build(engine: str, arch: str, training_length: int, mode: str):
         torch.manual_seed(0)
         hf = LlamaForCausalLM(config).eval()
 
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
     def generate(prompt, n):
-        hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=d.pad())
+        hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=d.pad(),
+                    logits_processor=LogitsProcessorList([Stamp()]))
 
     return generate, hf
 
 
-def measure_one(engine: str, context: int, arch: str, training_length: int, steps: int, repeats: int, mode: str) -> dict:
+def measure_one(engine: str, context: int, arch: str, training_length: int, steps: int, mode: str) -> dict:
+    import statistics
+
     import torch
 
     torch.set_num_threads(benchmark.thread_count())
     base = benchmark.rss_mb()
-    generate, model = build(engine, arch, training_length, mode)
+    stamps = []
+    generate, model = build(engine, arch, training_length, mode, stamps)
     prompt = torch.randint(4, VOCAB_SYMBOLS + 4, (1, context))
-    times = {}
     with torch.no_grad():
-        for n in (1, steps + 1):
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                generate(prompt, n)
-                best = min(best, time.perf_counter() - start)
-            times[n] = best
-    ms = 1000 * (times[steps + 1] - times[1]) / steps
+        start = time.perf_counter()
+        generate(prompt, steps + 1)
+    if len(stamps) != steps + 1:
+        raise RuntimeError(f"{engine}: {len(stamps)} time stamps for {steps + 1} steps")
+    step_ms = [1000 * (b - a) for a, b in zip(stamps, stamps[1:])]
     params = sum(p.numel() for p in model.parameters())
-    return {"engine": engine, "context": context, "ms_per_token": ms, "prefill_s": times[1],
+    return {"engine": engine, "context": context, "ms_per_token": statistics.median(step_ms), "prefill_s": stamps[0] - start,
             "peak_mb_above_start": benchmark.peak_rss_mb() - base, "parameters": params}
 
 
@@ -99,14 +115,12 @@ def main():
     p.add_argument("--mode", default="full", help="the lex models' attention (AttentionOptions mode): full, bca, ...")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
-    p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=64)
     p.add_argument("--json-out", default=None)
     p.add_argument("--one", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps,
-                                   args.repeats, args.mode))
+        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps, args.mode))
         return
     contexts = parse_int_list(args.contexts, "--contexts")
     engines = parse_name_list(args.engines, "--engines")
@@ -115,20 +129,22 @@ def main():
         p.error(f"unknown engines {unknown}; choose among {', '.join(ENGINES)}")
     rows = benchmark.sweep(Path(__file__), [(e, n) for n in contexts for e in engines],
                            ["--arch", args.arch, "--training-length", args.training_length, "--steps", args.steps,
-                            "--repeats", args.repeats, "--mode", args.mode], None,
+                            "--mode", args.mode], None,
                            lambda r: f"{r['ms_per_token']:7.2f} ms/token  peak +{r['peak_mb_above_start']:7.0f} MB",
                            size_key="context")
     if any("skipped" in r for r in rows):
         raise SystemExit("a point was skipped: " + "; ".join(str(r) for r in rows if "skipped" in r))
     print(f"\n{args.arch} ({rows[0]['parameters']:,} parameters), {args.mode} attention, l = {args.training_length}, "
-          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy, {args.steps} steps, best of {args.repeats}\n")
+          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy, median of {args.steps} steps\n")
     by = {(r["engine"], r["context"]): r for r in rows}
-    header = ["context"] + [f"{e} ms/token" for e in engines] + [f"{e} peak MB" for e in engines]
+    header = (["context"] + [f"{e} ms/token" for e in engines] + [f"{e} peak MB" for e in engines]
+              + [f"{e} prompt s" for e in engines])
     if "lex" in engines and "hf" in engines:
         header.append("hf speed / lex")
     table = []
     for n in contexts:
-        row = [f"{n:,}"] + [f"{by[e, n]['ms_per_token']:.2f}" for e in engines] + [f"{by[e, n]['peak_mb_above_start']:,.0f}" for e in engines]
+        row = ([f"{n:,}"] + [f"{by[e, n]['ms_per_token']:.2f}" for e in engines]
+               + [f"{by[e, n]['peak_mb_above_start']:,.0f}" for e in engines] + [f"{by[e, n]['prefill_s']:.1f}" for e in engines])
         if "lex" in engines and "hf" in engines:
             row.append(f"{by['lex', n]['ms_per_token'] / by['hf', n]['ms_per_token']:.2f}x")
         table.append(row)

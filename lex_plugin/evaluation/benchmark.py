@@ -60,6 +60,20 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return min(time_calls(lambda _: fn(), range(max(1, repeats))))
 
 
+def precision_of(mode: str) -> Tuple[str, Optional[object]]:
+    """A bench mode with an optional precision suffix (``bca+bf16``): (the mode, the autocast ``torch.dtype`` or None).
+
+    Raises:
+        ValueError: a suffix other than ``+bf16``.
+    """
+    import torch
+
+    base, plus, precision = mode.partition("+")
+    if plus and precision != "bf16":
+        raise ValueError(f"mode {mode!r}: the only precision suffix is +bf16 (bf16 autocast over fp32 weights).")
+    return base, torch.bfloat16 if plus else None
+
+
 def median_time(fn: Callable, args: Iterable) -> float:
     """The median wall time in seconds of ``fn(a)`` over ``args`` (at least one)."""
     return statistics.median(time_calls(fn, args))
