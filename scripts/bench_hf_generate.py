@@ -10,9 +10,10 @@ vocabulary 8192, tied embeddings) is built; ``lex`` runs ``evaluation.sampling.c
 per step through the key/value cache), ``hf`` runs ``LexForCausalLM.generate`` on the same weights (greedy,
 ``LexCache``), ``llama`` runs ``LlamaForCausalLM.generate`` (hidden size, layers, heads and FFN width of the
 lex model, SDPA attention, DynamicCache). Each engine generates 1 + ``--steps`` tokens after the same N-token
-prompt; the end of every step is time-stamped (lex: when the model returns; transformers: a logits processor,
-called once per step), and ms/token is the median of the steps after the first (the prompt's pass), so the
-prompt's own time, which varies from run to run by more than a step costs, never enters. Memory: the peak
+prompt, ``--repeats`` times after a warm-up call; the end of every step is time-stamped (lex: when the model
+returns; transformers: a logits processor, called once per step), and ms/token is the median over the repeats
+of the steps after the first (the prompt's pass), so the prompt's own time, which varies from run to run by
+more than a step costs, never enters. Memory: the peak
 resident memory of the process above its state before the model was built. Results are recorded in
 examples/lex_lm/BENCHMARKS.md.
 """
@@ -87,7 +88,7 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
     return generate, hf
 
 
-def measure_one(engine: str, context: int, arch: str, training_length: int, steps: int, mode: str) -> dict:
+def measure_one(engine: str, context: int, arch: str, training_length: int, steps: int, mode: str, repeats: int) -> dict:
     import statistics
 
     import torch
@@ -97,14 +98,19 @@ def measure_one(engine: str, context: int, arch: str, training_length: int, step
     stamps = []
     generate, model = build(engine, arch, training_length, mode, stamps)
     prompt = torch.randint(4, VOCAB_SYMBOLS + 4, (1, context))
+    step_ms, prompt_s = [], []
     with torch.no_grad():
-        start = time.perf_counter()
-        generate(prompt, steps + 1)
-    if len(stamps) != steps + 1:
-        raise RuntimeError(f"{engine}: {len(stamps)} time stamps for {steps + 1} steps")
-    step_ms = [1000 * (b - a) for a, b in zip(stamps, stamps[1:])]
+        for run in range(repeats + 1):  # the first is a warm-up (allocator, one-time set-up), left out
+            stamps.clear()
+            start = time.perf_counter()
+            generate(prompt, steps + 1)
+            if len(stamps) != steps + 1:
+                raise RuntimeError(f"{engine}: {len(stamps)} time stamps for {steps + 1} steps")
+            if run:
+                step_ms += [1000 * (b - a) for a, b in zip(stamps, stamps[1:])]
+                prompt_s.append(stamps[0] - start)
     params = sum(p.numel() for p in model.parameters())
-    return {"engine": engine, "context": context, "ms_per_token": statistics.median(step_ms), "prefill_s": stamps[0] - start,
+    return {"engine": engine, "context": context, "ms_per_token": statistics.median(step_ms), "prefill_s": statistics.median(prompt_s),
             "peak_mb_above_start": benchmark.peak_rss_mb() - base, "parameters": params}
 
 
@@ -116,11 +122,13 @@ def main():
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="generate calls after a warm-up call; the median is over all their steps")
     p.add_argument("--json-out", default=None)
     p.add_argument("--one", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps, args.mode))
+        benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps, args.mode,
+                                   args.repeats))
         return
     contexts = parse_int_list(args.contexts, "--contexts")
     engines = parse_name_list(args.engines, "--engines")
@@ -129,13 +137,13 @@ def main():
         p.error(f"unknown engines {unknown}; choose among {', '.join(ENGINES)}")
     rows = benchmark.sweep(Path(__file__), [(e, n) for n in contexts for e in engines],
                            ["--arch", args.arch, "--training-length", args.training_length, "--steps", args.steps,
-                            "--mode", args.mode], None,
+                            "--mode", args.mode, "--repeats", args.repeats], None,
                            lambda r: f"{r['ms_per_token']:7.2f} ms/token  peak +{r['peak_mb_above_start']:7.0f} MB",
                            size_key="context")
     if any("skipped" in r for r in rows):
         raise SystemExit("a point was skipped: " + "; ".join(str(r) for r in rows if "skipped" in r))
     print(f"\n{args.arch} ({rows[0]['parameters']:,} parameters), {args.mode} attention, l = {args.training_length}, "
-          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy, median of {args.steps} steps\n")
+          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy, median of {args.repeats} x {args.steps} steps after a warm-up call\n")
     by = {(r["engine"], r["context"]): r for r in rows}
     header = (["context"] + [f"{e} ms/token" for e in engines] + [f"{e} peak MB" for e in engines]
               + [f"{e} prompt s" for e in engines])
