@@ -105,3 +105,21 @@ def test_bench_attention_one_point_per_mode(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["mode"] for r in rows] == ["bca_blockwise", "reference"]
     assert all("skipped" not in r and r["tokens_per_s"] > 0 for r in rows), rows
+
+
+def test_precision_suffix_of_bench_modes():
+    assert benchmark.precision_of("bca") == ("bca", None)
+    assert benchmark.precision_of("bca_blockwise+bf16") == ("bca_blockwise", torch.bfloat16)
+    with pytest.raises(ValueError, match=r"\+bf16"):
+        benchmark.precision_of("full+fp16")
+
+
+def test_bench_hf_generate_times_every_engine(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    proc = run_cli([sys.executable, str(REPO / "scripts" / "bench_hf_generate.py"), "--contexts", "48", "--engines", "lex,hf",
+                    "--training-length", "16", "--steps", "3", "--repeats", "1", "--json-out", str(out)],
+                   env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert "| context | lex ms/token | hf ms/token |" in proc.stdout and "hf speed / lex" in proc.stdout, proc.stdout
+    rows = json.loads(out.read_text())
+    assert [r["engine"] for r in rows] == ["lex", "hf"] and all(r["ms_per_token"] > 0 for r in rows), rows
