@@ -12,7 +12,7 @@ takes another per call, as the fairseq decoder does.
 """
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -101,9 +101,6 @@ class LexCache(Cache):
 
     def get_max_cache_shape(self, layer_idx: int = 0) -> int:
         return -1  # grows as needed; a bounded window trims it (held_positions)
-
-    def get_mask_sizes(self, cache_position: Tensor, layer_idx: int) -> Tuple[int, int]:
-        return self.get_seq_length() + cache_position.shape[0], 0
 
     def reset(self):
         self.state.clear()
