@@ -301,3 +301,15 @@ def test_beam_search_through_the_cache_equals_beam_search_without(exports, test_
     uncached = model.generate(prompt, use_cache=False, **kwargs)
     assert torch.equal(cached, uncached)
     assert len({tuple(row.tolist()) for row in cached}) == 3
+
+
+def test_logits_to_keep_gives_the_last_positions_logits(exports, test_tokens):
+    _, model, _, _ = exports["xpos"]
+    tokens = test_tokens[:, :80]
+    with torch.no_grad():
+        every = model(tokens, use_cache=False).logits
+        last = model(tokens, use_cache=False, logits_to_keep=3).logits
+    assert last.shape == (1, 3, every.size(-1))
+    torch.testing.assert_close(last, every[:, -3:], rtol=0, atol=1e-5)  # (another matmul blocking: ~1e-6)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(tokens, labels=tokens, logits_to_keep=1)

@@ -200,6 +200,7 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
         inputs_embeds: Optional[Tensor] = None,
+        logits_to_keep: int = 0,
         spec: Optional[AttentionSpec] = None,
         **unused,
     ) -> CausalLMOutputWithPast:
@@ -213,6 +214,8 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
             labels: (B, T) targets (-100: ignored); the loss is the mean cross-entropy of logits[:, :-1]
                 against labels[:, 1:] (nats), as transformers' causal LMs.
             output_hidden_states: also return the embedding output and every layer's output.
+            logits_to_keep: > 0: logits of the last that many positions only (``generate()`` asks for 1: a long
+                prompt's (T, V) logits are never formed); 0: every position.
             spec: the attention spec of this call (default :attr:`spec`).
 
         Returns:
@@ -220,7 +223,8 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
             ``loss``, ``hidden_states``.
 
         Raises:
-            ValueError: ``inputs_embeds`` (token ids only), an attention mask of another length.
+            ValueError: ``inputs_embeds`` (token ids only), an attention mask of another length, ``labels`` with
+                ``logits_to_keep``.
             TypeError: ``past_key_values`` that is not a :class:`LexCache`.
         """
         if inputs_embeds is not None or input_ids is None:
@@ -237,8 +241,10 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
                                  f"{input_ids.size(1)} input ids.")
             padding = attention_mask[:, -input_ids.size(1):].eq(0)
         state = None if cache is None else cache.state
+        if labels is not None and logits_to_keep:
+            raise ValueError("labels score every position: call without logits_to_keep.")
         features, inner_states = self.decoder.stack_features(input_ids, state, spec, padding_mask=padding, prefix=False)
-        logits = self.decoder.output_layer(features)
+        logits = self.decoder.output_layer(features[:, -logits_to_keep:] if logits_to_keep else features)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1),
@@ -248,8 +254,8 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values: Optional[LexCache] = None,
                                       attention_mask: Optional[Tensor] = None, use_cache: Optional[bool] = None,
-                                      **unused) -> dict:
+                                      logits_to_keep: int = 0, **unused) -> dict:
         """The positions not yet in the cache (all of the prompt at the first step, then one token)."""
         past = 0 if past_key_values is None else past_key_values.get_seq_length()
         return {"input_ids": input_ids[:, past:], "past_key_values": past_key_values, "attention_mask": attention_mask,
-                "use_cache": True if use_cache is None else use_cache}
+                "use_cache": True if use_cache is None else use_cache, "logits_to_keep": logits_to_keep}
