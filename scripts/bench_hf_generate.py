@@ -14,12 +14,15 @@ prompt, ``--repeats`` times after a warm-up call; the end of every step is time-
 returns; transformers: a logits processor, called once per step), and ms/token is the median over the repeats
 of the steps after the first (the prompt's pass), so the prompt's own time, which varies from run to run by
 more than a step costs, never enters. Memory: the peak
-resident memory of the process above its state before the model was built. Results are recorded in
+resident memory of the process above its state before the model was built. Every point runs in ``--rounds``
+processes, the engines taking turns, and the median is reported with the range: between processes the same
+engine's step time varies by up to 20% on this machine, more than the engines differ. Results are recorded in
 examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -123,6 +126,8 @@ def main():
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="generate calls after a warm-up call; the median is over all their steps")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="every (engine, context) process this many times, the engines taking turns; the median is reported")
     p.add_argument("--json-out", default=None)
     p.add_argument("--one", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -135,7 +140,7 @@ def main():
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         p.error(f"unknown engines {unknown}; choose among {', '.join(ENGINES)}")
-    rows = benchmark.sweep(Path(__file__), [(e, n) for n in contexts for e in engines],
+    rows = benchmark.sweep(Path(__file__), [(e, n) for _ in range(args.rounds) for n in contexts for e in engines],
                            ["--arch", args.arch, "--training-length", args.training_length, "--steps", args.steps,
                             "--mode", args.mode, "--repeats", args.repeats], None,
                            lambda r: f"{r['ms_per_token']:7.2f} ms/token  peak +{r['peak_mb_above_start']:7.0f} MB",
@@ -143,15 +148,20 @@ def main():
     if any("skipped" in r for r in rows):
         raise SystemExit("a point was skipped: " + "; ".join(str(r) for r in rows if "skipped" in r))
     print(f"\n{args.arch} ({rows[0]['parameters']:,} parameters), {args.mode} attention, l = {args.training_length}, "
-          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy, median of {args.repeats} x {args.steps} steps after a warm-up call\n")
-    by = {(r["engine"], r["context"]): r for r in rows}
-    header = (["context"] + [f"{e} ms/token" for e in engines] + [f"{e} peak MB" for e in engines]
-              + [f"{e} prompt s" for e in engines])
+          f"batch 1, fp32, {benchmark.thread_count()} threads, greedy; per process the median of {args.repeats} x {args.steps} "
+          f"steps after a warm-up call; the median (and range) over {args.rounds} processes per point, engines taking turns\n")
+    by = {}
+    for key in {(r["engine"], r["context"]) for r in rows}:
+        runs = [r for r in rows if (r["engine"], r["context"]) == key]
+        by[key] = {k: statistics.median(r[k] for r in runs) for k in ("ms_per_token", "peak_mb_above_start", "prefill_s")}
+        by[key]["range"] = f"{min(r['ms_per_token'] for r in runs):.2f}-{max(r['ms_per_token'] for r in runs):.2f}"
+    header = (["context"] + [f"{e} ms/token" for e in engines] + [f"{e} range" for e in engines]
+              + [f"{e} peak MB" for e in engines] + [f"{e} prompt s" for e in engines])
     if "lex" in engines and "hf" in engines:
         header.append("hf speed / lex")
     table = []
     for n in contexts:
-        row = ([f"{n:,}"] + [f"{by[e, n]['ms_per_token']:.2f}" for e in engines]
+        row = ([f"{n:,}"] + [f"{by[e, n]['ms_per_token']:.2f}" for e in engines] + [by[e, n]["range"] for e in engines]
                + [f"{by[e, n]['peak_mb_above_start']:,.0f}" for e in engines] + [f"{by[e, n]['prefill_s']:.1f}" for e in engines])
         if "lex" in engines and "hf" in engines:
             row.append(f"{by['lex', n]['ms_per_token'] / by['hf', n]['ms_per_token']:.2f}x")
