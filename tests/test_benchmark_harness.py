@@ -118,8 +118,9 @@ def test_bench_hf_generate_times_every_engine(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "hf.json"
     proc = run_cli([sys.executable, str(REPO / "scripts" / "bench_hf_generate.py"), "--contexts", "48", "--engines", "lex,hf",
-                    "--training-length", "16", "--steps", "3", "--repeats", "1", "--json-out", str(out)],
+                    "--training-length", "16", "--steps", "3", "--repeats", "1", "--rounds", "2",
+                    "--json-out", str(out)],
                    env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert "| context | lex ms/token | hf ms/token |" in proc.stdout and "hf speed / lex" in proc.stdout, proc.stdout
     rows = json.loads(out.read_text())
-    assert [r["engine"] for r in rows] == ["lex", "hf"] and all(r["ms_per_token"] > 0 for r in rows), rows
+    assert [r["engine"] for r in rows] == ["lex", "hf"] * 2 and all(r["ms_per_token"] > 0 for r in rows), rows  # engines take turns
