@@ -45,7 +45,7 @@ setup(
         # Hugging Face: lex export-hf, the exported model and tokenizer, the lm-evaluation-harness task; the RoPE
         # scalings are tested against transformers' own functions. pyarrow (datasets, under lm-eval) is held
         # below 22, whose wheels need numpy 2 (fairseq 0.12 needs numpy < 2); accelerate is lm-eval's hf model's.
-        "hf": ["transformers>=4.46,<5", "safetensors", "lm-eval>=0.4.5,<0.5", "accelerate", "pyarrow>=15,<22"],
+        "hf": ["transformers>=4.56,<5", "safetensors", "lm-eval>=0.4.5,<0.5", "accelerate", "pyarrow>=15,<22"],
     },
     entry_points={"console_scripts": ["lex=lex_plugin.cli:main"]},
 )

@@ -18,7 +18,7 @@ from lex_plugin.modules.positions import POSITION_SCHEMES
 from conftest import REPO, TRAIN_LEN, build_lex_model, run_cli, shared_data
 
 transformers = pytest.importorskip("transformers")
-from lex_plugin.hf import LexCache, LexTokenizer  # noqa: E402
+from lex_plugin.hf import LexCache, LexTokenizer, read_fairseq_dictionary  # noqa: E402
 from lex_plugin.hf.export import export_hf  # noqa: E402
 
 L = TRAIN_LEN
@@ -313,3 +313,84 @@ def test_logits_to_keep_gives_the_last_positions_logits(exports, test_tokens):
     torch.testing.assert_close(last, every[:, -3:], rtol=0, atol=1e-5)  # (another matmul blocking: ~1e-6)
     with pytest.raises(ValueError, match="logits_to_keep"):
         model(tokens, labels=tokens, logits_to_keep=1)
+
+
+def test_dictionary_reads_as_fairseq_reads_it(tmp_path):
+    """Line separators other than a newline stay inside a symbol, trailing blanks go, and a symbol listed again with
+    #fairseq:overwrite takes a new id that its encoding uses: ids as fairseq's Dictionary gives them."""
+    path = tmp_path / "dict.txt"
+    path.write_bytes("a 5\nb\u2028c 4\nd  3 \na 2 #fairseq:overwrite\ne\x85 1\r\nf 1\n".encode("utf-8"))
+    expected = Dictionary.load(str(path))
+    symbols = read_fairseq_dictionary(path)
+    assert symbols == expected.symbols
+    tok = LexTokenizer(str(path), None)
+    assert tok.convert_tokens_to_ids(["a", "b\u2028c", "f"]) == [expected.index("a"), expected.index("b\u2028c"), expected.index("f")]
+    assert tok.convert_tokens_to_ids("a") == 7  # the overwriting entry
+    path.write_text("a 5\na 3\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="duplicate symbol 'a'"):
+        read_fairseq_dictionary(path)
+    path.write_text("a five\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="expected 'symbol count"):
+        read_fairseq_dictionary(path)
+
+
+def test_left_padded_batch_generates_as_each_row_alone_or_is_refused(exports, test_tokens):
+    """Batched generate() pads shorter prompts on the left: under RoPE with full attention each row's tokens equal
+    that row generated alone; under BCA, whose blocks count positions from the first, the batch is refused."""
+    _, model, _, _ = exports["rope"]
+    pad = model.config.pad_token_id
+    long, short = test_tokens[:, :30], test_tokens[:, 100:122]
+    batch = torch.cat([long, torch.cat([torch.full((1, 8), pad), short], 1)])
+    mask = batch.ne(pad).long()
+    kwargs = dict(max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=pad)
+    together = model.generate(batch, attention_mask=mask, **kwargs)
+    assert torch.equal(together[0, 30:], model.generate(long, **kwargs)[0, 30:])
+    assert torch.equal(together[1, 30:], model.generate(short, **kwargs)[0, 22:])
+    bca = model.spec.__class__(window=hub_window("bca"))
+    with pytest.raises(ValueError, match="left padding shifts"):
+        model(batch, attention_mask=mask, spec=bca)
+    right = torch.cat([long, torch.cat([short, torch.full((1, 8), pad)], 1)])  # right padding (scoring) is accepted
+    with torch.no_grad():
+        scored = model(right, attention_mask=right.ne(pad).long(), spec=bca, use_cache=False).logits
+        alone = model(short, spec=bca, use_cache=False).logits
+    torch.testing.assert_close(scored[1, :22], alone[0], rtol=0, atol=1e-5)
+
+
+def hub_window(mode):
+    return AttentionOptions(mode).spec(L).window
+
+
+def test_export_records_a_random_positions_table_and_force_clears_stale_files(scheme_checkpoints, data_bin, tmp_path):
+    """A learned table trained with --random-positions 4l has 4l rows: the export records them (its logits at 2l equal
+    fairseq's). Re-exporting with --force removes the earlier export's files (a scaling file it no longer uses)."""
+    state = torch.load(scheme_checkpoints["learned"], map_location="cpu", weights_only=False)
+    state["cfg"]["model"] = dict(state["cfg"]["model"], random_positions=4 * L)
+    dictionary = Dictionary.load(str(data_bin / "dict.txt"))
+    fresh = build_lex_model("lex_lm_tiny", dictionary, seed=5, pos_emb="learned", tokens_per_sample=L,
+                            random_positions=4 * L, share_decoder_input_output_embed=True)
+    state["model"] = {**state["model"], **{k: v for k, v in fresh.state_dict().items() if k.startswith("decoder.positions.")}}
+    ckpt = tmp_path / "learned_random" / "checkpoint_last.pt"
+    ckpt.parent.mkdir()
+    torch.save(state, ckpt)
+    out = tmp_path / "hf"
+    model = export_hf(ckpt, data_bin, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["position_options"]["max_target_positions"] == 4 * L
+    hub = from_pretrained(ckpt.parent, ckpt.name, data_bin)
+    tokens = torch.randint(4, len(dictionary), (1, 2 * L), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, use_cache=False).logits, hub.models[0](tokens)[0], rtol=0, atol=1e-5)
+
+    rope = scheme_checkpoints["rope"]
+    export_hf(rope, data_bin, tmp_path / "rope", AttentionOptions("bca"))
+    (tmp_path / "rope" / "rope_scaling.json").write_text("{}")  # as an export with a scaling file leaves it
+    (tmp_path / "rope" / "notes.md").write_text("mine")
+    with pytest.raises(FileExistsError, match="--force"):
+        export_hf(rope, data_bin, tmp_path / "rope")
+    with pytest.raises(ValueError, match="mode"):  # refused before anything is written
+        export_hf(rope, data_bin, tmp_path / "rope", AttentionOptions("nonsense"), force=True)
+    assert (tmp_path / "rope" / "rope_scaling.json").is_file()
+    export_hf(rope, data_bin, tmp_path / "rope", force=True)
+    assert not (tmp_path / "rope" / "rope_scaling.json").exists()
+    assert (tmp_path / "rope" / "notes.md").read_text() == "mine"
+    assert json.loads((tmp_path / "rope" / "config.json").read_text())["attention"] == {}

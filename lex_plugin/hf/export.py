@@ -22,7 +22,7 @@ from .configuration import LexConfig
 from .modeling import LexForCausalLM
 from .tokenization import LexTokenizer
 
-__all__ = ["AUTO_MAP", "REMOTE_CODE", "export_hf", "from_fairseq", "hf_config"]
+__all__ = ["AUTO_MAP", "EXPORT_FILES", "REMOTE_CODE", "export_hf", "from_fairseq", "hf_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,10 @@ REMOTE_CODE = {
     "modeling_lex.py": ("LexForCausalLM", "lex_plugin.hf.modeling"),
     "tokenization_lex.py": ("LexTokenizer", "lex_plugin.hf.tokenization"),
 }
+# every file an export writes (``--force`` removes them first, so that no stale file of an earlier export stays)
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "dict.txt", "spm.model",
+                "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "rope_scaling.json",
+                *REMOTE_CODE)
 AUTO_MAP = {"AutoConfig": "configuration_lex.LexConfig", "AutoModelForCausalLM": "modeling_lex.LexForCausalLM"}
 
 
@@ -53,6 +57,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     """
     from ..models.lex_lm import build_decoder_config
     from ..modules.decoder import symbols_digest
+    from ..modules.positions.absolute import _learned_size
     from ..modules.positions.scheme import get_scheme, scheme_option_values
 
     options = options or AttentionOptions()
@@ -63,11 +68,14 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     decoder = build_decoder_config(model_cfg, len(dictionary))
     # the scheme's own options, resolved (the task's config may carry others' values, e.g. max_target_positions)
     own = SimpleNamespace(**{o.name: getattr(decoder, o.name, None) for o in get_scheme(decoder.pos_emb).options})
+    position_options = scheme_option_values(decoder.pos_emb, own)
+    if decoder.pos_emb == "learned":  # the table's size as built (--random-positions may make it larger than l)
+        position_options["max_target_positions"] = _learned_size(decoder)
     return LexConfig(
         vocab_size=len(dictionary), hidden_size=decoder.decoder_embed_dim, num_hidden_layers=decoder.decoder_layers,
         num_attention_heads=decoder.decoder_attention_heads, intermediate_size=decoder.decoder_ffn_embed_dim,
         hidden_act=decoder.activation_fn, layer_norm_eps=decoder.layernorm_eps, pos_emb=decoder.pos_emb,
-        position_options=scheme_option_values(decoder.pos_emb, own), training_length=training_length,
+        position_options=position_options, training_length=training_length,
         attention=_attention_fields(options), normalize_before=decoder.decoder_normalize_before,
         deepnorm=decoder.deepnorm, subln=decoder.subln, layernorm_embedding=decoder.layernorm_embedding,
         scale_embedding=not decoder.no_scale_embedding, tie_word_embeddings=decoder.share_decoder_input_output_embed,
@@ -99,7 +107,8 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         out: the directory to write (created; must be empty unless ``force``).
         options: the default attention spec of the export (``AttentionOptions``: window, position map, RoPE
             scaling, log-n); None: full attention.
-        force: replace the files of an existing ``out``.
+        force: write into a non-empty ``out``, first removing the files an export writes (:data:`EXPORT_FILES`);
+            other files stay.
 
     Returns:
         The exported model (fp32, eval mode), its weights equal to the checkpoint's.
@@ -121,14 +130,16 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     model.decoder.check_spec(hub.spec_for(options))  # refuse now what the scheme could not run
     config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options)
     config.auto_map = dict(AUTO_MAP)
+    model = from_fairseq(hub.models[0], config)  # before anything is written: a failure leaves ``out`` as it was
     scaling_file = options.rope_scaling_file
     if scaling_file:  # carried inside the export, named relative to it
-        config.attention["rope_scaling_file"] = "rope_scaling.json"
+        model.config.attention["rope_scaling_file"] = "rope_scaling.json"
+    model.config.name_or_path = str(out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in EXPORT_FILES:  # an earlier export's files (only with --force: ``out`` is empty otherwise)
+        (out / name).unlink(missing_ok=True)
     if scaling_file:
         shutil.copyfile(scaling_file, out / "rope_scaling.json")
-    config.name_or_path = str(out)
-    model = from_fairseq(hub.models[0], config)
     model.generation_config.suppress_tokens = [hub.tgt_dict.pad()]  # lex generate never samples <pad>
     model.save_pretrained(out, safe_serialization=True)
 

@@ -27,15 +27,15 @@ from ..modules.decoder import DecoderStack
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS
 from .configuration import LexConfig
 
-__all__ = ["LexCache", "LexCore", "LexForCausalLM", "attention_spec"]
+__all__ = ["LexCache", "LexCore", "LexForCausalLM", "attention_spec", "left_padding_refusal"]
 
 
 def attention_spec(config: LexConfig) -> AttentionSpec:
     """The default attention spec of ``config`` (``AttentionOptions(**config.attention)`` at its training length;
-    a relative ``rope_scaling_file`` is taken inside the model directory).
+    a relative ``rope_scaling_file`` is taken inside the model directory, which must be local).
 
     Raises:
-        ValueError: an unknown attention option, or options ``AttentionOptions.spec`` refuses (a mode needing l
+        ValueError: an unknown attention option, a relative ``rope_scaling_file`` without a local model directory, or options ``AttentionOptions.spec`` refuses (a mode needing l
             when the config has none, ``rope_scaling_factor: auto``, which needs an evaluation length...).
     """
     fields = set(AttentionOptions.__dataclass_fields__)
@@ -44,12 +44,38 @@ def attention_spec(config: LexConfig) -> AttentionSpec:
         raise ValueError(f"config.json attention has unknown option(s) {unknown}; known: {', '.join(sorted(fields))}.")
     options = dict(config.attention)
     file = options.get("rope_scaling_file")
-    if file and not Path(file).is_absolute() and config.name_or_path and Path(config.name_or_path).is_dir():
+    if file and not Path(file).is_absolute():
+        if not (config.name_or_path and Path(config.name_or_path).is_dir()):
+            raise ValueError(f"config.json attention.rope_scaling_file {file!r} is relative to the model directory, "
+                             f"which is known only when the model loads from a local directory (name_or_path "
+                             f"{config.name_or_path!r}): download the repository and load it from its path.")
         options["rope_scaling_file"] = str(Path(config.name_or_path) / file)
     if options.get("rope_scaling_factor") == "auto":
         raise ValueError("config.json attention.rope_scaling_factor is 'auto', which depends on each evaluation's length; "
                          "give the factor s as a number.")
     return AttentionOptions(**options).spec(config.training_length)
+
+
+def left_padding_refusal(position_kind: str, spec: AttentionSpec) -> Optional[str]:
+    """Why left padding would change this model's output under ``spec``, or None where it cannot.
+
+    A left-padded row's real tokens start at position p > 0, not 0. Where attention depends only on distances
+    between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
+    ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
+    (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
+    key count, dynamic NTK's length) would see the pads.
+    """
+    if position_kind == "absolute":
+        return "absolute positions"
+    if spec.window.mode not in ("full", "sliding") or spec.window.sinks:
+        return f"{spec.window} attention (its blocks and sink tokens count positions from the first)"
+    if spec.position_map is not None and spec.position_map.name not in ("rerope", "leaky_rerope"):
+        return f"{spec.position_map.name} (its groups / chunks count positions from the first)"
+    if spec.logn:
+        return "log-n scaling (it counts the keys from the first position)"
+    if spec.rope_scaling is not None and spec.rope_scaling.kind == "dynamic":
+        return "dynamic NTK scaling (it scales by the sequence's length)"
+    return None
 
 
 class LexCore(DecoderStack, nn.Module):
@@ -208,7 +234,9 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
 
         Args:
             input_ids: (B, T) int64 fairseq dictionary ids: the new positions (after ``past_key_values``' ones).
-            attention_mask: (B, past + T) or (B, T), 1 at real tokens, 0 at padding; None: every token is real.
+            attention_mask: (B, past + T) or (B, T), 1 at real tokens, 0 at padding; None: every token is real. Only
+                the last T columns are read as padding (the cache keeps the padding of earlier positions). Left
+                padding (batched ``generate()``) only where it cannot change the output (:func:`left_padding_refusal`).
             past_key_values: a :class:`LexCache` from an earlier call, or None.
             use_cache: return a :class:`LexCache` holding these positions (default ``config.use_cache``).
             labels: (B, T) targets (-100: ignored); the loss is the mean cross-entropy of logits[:, :-1]
@@ -223,8 +251,8 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
             ``loss``, ``hidden_states``.
 
         Raises:
-            ValueError: ``inputs_embeds`` (token ids only), an attention mask of another length, ``labels`` with
-                ``logits_to_keep``.
+            ValueError: ``inputs_embeds`` (token ids only), an attention mask shorter than ``input_ids``, left
+                padding under a spec it would change, ``labels`` with ``logits_to_keep``.
             TypeError: ``past_key_values`` that is not a :class:`LexCache`.
         """
         if inputs_embeds is not None or input_ids is None:
@@ -240,6 +268,12 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"attention_mask covers {attention_mask.size(1)} positions, fewer than the "
                                  f"{input_ids.size(1)} input ids.")
             padding = attention_mask[:, -input_ids.size(1):].eq(0)
+            real = attention_mask.ne(0)
+            if (real[:, 1:] & ~real[:, :-1]).any():  # a pad before a real token: left padding
+                why = left_padding_refusal(self.decoder.position_kind, self.spec if spec is None else spec)
+                if why is not None:
+                    raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
+                                     "run the rows one at a time (or pad on the right, for scoring).")
         state = None if cache is None else cache.state
         if labels is not None and logits_to_keep:
             raise ValueError("labels score every position: call without logits_to_keep.")

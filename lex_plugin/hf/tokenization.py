@@ -27,12 +27,14 @@ VOCAB_FILES_NAMES = {"dict_file": "dict.txt", "spm_file": "spm.model"}
 
 
 def read_fairseq_dictionary(path: Path) -> List[str]:
-    """The symbols of a fairseq ``dict.txt`` in id order, the 4 specials first (``Dictionary.add_from_file``:
-    one ``symbol count [#fairseq:overwrite]`` per line).
+    """The symbols of a fairseq ``dict.txt`` in id order, the 4 specials first, read as fairseq's
+    ``Dictionary.add_from_file`` reads it: the lines ``readlines`` gives (universal newlines), trailing whitespace
+    stripped, one ``symbol count [#fairseq:overwrite]`` per line split at its last space; a symbol listed again
+    with ``#fairseq:overwrite`` takes a new id, which its encoding then uses (the earlier id still decodes to it).
 
     Raises:
-        FileNotFoundError: no file there. ValueError: a line without a count, a symbol listed twice without
-            ``#fairseq:overwrite``.
+        FileNotFoundError: no file there. ValueError: a line without an integer count, a symbol listed twice
+            without ``#fairseq:overwrite``.
     """
     path = Path(path)
     if not path.is_file():
@@ -40,18 +42,22 @@ def read_fairseq_dictionary(path: Path) -> List[str]:
                                 "copy it from the data-bin the model was trained on.")
     symbols = list(FAIRSEQ_SPECIALS)
     seen = set(symbols)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        overwrite = line.endswith(" #fairseq:overwrite")
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for number, line in enumerate(lines, 1):
+        fields = line.rstrip().rsplit(" ", 1)
+        overwrite = len(fields) == 2 and fields[1] == "#fairseq:overwrite"
         if overwrite:
-            line = line[: -len(" #fairseq:overwrite")]
-        symbol, sep, count = line.rpartition(" ")
-        if not sep or not count.lstrip("-").isdigit():
-            raise ValueError(f"{path}:{number}: expected 'symbol count', got {line!r}.")
+            fields = fields[0].rsplit(" ", 1)
+        try:
+            symbol, count = fields
+            int(count)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: expected 'symbol count [#fairseq:overwrite]', got {line!r}.") from None
         if symbol in seen and not overwrite:
             raise ValueError(f"{path}:{number}: duplicate symbol {symbol!r} (fairseq needs #fairseq:overwrite).")
-        if symbol not in seen:
-            symbols.append(symbol)
-            seen.add(symbol)
+        symbols.append(symbol)
+        seen.add(symbol)
     return symbols
 
 
@@ -150,8 +156,9 @@ class LexTokenizer(PreTrainedTokenizer):
         return [1] + [0] * len(token_ids_0)
 
     def encode_prompt(self, text: str) -> List[int]:
-        """Ids of a prompt to continue, as ``lex generate`` builds them: ``</s>``, the text's ids, without the
-        ``</s>`` that would end its last paragraph.
+        """Ids of a prompt to continue: ``</s>``, the text's ids, without the ``</s>`` that would end its last
+        paragraph. A one-paragraph prompt gets ``lex generate``'s ids; a longer one keeps a ``</s>`` after each
+        earlier paragraph, as ``lex prepare`` encodes text (``lex generate`` reads its prompt as one paragraph).
 
         Raises:
             ValueError: a text without a token.
