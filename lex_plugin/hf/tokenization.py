@@ -9,7 +9,8 @@ puts ``</s>`` first as well: the start of a fairseq language-model stream, so ``
 is the model input that scores ``doc`` as ``lex score`` does. A prompt to continue drops the last ``</s>``
 (:meth:`LexTokenizer.encode_prompt`), as ``lex generate`` does.
 
-Decoding joins the pieces, detokenizes each paragraph with Moses and separates paragraphs by a blank line.
+Decoding joins the pieces, detokenizes each paragraph with Moses and separates paragraphs by a blank line
+(with ``skip_special_tokens=True`` transformers drops the ``</s>`` first, and the paragraphs run together).
 """
 
 import os
