@@ -262,3 +262,17 @@ def test_padded_keys_are_hidden_under_a_position_map(method, kind, monkeypatch):
     got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), key_padding_mask=pad)
     real = ~pad
     assert (got.double() - expected).abs().permute(0, 2, 1, 3)[real].max() < 2e-5
+
+
+@pytest.mark.parametrize("start,end,block", [(0, 4096, 2048), (5, 3000, 500), (700, 705, 2048), (0, 1, 40)])
+def test_dca_query_blocks_end_at_chunk_boundaries(start, end, block):
+    """DCA's query blocks tile [start, end) in order, none longer than the block, none straddling a chunk of c
+    positions (inside one chunk the successive and inter-chunk pieces need no mask); other maps cut every block."""
+    dca = DualChunk(768, 64)
+    c = dca.chunk_length
+    blocks = dca.query_blocks(start, end, block)
+    assert blocks[0][0] == start and blocks[-1][1] == end
+    assert all(a < b <= a + block for a, b in blocks)
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(blocks, blocks[1:]))
+    assert all(a // c == (b - 1) // c for a, b in blocks)
+    assert ReRoPE(128).query_blocks(start, end, block) == [(a, min(end, a + block)) for a in range(start, end, block)]

@@ -270,13 +270,14 @@ class _Run:
         log-sum-exp of its logits (:func:`_attention_lse`); the pieces' outputs are merged by their log-sum-exps,
         which is one softmax over every key. Bias schemes: one SDPA call, biased at the remapped distance.
 
-        Queries go ``MAP_QUERY_BLOCK`` at a time, so each block meets only the keys its pieces can select (the
-        far piece of a block of ReRoPE ends w before its last query): about the pairs of causal attention."""
-        if chunk.q1 - chunk.q0 > MAP_QUERY_BLOCK:
-            return torch.cat([self.remapped(Chunk(a, min(chunk.q1, a + MAP_QUERY_BLOCK), chunk.k0,
-                                                  min(chunk.q1, a + MAP_QUERY_BLOCK) + chunk.k1 - chunk.q1, chunk.mask),
-                                            position_map)
-                              for a in range(chunk.q0, chunk.q1, MAP_QUERY_BLOCK)], dim=2)
+        Queries go in the map's blocks of at most ``MAP_QUERY_BLOCK`` (``PositionMap.query_blocks``: DCA's also end
+        at chunk boundaries), so each block meets only the keys its pieces can select (the far piece of a block of
+        ReRoPE ends w before its last query): about the pairs of causal attention."""
+        blocks = position_map.query_blocks(self.q_start + chunk.q0, self.q_start + chunk.q1, MAP_QUERY_BLOCK)
+        if len(blocks) > 1:
+            return torch.cat([self.remapped(Chunk(a - self.q_start, b - self.q_start, chunk.k0,
+                                                  b - self.q_start + chunk.k1 - chunk.q1, chunk.mask), position_map)
+                              for a, b in blocks], dim=2)
         if self.dropout_p:
             raise ValueError("position maps are an evaluation method: run them without attention dropout (model.eval()).")
         qc, kc, vc = self.q[:, :, chunk.q0 : chunk.q1], self.k[:, :, chunk.k0 : chunk.k1], self.v[:, :, chunk.k0 : chunk.k1]

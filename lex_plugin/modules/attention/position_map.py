@@ -78,6 +78,11 @@ class PositionMap:
         """The score sets for queries at ``n`` (Tq,) and keys at ``m`` (Tk,), both int64 contiguous ranges."""
         raise NotImplementedError
 
+    def query_blocks(self, start: int, end: int, block: int) -> List[Tuple[int, int]]:
+        """Query positions [start, end) cut into blocks of at most ``block`` that the executor runs one at a time
+        (each block meets only the keys its pieces can select). Default: every ``block`` positions."""
+        return [(a, min(end, a + block)) for a in range(start, end, block)]
+
     def max_distance(self, length: int) -> float:
         """The largest remapped distance among ``length`` positions."""
         n = torch.tensor([length - 1])
@@ -213,6 +218,14 @@ class DualChunk(PositionMap):
         q = torch.where(gap == 0, self._query(n, "intra"), torch.where(gap == 1, self._query(n, "successive"),
                                                                         self._query(n, "inter")))
         return (q - m % c).double()
+
+    def query_blocks(self, start, end, block):
+        """Cut at chunk boundaries as well: a block inside one chunk selects whole chunks in its successive and
+        inter-chunk pieces (no mask; only the intra-chunk piece is causal), where a block straddling chunks
+        needs a staircase mask in every piece."""
+        c = self.chunk_length
+        cuts = sorted({start, end, *range((start // c + 1) * c, end, c)})
+        return [blk for a, b in zip(cuts, cuts[1:]) for blk in PositionMap.query_blocks(self, a, b, block)]
 
     def pieces(self, n, m):
         c, k0 = self.chunk_length, int(m[0])
