@@ -208,3 +208,24 @@ def test_tables_at_far_positions_stay_small():
     far = xpos.complex_table(10**6 + 5000, 1, 10**6, True, "cpu")
     ref = XPos(64).complex_table(10**6 + 5000, 1, 10**6, True, "cpu")
     assert torch.equal(far, ref)
+
+
+@pytest.mark.parametrize("use_scale", [True, False], ids=["xpos", "rope"])
+@pytest.mark.parametrize("scaling", [None, "yarn"])
+def test_rotate_at_shortcuts_equal_the_general_path(use_scale, scaling):
+    """rotate_at's two shortcuts (consecutive positions: the table sliced, no gather; every position 0 at centre 0:
+    the identity, unless YaRN's attention scale multiplies) against the gathered rows and the float64 path."""
+    from lex_plugin.modules.positions.rope_scaling import RopeScaling
+
+    torch.manual_seed(0)
+    scheme = XPos(16, scale_base=64) if use_scale else XPos(16, use_scale=False)
+    s = None if scaling is None else RopeScaling(scaling, 4.0, 64)
+    x = torch.randn(2, 3, 50, 16)
+    p = torch.arange(100, 150)
+    consecutive = scheme.rotate_at(x, p, 128, True, s)
+    gathered = scheme.rotate_at(x.flip(-2), p.flip(0), 128, True, s).flip(-2)  # not consecutive: the gather
+    torch.testing.assert_close(consecutive, gathered, rtol=0, atol=0)
+    zero = torch.zeros(50, dtype=torch.long)
+    expected = scheme.rotate_at(x, zero.double(), 0, True, s)  # float64 angles and scales
+    torch.testing.assert_close(scheme.rotate_at(x, zero, 0, True, s), expected, rtol=0, atol=1e-6)
+    assert (scheme.rotate_at(x, zero, 0, True, s) is x) == (scaling is None)

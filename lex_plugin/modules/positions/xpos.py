@@ -258,11 +258,16 @@ class XPos(PositionScheme):
         """xPos / RoPE of x (..., d) at ``positions`` (>= 0, broadcastable to ``x.shape[:-1]``) with the scale
         centre ``center``: int64 positions gather rows of one table; floating ones (fractional positions of a
         position map, Leaky ReRoPE's m / k) get angles and scales formed in float64 at each. Returns x's shape
-        and dtype (fp32 math)."""
+        and dtype (fp32 math); ``x`` itself where the rotation is the identity (every position 0 with the
+        centre 0 and no attention scale: ReRoPE's capped keys), a slice of the table for consecutive positions."""
         if positions.is_floating_point():
             return apply_rotary_complex(x, self._rotation_at(positions.double(), center, keys, x.device, scaling))
         low, high = int(positions.min()), int(positions.max())
+        if high == 0 and (center == 0 or not self.use_scale) and (scaling is None or scaling.attention_scale == 1.0):
+            return x  # angle 0, scale zeta^0: no work (a position map's keys all at 0)
         table = self.complex_table(low, high - low + 1, center, keys, x.device, scaling)
+        if positions.dim() == 1 and positions.numel() == high - low + 1 and bool((positions.diff() == 1).all()):
+            return apply_rotary_complex(x, table)  # consecutive positions: the table as it is, no gather
         return apply_rotary_complex(x, table[positions - low])
 
 
