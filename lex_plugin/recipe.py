@@ -40,6 +40,7 @@ def fairseq_train_command(
     seed: int = 1,
     user_dir: Optional[Arg] = PLUGIN_DIR,
     extra: Sequence[Arg] = (),
+    total_updates: Optional[int] = None,
 ) -> List[str]:
     """The fairseq-train command line of the recipe (module docstring), as strings.
 
@@ -50,8 +51,8 @@ def fairseq_train_command(
         arch: ``--arch`` (a ``lex_lm_*`` preset, or another fairseq architecture with ``user_dir=None``).
         model_args: further model options (``--pos-emb rope``, ``--random-positions 4096``, sizes).
         tokens_per_sample, batch_size, lr: l, sequences per update, peak learning rate.
-        updates: ``--max-update``, also the polynomial decay's ``--total-num-update``.
-        warmup: warm-up updates (default updates / 8).
+        updates: ``--max-update``, also the polynomial decay's ``--total-num-update`` unless ``total_updates``.
+        warmup: warm-up updates (default total updates / 8).
         break_mode: ``--sample-break-mode`` (``none``: a stream cut into l-token samples; ``eos``: one
             sample per line).
         validate_interval_updates: validate every that many updates on at most ``max_valid_steps``
@@ -59,20 +60,26 @@ def fairseq_train_command(
         log_format, log_interval: fairseq's progress log.
         user_dir: ``--user-dir`` (this plugin by default); None for a stock fairseq architecture.
         extra: appended as given (``--finetune-from-model CKPT``, ``--memory-efficient-fp16``...).
+        total_updates: the learning-rate schedule's length when training stops before its end (a snapshot of a
+            longer run: ``--max-update updates`` of ``--total-num-update total_updates``); default ``updates``.
 
     Raises:
-        ValueError: non-positive updates, batch or l.
+        ValueError: non-positive updates, batch or l; total updates fewer than updates.
     """
     if updates <= 0 or batch_size <= 0 or tokens_per_sample <= 0:
         raise ValueError(f"updates ({updates}), batch size ({batch_size}) and tokens per sample ({tokens_per_sample}) "
                          "must be positive.")
-    warmup = max(1, updates // 8) if warmup is None else warmup
+    total = updates if total_updates is None else total_updates
+    if total < updates:
+        raise ValueError(f"total_updates ({total}) must be at least updates ({updates}): the schedule would end "
+                         "before training does.")
+    warmup = max(1, total // 8) if warmup is None else warmup
     cmd: List[Arg] = ["fairseq-train", data, *(["--user-dir", user_dir] if user_dir is not None else []),
                       "--task", "lex_language_modeling" if user_dir is not None else "language_modeling", "--arch", arch, *model_args, "--share-decoder-input-output-embed",
                       "--tokens-per-sample", tokens_per_sample, "--sample-break-mode", break_mode, "--batch-size", batch_size,
                       "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "1.0",
                       "--lr", lr, "--lr-scheduler", "polynomial_decay", "--warmup-updates", warmup,
-                      "--total-num-update", updates, "--max-update", updates]
+                      "--total-num-update", total, "--max-update", updates]
     if save_dir is None:
         cmd += ["--no-save", "--save-dir", tempfile.gettempdir()]  # fairseq checks a directory even when it saves nothing
     else:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import METHODS, PROBES, RUNS, ReproduceError, reproduce
+from lex_plugin.evaluation.reproduce import METHODS, PROBES, PROFILES, RUNS, ReproduceError, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,10 +48,31 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--methods", "method_names", default=",".join([*METHODS, *PROBES]), show_default=True,
               help="evaluation-time methods and the passkey probe (as trained; after fine-tuning on its format) on the xpos, rope and alibi checkpoints; '' for none")
 @click.option("--passkey-trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per passkey cell")
-def main(corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
-         resolution_texts, method_names, passkey_trials):
+@click.option("--budgets", default="", show_default=True,
+              help="comma-separated updates below --max-update at which each run is also evaluated (snapshots of the "
+                   "one run, same schedule): the ratio-against-training-tokens table and ratio_vs_tokens.png")
+@click.option("--bf16-autocast", is_flag=True, help="train under bf16 autocast (fp32 weights and optimizer state; "
+              "evaluation stays fp32); needs native bf16 (AVX-512 BF16 / AMX, or CUDA)")
+@click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
+              help="a named setting: its values replace the defaults of the options not given "
+                   "(magnitudes: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in PROFILES["magnitudes"].items()) + ")")
+@click.pass_context
+def main(ctx, corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
+         resolution_texts, method_names, passkey_trials, budgets, bf16_autocast, profile):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
+    if profile:  # the profile's values for every option left at its default
+        given = {k: v for k, v in ctx.params.items()
+                 if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+        names = {"runs": "run_names", "methods": "method_names"}
+        values = {names.get(k, k): v for k, v in PROFILES[profile].items()}
+        params = {**ctx.params, **{k: v for k, v in values.items() if k not in given}}
+        (corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
+         resolution_texts, method_names, passkey_trials, budgets, bf16_autocast) = (
+            params[k] for k in ("corpus", "work", "data_bin", "run_names", "arch", "training_length", "max_update",
+                                "batch_size", "lr", "seed", "lengths", "eval_tokens", "resolution_texts", "method_names",
+                                "passkey_trials", "budgets", "bf16_autocast"))
+        work = Path(work)
     runs = [r.strip() for r in run_names.split(",") if r.strip()]
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
@@ -70,9 +91,24 @@ def main(corpus, work, data_bin, run_names, arch, training_length, max_update, b
     if eval_tokens < max(lengths):
         raise click.BadParameter(f"--eval-tokens {eval_tokens} is shorter than the longest length {max(lengths)}",
                                  param_hint="--eval-tokens")
+    try:
+        budget_list = sorted({int(b) for b in str(budgets).split(",") if b.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{budgets!r}: give comma-separated update counts", param_hint="--budgets") from None
+    if budget_list and (budget_list[0] < 1 or budget_list[-1] >= max_update):
+        raise click.BadParameter(f"budgets {budget_list} must lie in 1..{max_update - 1}: the last checkpoint "
+                                 f"(--max-update {max_update}) is always evaluated", param_hint="--budgets")
+    if bf16_autocast:
+        from lex_plugin.modules.autocast import check_autocast
+        import torch
+
+        try:
+            check_autocast(torch.device("cpu"), torch.bfloat16, torch.float32)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--bf16-autocast") from None
     o = dict(arch=arch, training_length=l, max_update=max_update, batch_size=batch_size, lr=lr, seed=seed,
              lengths=lengths, eval_tokens=eval_tokens, resolution_texts=resolution_texts, methods=methods,
-             passkey_trials=passkey_trials)
+             passkey_trials=passkey_trials, budgets=budget_list, bf16_autocast=bf16_autocast)
     try:
         reproduce(work, o, runs, corpus, data_bin)
     except ReproduceError as e:

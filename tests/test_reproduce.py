@@ -232,3 +232,47 @@ def test_flat_and_retrieving_verdicts(tmp_path):
     assert plot_flat_and_retrieving(list(rows.values()), l, 256, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 5000
     assert "none" in markdown_flat_and_retrieving([dict(rows["full"])], l, 256)
     assert "not decided" in markdown_flat_and_retrieving([dict(rows["ntk"])], l, 256)
+
+
+def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path):
+    """--budgets trains one run in stages of one schedule: the snapshot holds its budget's updates, the staged
+    run ends where one uninterrupted run of the same schedule ends, and each snapshot gets its own report,
+    the table of ratios against training tokens and its plot; a run trained past a budget is refused."""
+    from lex_plugin.recipe import fairseq_train_command
+
+    work, env = tmp_path / "repro", {"LEX_EMULATED_BF16": "1"}
+    args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
+            "--runs", "rope", "--max-update", "4", "--budgets", "2", "--bf16-autocast", "--batch-size", "4",
+            "--training-length", str(L), "--lengths", f"{L},{4 * L}", "--eval-tokens", "512", "--resolution-texts", "1",
+            "--methods", ""]
+    proc = run_cli(args, env=env, timeout=600)
+    assert "[1/6] train rope to 2" in proc.stdout and "[2/6] eval rope at 2 updates" in proc.stdout, proc.stdout
+    ckpts = work / "runs" / "rope" / "checkpoints"
+    snap = torch.load(ckpts / "checkpoint_u2.pt", weights_only=False)
+    last = torch.load(ckpts / "checkpoint_last.pt", weights_only=False)
+    assert snap["optimizer_history"][-1]["num_updates"] == 2 and last["optimizer_history"][-1]["num_updates"] == 4
+    for state in (snap, last):  # one schedule of 4 updates, trained under bf16 autocast
+        assert state["cfg"]["lr_scheduler"]["total_num_update"] == 4 and state["cfg"]["task"]["bf16_autocast"]
+    # the same 4 updates without the stop at 2
+    straight = tmp_path / "straight"
+    run_cli(fairseq_train_command(data_bin, straight, "lex_lm_tiny", ["--pos-emb", "rope"], L, 4, "1.5e-3", 4, 1, "none",
+                                  save_interval_updates=4, log_interval=25, seed=1, extra=["--bf16-autocast"]),
+            env=env, timeout=300)
+    other = torch.load(straight / "checkpoint_last.pt", weights_only=False)["model"]
+    assert other.keys() == last["model"].keys()
+    for key, value in last["model"].items():
+        torch.testing.assert_close(value, other[key], rtol=0, atol=1e-6, msg=key)
+    assert not torch.equal(snap["model"]["decoder.embed_tokens.weight"], last["model"]["decoder.embed_tokens.weight"])
+
+    results = json.loads((work / "results.json").read_text())
+    at2, at4 = results["budgets"]["rope"]["2"], results["budgets"]["rope"]["4"]
+    assert set(at2) == {"full", "sliding", "bca"} and at4["full"] == results["ppl"]["rope"]["full"]
+    assert at2["full"][str(L)] != pytest.approx(at4["full"][str(L)], rel=1e-4)
+    tables = (work / "tables.md").read_text()
+    ratio = at2["full"][str(4 * L)] / at2["full"][str(L)]
+    num = reproduce.tables._num
+    assert f"| RoPE (Roformer) | full attention | 2 | {2 * 4 * L} | {num(at2['full'][str(L)])} | {num(ratio)} |" in tables
+    assert (work / "ratio_vs_tokens.png").stat().st_size > 10_000
+
+    with pytest.raises(AssertionError, match="past the budget 3"):  # a snapshot is taken on the way, never after
+        run_cli([a if a != "2" else "2,3" for a in args], env=env)

@@ -14,29 +14,33 @@ everything.
 
 The options dict ``o`` every function here takes holds: ``arch``, ``training_length`` (l), ``max_update``,
 ``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens``,
-``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none) and
-``passkey_trials`` (optional, default 10).
+``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none),
+``passkey_trials`` (optional, default 10), ``budgets`` (optional: updates below ``max_update`` at which each
+run stops, keeps ``checkpoint_uN.pt`` and is evaluated, then resumes the same schedule) and ``bf16_autocast``
+(optional: train under bf16 autocast). :data:`PROFILES` names whole settings (``--profile``).
 """
 
 import json
+import shutil
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, RULER_FINETUNE, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_FINETUNE, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
                        prepare_command, resolution_command, ruler_command, ruler_data_command, ruler_finetune_command,
                        scaled_passkey_flags, train_command)
-from .plots import plot_flat_and_retrieving, plot_ppl
+from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
-from .tables import (check_claims, flat_and_retrieving, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
+from .tables import (check_claims, flat_and_retrieving, markdown_budgets, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
                      markdown_passkey, markdown_ppl, markdown_resolution, markdown_ruler, ppl_table)
 
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
+    "PROFILES",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command",
     "scaled_passkey_flags", "train_command", "write_results",
@@ -79,6 +83,15 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         for name, rep in passkey.get(probe, {}).items():
             tuned.setdefault(name, {"results": []})["results"].extend(rep["results"])
     ppl = ppl_table(reports)
+    # the snapshots of each run (o["budgets"]) and its last checkpoint: {run: {updates: {window: {length: ppl}}}}
+    budgets = {}
+    for name in runs:
+        snaps = {b: json.loads(p.read_text()) for b in o.get("budgets", [])
+                 if (p := work / "runs" / name / f"length_report_u{b}.json").exists()}
+        if snaps:
+            budgets[name] = {b: ppl_table({name: rep}).get(name, {}) for b, rep in snaps.items()}
+            if name in ppl:
+                budgets[name][o["max_update"]] = {w: row for w, row in ppl[name].items() if w in ("full", "sliding", "bca")}
     for name in runs:  # each method's report holds one window: file it under the method's name
         for method in METHODS:
             path = work / "runs" / name / f"method_{method}.json"
@@ -107,6 +120,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         markdown_ppl(ppl, ablations, ["full", "bca"], ab_lengths, l),
         "", "### Table 5 shape: attention window at 4l and 16l", "",
         markdown_ppl(ppl, main, ["full", "sliding", "bca"], [l, 4 * l, 16 * l], l),
+        *(["", "### Extrapolation against training tokens: snapshots of each run", "",
+            markdown_budgets(budgets, main, ["full", "sliding", "bca"], o["lengths"], l, o["batch_size"] * l)]
+          if budgets else []),
         *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
             markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
@@ -133,6 +149,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
          **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
          **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
+         **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
+                         for n, snaps in budgets.items()}} if budgets else {}),
          "claims": claims, "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
@@ -142,10 +160,30 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
                  f"evaluation-time methods on the same checkpoints (l = {l})", {m: METHODS[m][2] for m in methods})
     if flat:
         plot_flat_and_retrieving(flat, l, max(o["lengths"]), work / "flat_and_retrieving.png")
+    if budgets:
+        plot_budgets(budgets, main, ["full", "bca"], o["lengths"], l, o["batch_size"] * l, work / "ratio_vs_tokens.png",
+                     f"{o['arch']}, l = {l}: perplexity ratio against training tokens")
     if random_pairs:
         plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
                  f"trained with and without randomized positions (L_max = {max(o['lengths'])}, l = {l})")
     return text
+
+
+def _check_not_past(ckpt: Path, budget: int) -> None:
+    """Refuse to take the snapshot at ``budget`` updates from a run already trained past it.
+
+    Raises:
+        ReproduceError: ``ckpt`` (the run's checkpoint_last.pt, if any) holds more than ``budget`` updates.
+    """
+    if ckpt.exists():
+        import torch
+
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        done = state["optimizer_history"][-1]["num_updates"]
+        if done > budget:
+            raise ReproduceError(f"{ckpt} has trained {done} updates, past the budget {budget}: a snapshot is taken "
+                                 "on the way, not after. Use another --work (or drop the budgets below "
+                                 f"{done + 1}).")
 
 
 def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
@@ -186,7 +224,11 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             return 1
         return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
 
-    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + sum(map(steps_of, run_methods[n])) for n in runs)
+    budgets = sorted(o.get("budgets", []))
+    if budgets and budgets[-1] >= o["max_update"]:
+        raise ReproduceError(f"budgets {budgets} must be below --max-update {o['max_update']} (the last checkpoint "
+                             "is the last budget).")
+    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + 2 * len(budgets) + sum(map(steps_of, run_methods[n])) for n in runs)
              + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
              + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / "train.idx").exists() else 0))
     run = Runner(work, steps)
@@ -198,11 +240,21 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             run_args = [*run_args, "--random-positions", max(lengths)]
         rdir = work / "runs" / name
         ckpt_dir = rdir / "checkpoints"
-        run(f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done", stamp=True)
         ckpt = ckpt_dir / "checkpoint_last.pt"
         windows = ["full", "bca"] if role == "ablation" else ["full", "sliding", "bca"]
-        run(f"eval {name}", eval_command(data, ckpt, ab_lengths if role == "ablation" else lengths, windows,
-                                         rdir / "length_report.json", o), rdir / "eval.log", rdir / "length_report.json")
+        run_lengths = ab_lengths if role == "ablation" else lengths
+        for budget in budgets:  # snapshots of the one run, each evaluated as the last checkpoint is
+            snap = ckpt_dir / f"checkpoint_u{budget}.pt"
+            if not (rdir / f"train_u{budget}.done").exists():
+                _check_not_past(ckpt, budget)
+            run(f"train {name} to {budget}", train_command(data, ckpt_dir, run_args, o, updates=budget), rdir / "train.log",
+                rdir / f"train_u{budget}.done", stamp=True, then=lambda snap=snap: shutil.copy2(ckpt, snap))
+            report = rdir / f"length_report_u{budget}.json"
+            run(f"eval {name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
+                rdir / f"eval_u{budget}.log", report)
+        run(f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done", stamp=True)
+        run(f"eval {name}", eval_command(data, ckpt, run_lengths, windows, rdir / "length_report.json", o), rdir / "eval.log",
+            rdir / "length_report.json")
         for w in ("full", "bca"):
             out = rdir / f"resolution_{w}.json"
             run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)

@@ -3,7 +3,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "PROFILES", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -64,6 +64,15 @@ PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2
 RULER_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
 RULER_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
+# named settings of the whole reproduction (scripts/reproduce.py --profile NAME): option -> value, replacing the
+# defaults of the options not given. "magnitudes" (the paper's magnitudes at CPU scale): a short training length
+# evaluated to 64l, bf16 autocast training, snapshots at geometric budgets so the trend with training shows;
+# about 1.5 h of training per model on 2 cores.
+PROFILES: Dict[str, dict] = {
+    "magnitudes": {"work": "work/magnitudes", "runs": "rope,sinusoidal,xpos,alibi", "training_length": 64,
+                   "lengths": "64,128,256,512,1024,2048,4096", "batch_size": 32, "max_update": 12000,
+                   "budgets": "1500,3000,6000", "bf16_autocast": True, "methods": ""},
+}
 METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
 ROTARY_RUNS = ("xpos", "rope")
 LABELS = {

@@ -18,14 +18,20 @@ def prepare_command(corpus: Path, data: Path) -> List:
     return [sys.executable, "-m", "lex_plugin.cli", "prepare", corpus, data, "--workers", os.cpu_count() or 1]
 
 
-def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
-    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["training_length"]`` for
-    ``o["max_update"]`` updates into ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget
-    and optimizer for every run, no validation."""
-    updates = o["max_update"]
-    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["training_length"], o["batch_size"], o["lr"], updates,
-                                 max(1, updates // 8), "none", save_interval_updates=max(1, min(100, updates)),
-                                 log_interval=25, seed=o["seed"])
+def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict, updates: Optional[int] = None) -> List:
+    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["training_length"]`` into
+    ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget and optimizer for every run, no
+    validation; under bf16 autocast when ``o["bf16_autocast"]`` (fp32 weights and optimizer state).
+
+    Args:
+        updates: stop after this many updates of the ``o["max_update"]``-update schedule (a snapshot budget:
+            resuming with a larger ``updates`` continues the same run); default ``o["max_update"]``.
+    """
+    total = o["max_update"]
+    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["training_length"], o["batch_size"], o["lr"],
+                                 updates or total, max(1, total // 8), "none", save_interval_updates=max(1, min(100, total)),
+                                 log_interval=25, seed=o["seed"], total_updates=total,
+                                 extra=["--bf16-autocast"] if o.get("bf16_autocast") else [])
 
 
 def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,

@@ -5,7 +5,7 @@ from typing import Dict, Optional, Sequence
 
 from .catalogue import LABELS, WINDOW_LABEL
 
-__all__ = ["plot_ppl"]
+__all__ = ["plot_budgets", "plot_flat_and_retrieving", "plot_ppl"]
 
 
 def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path, title: str,
@@ -71,3 +71,34 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
         ax.legend(fontsize=8)
         fig.suptitle("flat and retrieving? one point per window or method")
     return True
+
+
+def plot_budgets(budgets, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int,
+                 tokens_per_update: int, out: Path, title: str) -> None:
+    """Write the PNG ``out``: ppl(L) / ppl(l) (log) against training tokens (log), one panel per window and one
+    line per run and evaluation length L of 4l, 16l and the longest (solid, dashed, dotted), from
+    ``budgets`` ({run: {updates: {window: {length: ppl}}}}: the snapshots of each run)."""
+    from ...plotting import figure, log_axes
+
+    shown = [L for L in dict.fromkeys([4 * l, 16 * l, max(lengths)]) if L in lengths and L > l]
+    styles = dict(zip(shown, ("-", "--", ":")))
+    with figure(out, 1, len(windows), (5.2 * len(windows), 4.4), dpi=110, sharey=True, squeeze=False) as (fig, axes):
+        for ax, window in zip(axes[0], windows):
+            for name in runs:
+                snaps = sorted(budgets.get(name, {}).items())
+                color = None
+                for L in shown:
+                    points = [(u * tokens_per_update, s[window][L] / s[window][l]) for u, s in snaps
+                              if window in s and L in s[window] and l in s[window]]
+                    if points:
+                        line, = ax.plot(*zip(*points), marker="o", linestyle=styles[L], color=color,
+                                        label=f"{LABELS.get(name, name)}, {L // l}l")
+                        color = line.get_color()
+            ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+            log_axes(ax, x_base=10)
+            ax.set_title(WINDOW_LABEL[window], fontsize=10)
+            ax.set_xlabel("training tokens")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+        axes[0][0].set_ylabel("ppl(L) / ppl(l)")
+        fig.suptitle(title)

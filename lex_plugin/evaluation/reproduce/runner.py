@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
 
@@ -41,9 +41,11 @@ class Runner:
         self.progress_path = work / "progress.json"
         self.progress = json.loads(self.progress_path.read_text()) if self.progress_path.exists() else {}
 
-    def __call__(self, key: str, cmd: Sequence, log: Path, done: Path, stamp: bool = False):
+    def __call__(self, key: str, cmd: Sequence, log: Path, done: Path, stamp: bool = False,
+                 then: Optional[Callable[[], None]] = None):
         """Run ``cmd`` unless ``done`` exists; ``stamp``: write ``done`` after a successful run (for
-        commands whose outputs exist before they finish, like fairseq-train's checkpoint_last.pt).
+        commands whose outputs exist before they finish, like fairseq-train's checkpoint_last.pt); ``then``:
+        called after a successful run, before the stamp (keeping a snapshot of what the command left).
 
         The command runs in the repository root with this interpreter's scripts first on PATH and
         OMP_NUM_THREADS defaulting to every core; its output is appended to ``log``. Its wall time is added
@@ -67,6 +69,8 @@ class Runner:
         if rc != 0:
             tail = "".join(log.read_text().splitlines(True)[-30:])
             raise ReproduceError(f"{key} failed (exit {rc}); last lines of {log}:\n{tail}\nFix it and re-run: finished steps are skipped.")
+        if then is not None:
+            then()
         if stamp:
             done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
         if not done.exists():
@@ -77,9 +81,18 @@ class Runner:
         print(f"{prefix}: done in {fmt_time(seconds)} (this session {fmt_time(time.time() - self.start)})", flush=True)
 
 
+# options the reproduction gained after work directories were made, with the value those directories ran with
+OPTIONS_ADDED_LATER = {"bf16_autocast": False}
+
+
+# options a work directory may be re-run with other values of: each method's report stands alone, and a budget is
+# a snapshot of the same run (one the run has trained past is refused when it is taken)
+MAY_DIFFER = ("methods", "budgets")
+
+
 def check_options(work: Path, o: dict) -> None:
     """Record ``o`` in WORK/options.json (creating WORK), after checking that a run already there used the
-    same options (``methods`` may differ: each method's report stands alone).
+    same options (``methods`` and ``budgets`` may differ: :data:`MAY_DIFFER`).
 
     Raises:
         ReproduceError: WORK/options.json holds other options (mixing budgets would make the tables unequal).
@@ -89,7 +102,9 @@ def check_options(work: Path, o: dict) -> None:
     if saved.exists():
         before = json.loads(saved.read_text())
         # which methods run does not change the numbers of the others; an option a run directory predates is recorded
-        changed = {k: (before[k], v) for k, v in o.items() if k != "methods" and k in before and before[k] != v}
+        # an option added since a directory was run had its default there
+        before = {**OPTIONS_ADDED_LATER, **before}
+        changed = {k: (before[k], v) for k, v in o.items() if k not in MAY_DIFFER and k in before and before[k] != v}
         if changed:
             raise ReproduceError(f"{work} holds a run with other options {changed}: use another --work "
                                  "or remove it; mixing budgets would make the tables unequal.")

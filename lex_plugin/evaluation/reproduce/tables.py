@@ -8,7 +8,7 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
-__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "flat_and_retrieving", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -50,6 +50,32 @@ def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequ
             ratio = row[top] / row[l] if top in row and l in row else None
             rows.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL[window]} | "
                         + " | ".join(_num(row.get(L)) for L in lengths) + f" | {_num(ratio)} |")
+    return "\n".join(rows)
+
+
+def markdown_budgets(budgets, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int,
+                     tokens_per_update: int) -> str:
+    """Markdown table of extrapolation against training: for each run and window, one row per snapshot (the
+    reproduction's budgets, then its last checkpoint): updates, training tokens, ppl(l), then ppl(L) / ppl(l)
+    at every evaluation length L beyond l.
+
+    Args:
+        budgets: {run: {updates: {window: {length: ppl}}}}.
+        runs, windows: row order (those without numbers are left out); lengths: the evaluation lengths;
+        l: the training length; tokens_per_update: training tokens per update (batch x l).
+    """
+    longer = [L for L in lengths if L > l]
+    rows = ["| model | window | updates | training tokens | ppl(l) | " + " | ".join(f"{L // l}l / l" for L in longer) + " |",
+            "|---|---|---:|---:|---:|" + "---:|" * len(longer)]
+    for name in runs:
+        for window in windows:
+            for updates, snap in sorted(budgets.get(name, {}).items()):
+                row = snap.get(window)
+                if not row or l not in row:
+                    continue
+                rows.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL[window]} | {updates:,} | "
+                            f"{updates * tokens_per_update:,} | {_num(row[l])} | "
+                            + " | ".join(_num(row[L] / row[l]) if L in row else "-" for L in longer) + " |")
     return "\n".join(rows)
 
 
