@@ -187,6 +187,45 @@ def plot_cmd(reports, out, labels, protocol, title):
     click.echo(f"{n} lines -> {out}")
 
 
+@main.command("compare-curves")
+@click.argument("log_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("log_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--labels", default="a,b", show_default=True, help="the two runs' names, comma-separated")
+@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="the summary covers updates past this one (leave the warm-up out)")
+@click.option("--key", default="loss", show_default=True, help="the train_inner statistic compared (loss: bits per token)")
+@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="exit with status 1 when |b / a - 1| exceeds this past --after (0.01 = 1%)")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="PNG of both curves and the gap")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def compare_curves_cmd(log_a, log_b, labels, after, key, tolerance, plot_path, json_path):
+    """Compare the training curves of two fairseq-train logs (stdout or --log-file; --log-format simple or
+    json) at every update both logged: a table of each run's value and the relative gap b / a - 1, then the
+    largest gap past --after and the gap at the last update (bf16 autocast against fp32, one seed against
+    another)."""
+    from .evaluation.train_log import compare_curves, markdown_curves, plot_curves, read_train_log
+
+    names = [x.strip() for x in labels.split(",")]
+    if len(names) != 2 or not all(names):
+        raise click.BadParameter(f"{labels!r}: give two names, comma-separated", param_hint="--labels")
+    try:
+        result = compare_curves(read_train_log(log_a), read_train_log(log_b), after, key)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(markdown_curves(result, names, key))
+    click.echo(f"\nlargest |{names[1]} / {names[0]} - 1| past update {after}: {100 * result['max_relative']:.2f}% "
+               f"(update {result['at']:,}); at the last update: {100 * result['final_relative']:+.2f}%")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({"labels": names, "key": key, **result}, indent=1))
+    if plot_path:
+        plot_curves(result, names, plot_path, f"{names[1]} against {names[0]}", key)
+        click.echo(f"plot: {plot_path}")
+    if tolerance is not None and result["max_relative"] > tolerance:
+        click.echo(f"beyond the tolerance {100 * tolerance:g}%", err=True)
+        sys.exit(1)
+
+
 @main.command("generate")
 @click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="checkpoint file (e.g. checkpoints/checkpoint_last.pt)")
