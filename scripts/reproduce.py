@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import METHODS, PROBES, PROFILES, RUNS, ReproduceError, reproduce
+from lex_plugin.evaluation.reproduce import METHODS, PROBES, PROFILES, RUNS, ReproduceError, profile_flags, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--lr", default="1.5e-3", show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--lengths", default=None, help="evaluation lengths (default: l, 2l, 4l, 8l, 16l)")
+@click.option("--lengths", default=None, help="evaluation lengths (default: l, 2l, 4l, ... up to --longest x l)")
+@click.option("--longest", type=click.IntRange(min=1), default=16, show_default=True,
+              help="without --lengths: evaluate at l, 2l, 4l, ... up to this multiple of l")
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=49152, show_default=True,
               help="score the first N test tokens at every length")
 @click.option("--resolution-texts", type=click.IntRange(min=1), default=8, show_default=True)
@@ -51,66 +53,62 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--budgets", default="", show_default=True,
               help="comma-separated updates below --max-update at which each run is also evaluated (snapshots of the "
                    "one run, same schedule): the ratio-against-training-tokens table and ratio_vs_tokens.png")
-@click.option("--bf16-autocast", is_flag=True, help="train under bf16 autocast (fp32 weights and optimizer state; "
-              "evaluation stays fp32); needs native bf16 (AVX-512 BF16 / AMX, or CUDA)")
+@click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
+              help="train each run under bf16 autocast (fp32 weights and optimizer state; every evaluation, and the "
+                   "probes' fine-tuning, stay fp32); needs native bf16 (CUDA 8.0+, or a CPU with AVX-512 BF16 / AMX)")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
-              help="a named setting: its values replace the defaults of the options not given "
-                   "(magnitudes: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in PROFILES["magnitudes"].items()) + ")")
+              help="a named setting: its values replace the defaults of the options not given on the command line. "
+                   + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
 @click.pass_context
-def main(ctx, corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
-         resolution_texts, method_names, passkey_trials, budgets, bf16_autocast, profile):
+def main(ctx, **params):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
-    if profile:  # the profile's values for every option left at its default
-        given = {k: v for k, v in ctx.params.items()
-                 if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
-        names = {"runs": "run_names", "methods": "method_names"}
-        values = {names.get(k, k): v for k, v in PROFILES[profile].items()}
-        params = {**ctx.params, **{k: v for k, v in values.items() if k not in given}}
-        (corpus, work, data_bin, run_names, arch, training_length, max_update, batch_size, lr, seed, lengths, eval_tokens,
-         resolution_texts, method_names, passkey_trials, budgets, bf16_autocast) = (
-            params[k] for k in ("corpus", "work", "data_bin", "run_names", "arch", "training_length", "max_update",
-                                "batch_size", "lr", "seed", "lengths", "eval_tokens", "resolution_texts", "method_names",
-                                "passkey_trials", "budgets", "bf16_autocast"))
-        work = Path(work)
-    runs = [r.strip() for r in run_names.split(",") if r.strip()]
+    if params["profile"]:  # the profile's values for every option left at its default
+        given = {k for k in params if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+        params.update({k: v for k, v in PROFILES[params["profile"]].items() if k not in given})
+    p = params
+    runs = [r.strip() for r in p["run_names"].split(",") if r.strip()]
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         raise click.BadParameter(f"unknown runs {unknown}; choose from {', '.join(RUNS)}", param_hint="--runs")
-    methods = [m.strip() for m in method_names.split(",") if m.strip()]
+    methods = [m.strip() for m in p["method_names"].split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS and m not in PROBES]
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
-    l = training_length
+    l, max_update = p["training_length"], p["max_update"]
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
-    lengths = sorted({int(x) for x in lengths.split(",")}) if lengths else [l * k for k in (1, 2, 4, 8, 16)]
-    if l not in lengths:
-        raise click.BadParameter(f"--lengths must include the training length {l}", param_hint="--lengths")
-    if eval_tokens < max(lengths):
-        raise click.BadParameter(f"--eval-tokens {eval_tokens} is shorter than the longest length {max(lengths)}",
+    lengths = (sorted({int(x) for x in p["lengths"].split(",")}) if p["lengths"]
+               else [l * 2 ** i for i in range(p["longest"].bit_length()) if 2 ** i <= p["longest"]])
+    if l not in lengths or min(lengths) < l:
+        raise click.BadParameter(f"--lengths must include the training length {l} and nothing shorter", param_hint="--lengths")
+    if p["eval_tokens"] < max(lengths):
+        raise click.BadParameter(f"--eval-tokens {p['eval_tokens']} is shorter than the longest length {max(lengths)}",
                                  param_hint="--eval-tokens")
     try:
-        budget_list = sorted({int(b) for b in str(budgets).split(",") if b.strip()})
+        budgets = sorted({int(b) for b in str(p["budgets"]).split(",") if b.strip()})
     except ValueError:
-        raise click.BadParameter(f"{budgets!r}: give comma-separated update counts", param_hint="--budgets") from None
-    if budget_list and (budget_list[0] < 1 or budget_list[-1] >= max_update):
-        raise click.BadParameter(f"budgets {budget_list} must lie in 1..{max_update - 1}: the last checkpoint "
-                                 f"(--max-update {max_update}) is always evaluated", param_hint="--budgets")
-    if bf16_autocast:
-        from lex_plugin.modules.autocast import check_autocast
+        raise click.BadParameter(f"{p['budgets']!r}: give comma-separated update counts", param_hint="--budgets") from None
+    if budgets and (budgets[0] < 1 or budgets[-1] >= max_update):
+        raise click.BadParameter(f"budgets {budgets} must lie in 1..{max_update - 1}: the last checkpoint "
+                                 f"(--max-update {max_update}) is always evaluated; give --budgets with --max-update",
+                                 param_hint="--budgets")
+    if p["bf16_autocast"]:
         import torch
 
+        from lex_plugin.modules.autocast import check_autocast
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where fairseq-train will run
         try:
-            check_autocast(torch.device("cpu"), torch.bfloat16, torch.float32)
+            check_autocast(device, torch.bfloat16, torch.float32)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--bf16-autocast") from None
-    o = dict(arch=arch, training_length=l, max_update=max_update, batch_size=batch_size, lr=lr, seed=seed,
-             lengths=lengths, eval_tokens=eval_tokens, resolution_texts=resolution_texts, methods=methods,
-             passkey_trials=passkey_trials, budgets=budget_list, bf16_autocast=bf16_autocast)
+    o = dict(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
+             seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"], resolution_texts=p["resolution_texts"],
+             methods=methods, passkey_trials=p["passkey_trials"], budgets=budgets, bf16_autocast=p["bf16_autocast"])
     try:
-        reproduce(work, o, runs, corpus, data_bin)
+        reproduce(Path(p["work"]), o, runs, p["corpus"], p["data_bin"])
     except ReproduceError as e:
         raise click.ClickException(str(e)) from e
 

@@ -27,14 +27,26 @@ def test_the_recipe_command():
     assert "--user-dir" not in stock and "--no-save" in stock and "--disable-validation" in stock
     with pytest.raises(ValueError, match="must be positive"):
         fairseq_train_command("data", "ckpt", updates=0)
+    # a stage of a longer run: stops at 800 of a 1,000-update schedule (warm-up from the whole schedule)
+    stage = fairseq_train_command("data", "ckpt", updates=800, total_updates=1000)
+    assert stage[stage.index("--max-update") + 1] == "800" and stage[stage.index("--total-num-update") + 1] == "1000"
+    assert stage[stage.index("--warmup-updates") + 1] == "125"
+    with pytest.raises(ValueError, match="schedule would end before training does"):
+        fairseq_train_command("data", "ckpt", updates=800, total_updates=700)
 
 
 def test_lex_train_runs_the_recipe(data_bin, tmp_path):
     proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "train", str(data_bin), str(tmp_path / "ckpt"),
                     "--tokens-per-sample", "32", "--batch-size", "4", "--max-update", "3", "--save-interval-updates", "3",
-                    "--decoder-layers", "1", "--log-format", "json", "--log-interval", "1"])
+                    "--decoder-layers", "1", "--log-format", "json", "--log-interval", "1", "--log-file", str(tmp_path / "train.log")])
     assert re.search(r"^\+ \S*fairseq-train .*--lr-scheduler polynomial_decay", proc.stderr, re.M)  # printed first
     losses = [json.loads(m)["loss"] for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
     assert len(losses) == 3
+    # lex compare-curves' reader: the --log-file copy (messages only, end-of-epoch summary too) reads as stdout does
+    from lex_plugin.evaluation.train_log import read_train_log
+
+    logged = read_train_log(proc.stdout + proc.stderr)
+    assert read_train_log(tmp_path / "train.log") == logged and sorted(logged) == [1, 2, 3]
+    assert [logged[u]["loss"] for u in (1, 2, 3)] == [float(x) for x in losses]
     state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["decoder_layers"] == 1 and state["cfg"]["task"]["tokens_per_sample"] == 32

@@ -29,8 +29,21 @@ def with_loss(line: str, loss: float) -> str:
     return line.replace("14.813", f"{loss}")
 
 
+def bare(line: str) -> str:
+    """The line as --log-file holds it: fairseq's file handler has no formatter (message only)."""
+    return line.split(" | train_inner | ", 1)[1]
+
+
+# the end-of-epoch summaries as --log-file holds them (simple and json): not interval lines
+SUMMARIES = ["epoch 001 | loss 7.1 | ppl 137.2 | wps 3000 | num_updates 300 | lr 0.0003",
+             '{"epoch": 1, "train_loss": "7.1", "train_ppl": "137.2", "train_num_updates": "300"}',
+             '{"epoch": 1, "valid_loss": "7.2", "valid_ppl": "147", "valid_num_updates": "300"}']
+
+
 def test_both_formats_read_alike_and_a_resumed_update_keeps_the_later_line():
     simple, js = read_train_log(log([SIMPLE.format(u=25)])), read_train_log(log([JSON.format(u=25)]))
+    for form in (SIMPLE, JSON):  # stdout, and the --log-file copy with its summaries
+        assert read_train_log(log([bare(form.format(u=25)), *SUMMARIES])) == read_train_log(log([form.format(u=25)]))
     assert simple == {25: {"loss": 14.813, "ppl": 28781.0, "wps": 2030.5, "ups": 0.5, "wpb": 4096.0, "bsz": 16.0,
                            "lr": 0.0003, "gnorm": 3.545, "clip": 100.0, "train_wall": 53.0, "wall": 53.0}}
     assert js == {25: {**simple[25], "epoch": 1.0, "update": 0.013}}  # json also names the epoch's fraction
@@ -38,7 +51,7 @@ def test_both_formats_read_alike_and_a_resumed_update_keeps_the_later_line():
                                   with_loss(SIMPLE.format(u=50), 7.5)]))
     assert {u: s["loss"] for u, s in resumed.items()} == {25: 9.0, 50: 7.5}
     with pytest.raises(ValueError, match="no train_inner line"):
-        read_train_log("\n".join(NOISE))
+        read_train_log("\n".join([*NOISE, *SUMMARIES]))
 
 
 def test_the_gap_and_its_summary_past_the_warm_up():
@@ -59,7 +72,7 @@ def test_the_gap_and_its_summary_past_the_warm_up():
 def test_cli_table_json_plot_and_tolerance(tmp_path):
     fp32, bf16 = tmp_path / "fp32.log", tmp_path / "bf16.log"
     fp32.write_text(log([with_loss(SIMPLE.format(u=u), v) for u, v in [(25, 10.0), (50, 8.0), (75, 7.0)]]))
-    bf16.write_text(log([with_loss(JSON.format(u=u), v) for u, v in [(25, 11.0), (50, 8.04), (75, 7.07)]]))
+    bf16.write_text(log([bare(with_loss(JSON.format(u=u), v)) for u, v in [(25, 11.0), (50, 8.04), (75, 7.07)]]))
     cmd = [sys.executable, "-m", "lex_plugin.cli", "compare-curves", fp32, bf16, "--labels", "fp32,bf16", "--after", "25"]
     ok = subprocess.run([*cmd, "--tolerance", "0.02", "--json", tmp_path / "gap.json", "--plot", tmp_path / "gap.png"],
                         capture_output=True, text=True, cwd=REPO)

@@ -2,8 +2,8 @@
 
 fairseq 0.12 writes one ``train_inner`` line every ``--log-interval`` updates, in the ``simple`` format
 (``epoch 001:  25 / 1922 loss=9.105, ppl=550.5, ..., num_updates=25, ...``) or the ``json`` format
-(``train_inner | {"epoch": 1, "loss": "9.105", ..., "num_updates": "25", ...}``); ``--log-file`` copies it
-to a file. Its ``loss`` is the cross-entropy in bits per token (base 2). :func:`read_train_log` reads either
+(``{"epoch": 1, "loss": "9.105", ..., "num_updates": "25", ...}``), after ``date | INFO | train_inner | `` on
+stdout and bare in the ``--log-file`` copy. Its ``loss`` is the cross-entropy in bits per token (base 2). :func:`read_train_log` reads either
 format; :func:`compare_curves` puts two runs side by side (bf16 autocast against fp32, say).
 """
 
@@ -15,8 +15,11 @@ from typing import Dict, List, Sequence, Union
 
 __all__ = ["compare_curves", "markdown_curves", "plot_curves", "read_train_log"]
 
-_JSON = re.compile(r"\btrain_inner \| (\{.*\})")
-_SIMPLE = re.compile(r"\btrain_inner \| epoch \d+:\s+\d+ / \d+ (.*)$")
+# an interval line, with fairseq's "date | INFO | train_inner | " before it on stdout and bare in --log-file (a
+# plain FileHandler): simple "epoch 001:  25 / 1922 k=v, ..."; json an object with a bare "num_updates" (the
+# end-of-epoch summaries prefix their keys, train_num_updates / valid_num_updates, and print " | " separated)
+_JSON = re.compile(r"(\{.*\})\s*$")
+_SIMPLE = re.compile(r"(?:^|\| )epoch \d+:\s+\d+ / \d+ (.*)$")
 _PAIR = re.compile(r"(\w+)=([^,\s]+)")
 
 
@@ -40,7 +43,13 @@ def read_train_log(text: Union[str, Path]) -> Dict[int, Dict[str, float]]:
     out: Dict[int, Dict[str, float]] = {}
     for line in text.splitlines():
         if m := _JSON.search(line):
-            pairs = json.loads(m.group(1)).items()
+            try:
+                pairs = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(pairs, dict) or "num_updates" not in pairs:
+                continue
+            pairs = pairs.items()
         elif m := _SIMPLE.search(line):
             pairs = _PAIR.findall(m.group(1))
         else:

@@ -22,12 +22,13 @@ run stops, keeps ``checkpoint_uN.pt`` and is evaluated, then resumes the same sc
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
 from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_FINETUNE, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
-                        WINDOW_LABEL, methods_of)
+                        WINDOW_LABEL, methods_of, profile_flags)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
                        prepare_command, resolution_command, ruler_command, ruler_data_command, ruler_finetune_command,
                        scaled_passkey_flags, train_command)
@@ -40,7 +41,7 @@ __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
-    "PROFILES",
+    "PROFILES", "profile_flags",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command",
     "scaled_passkey_flags", "train_command", "write_results",
@@ -169,21 +170,42 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     return text
 
 
-def _check_not_past(ckpt: Path, budget: int) -> None:
-    """Refuse to take the snapshot at ``budget`` updates from a run already trained past it.
+def _updates_in(ckpt: Path) -> int:
+    """The updates a fairseq checkpoint holds (0 when there is none yet)."""
+    if not ckpt.exists():
+        return 0
+    import torch
+
+    return int(torch.load(ckpt, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"])
+
+
+def _train_to(run: Runner, key: str, cmd: list, log: Path, stamp: Path, ckpt: Path, updates: int,
+              snapshot: Optional[Path] = None) -> None:
+    """Train until ``ckpt`` holds exactly ``updates`` updates, then stamp (and first copy it to ``snapshot``).
+
+    fairseq-train resumed at its --max-update still takes one step before it checks, so a checkpoint already at
+    ``updates`` (a kill after fairseq saved, before the stamp) is stamped without running it.
 
     Raises:
-        ReproduceError: ``ckpt`` (the run's checkpoint_last.pt, if any) holds more than ``budget`` updates.
+        ReproduceError: ``ckpt`` is already past ``updates`` (a snapshot is taken on the way, never after), or
+            the finished run does not hold ``updates``.
     """
-    if ckpt.exists():
-        import torch
+    def keep() -> None:
+        held = _updates_in(ckpt)
+        if held != updates:
+            raise ReproduceError(f"{ckpt} holds {held} updates after training to {updates}; see {log}.")
+        if snapshot is not None:
+            shutil.copy2(ckpt, snapshot)
 
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        done = state["optimizer_history"][-1]["num_updates"]
-        if done > budget:
-            raise ReproduceError(f"{ckpt} has trained {done} updates, past the budget {budget}: a snapshot is taken "
-                                 "on the way, not after. Use another --work (or drop the budgets below "
-                                 f"{done + 1}).")
+    if not stamp.exists():
+        held = _updates_in(ckpt)
+        if held > updates:
+            raise ReproduceError(f"{ckpt} has trained {held} updates, past {updates}: a snapshot is taken on the way, "
+                                 f"not after. Use another --work, or leave out the budgets up to {held}.")
+        if held == updates:
+            keep()
+            stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    run(key, cmd, log, stamp, stamp=True, then=keep)
 
 
 def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
@@ -245,14 +267,13 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
         run_lengths = ab_lengths if role == "ablation" else lengths
         for budget in budgets:  # snapshots of the one run, each evaluated as the last checkpoint is
             snap = ckpt_dir / f"checkpoint_u{budget}.pt"
-            if not (rdir / f"train_u{budget}.done").exists():
-                _check_not_past(ckpt, budget)
-            run(f"train {name} to {budget}", train_command(data, ckpt_dir, run_args, o, updates=budget), rdir / "train.log",
-                rdir / f"train_u{budget}.done", stamp=True, then=lambda snap=snap: shutil.copy2(ckpt, snap))
+            _train_to(run, f"train {name} to {budget}", train_command(data, ckpt_dir, run_args, o, updates=budget),
+                      rdir / "train.log", rdir / f"train_u{budget}.done", ckpt, budget, snap)
             report = rdir / f"length_report_u{budget}.json"
             run(f"eval {name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
                 rdir / f"eval_u{budget}.log", report)
-        run(f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done", stamp=True)
+        _train_to(run, f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done",
+                  ckpt, o["max_update"])
         run(f"eval {name}", eval_command(data, ckpt, run_lengths, windows, rdir / "length_report.json", o), rdir / "eval.log",
             rdir / "length_report.json")
         for w in ("full", "bca"):

@@ -3,7 +3,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "PROFILES", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
+__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -66,13 +66,25 @@ RULER_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend
 RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
 # named settings of the whole reproduction (scripts/reproduce.py --profile NAME): option -> value, replacing the
 # defaults of the options not given. "magnitudes" (the paper's magnitudes at CPU scale): a short training length
-# evaluated to 64l, bf16 autocast training, snapshots at geometric budgets so the trend with training shows;
-# about 1.5 h of training per model on 2 cores.
+# evaluated to 64l, bf16 autocast training, snapshots at geometric budgets (3.1M, 6.1M, 12.3M and 24.6M training
+# tokens: 4,096 a step, as the l = 256 recipe) so the trend with training shows; about 1.5 h of training per model on
+# 2 cores (estimated from the l = 256 recipe's bf16 speed).
 PROFILES: Dict[str, dict] = {
-    "magnitudes": {"work": "work/magnitudes", "runs": "rope,sinusoidal,xpos,alibi", "training_length": 64,
-                   "lengths": "64,128,256,512,1024,2048,4096", "batch_size": 32, "max_update": 12000,
-                   "budgets": "1500,3000,6000", "bf16_autocast": True, "methods": ""},
+    "magnitudes": {"work": "work/magnitudes", "run_names": "rope,sinusoidal,xpos,alibi", "training_length": 64,
+                   "longest": 64, "batch_size": 64, "max_update": 6000, "budgets": "750,1500,3000",
+                   "bf16_autocast": True, "method_names": ""},
 }
+# the command-line flag of each PROFILES key that is not the option's own name
+_FLAGS = {"run_names": "--runs", "method_names": "--methods"}
+
+
+def profile_flags(name: str) -> str:
+    """The command line a profile of :data:`PROFILES` stands for (``--runs rope,... --bf16-autocast ...``)."""
+    out = []
+    for key, value in PROFILES[name].items():
+        flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
+        out.append(flag if value is True else f"{flag} ''" if value == "" else f"{flag} {value}")
+    return " ".join(out)
 METHOD_RUNS = ("xpos", "rope", "alibi")  # the checkpoints every method (and the passkey probe) runs on
 ROTARY_RUNS = ("xpos", "rope")
 LABELS = {
