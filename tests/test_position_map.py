@@ -34,9 +34,9 @@ def paper_distance(method, n: int, m: int) -> float:
     return q - m % c
 
 
-def naive(q, k, v, dist, visible, kind: str, heads: int):
-    """float64 attention with logits from the distance of each pair: xPos / RoPE rotation (and xPos's decay)
-    by the distance, or ALiBi's -slope * distance."""
+def naive(q, k, v, dist, visible, kind: str, heads: int, scale_base: float = 512.0):
+    """float64 attention with logits from the distance of each pair: xPos / RoPE rotation (and xPos's decay
+    zeta^(d / scale_base)) by the distance, or ALiBi's -slope * distance."""
     q, k, v = q.double(), k.double(), v.double()
     d = q.size(-1)
     if kind in ("xpos", "rope"):
@@ -44,7 +44,7 @@ def naive(q, k, v, dist, visible, kind: str, heads: int):
         theta = 10000.0 ** (-2 * i / d)
         phase = torch.exp(1j * dist[..., None] * theta)
         if kind == "xpos":
-            phase = phase * ((2 * i / d + 0.4) / 1.4) ** (dist[..., None] / 512)
+            phase = phase * ((2 * i / d + 0.4) / 1.4) ** (dist[..., None] / scale_base)
         qz, kz = torch.complex(q[..., 0::2], q[..., 1::2]), torch.complex(k[..., 0::2], k[..., 1::2])
         logits = (qz[..., :, None, :] * kz[..., None, :, :].conj() * phase).real.sum(-1)
     else:
@@ -276,3 +276,36 @@ def test_dca_query_blocks_end_at_chunk_boundaries(start, end, block):
     assert all(b1 == a2 for (_, b1), (a2, _) in zip(blocks, blocks[1:]))
     assert all(a // c == (b - 1) // c for a, b in blocks)
     assert ReRoPE(128).query_blocks(start, end, block) == [(a, min(end, a + block)) for a in range(start, end, block)]
+
+
+@pytest.mark.parametrize("method,dtype,scale_base,length", [
+    (None, torch.float32, 8, 2048), (None, torch.bfloat16, 8, 2048), (None, torch.float16, 128, 4096),
+    (SelfExtend(2, 8), torch.float32, 8, 4096), (LeakyReRoPE(8, 2.0), torch.float32, 8, 4096),
+], ids=str)
+def test_xpos_stays_finite_and_exact_far_past_its_scale_range(method, dtype, scale_base, length):
+    """Full attention (one parallel pass) and position maps whose far keys sit at m / G: with a small scale base
+    B, zeta_0^(+-L/2B) about the middle of the keys would overflow the dtype (e^160 in fp32 at L = 2048, B = 8;
+    e^20 in fp16 at L = 4096, B = 128). Rotated about the middle of each chunk's queries, in chunks the planner
+    bounds by the dtype's range, every output is finite and equals float64 attention of Eq. 12."""
+    from lex_plugin.modules.attention import dense_query_limit
+
+    torch.manual_seed(3)
+    H, D = 1, 16
+    q, k, v = (torch.randn(1, H, length, D).to(dtype) for _ in range(3))
+    scheme, spec = XPos(D, scale_base=scale_base), AttentionSpec(position_map=method)
+    chunks = plan(spec.window, 0, length, 0, dense_queries=dense_query_limit(scheme, dtype))
+    if method is None:
+        assert len(chunks) > 1  # the range bounds a chunk's queries
+    got = attend(q, k, v, chunks, spec, scheme, 0, 0).double()
+    assert torch.isfinite(got).all()
+    m = torch.arange(length)
+    for a in range(0, length, 512):  # the float64 reference, by blocks of queries
+        n = torch.arange(a, a + 512)
+        dist = (n[:, None] - m[None, :]).clamp(min=0).double()
+        if isinstance(method, SelfExtend):  # the papers' formulas (paper_distance), vectorized
+            G, w = method.group, method.window
+            dist = torch.where(dist < w, dist, (n[:, None] // G - m[None, :] // G + w - w // G).clamp(min=0).double())
+        elif isinstance(method, LeakyReRoPE):
+            dist = torch.where(dist < method.window, dist, method.window + (dist - method.window) / method.k)
+        expected = naive(q[:, :, a : a + 512], k, v, dist, m[None, :] <= n[:, None], "xpos", H, scale_base)
+        assert (got[:, :, a : a + 512] - expected).abs().max() < {torch.float32: 2e-5}.get(dtype, 3e-2)

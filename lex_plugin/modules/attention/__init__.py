@@ -3,7 +3,7 @@ the key/value cache, and the self-attention layer that puts them together."""
 
 from .executor import Observer, attend, see_self
 from .kv_cache import KeyValueCache
-from .planner import Chunk, plan
+from .planner import Chunk, dense_query_limit, plan
 from .position_map import POSITION_MAPS, PositionMap, position_map_from_options
 from .self_attention import LexSelfAttention
 from .spec import FULL_SPEC, AttentionOptions, AttentionSpec
@@ -11,5 +11,5 @@ from .window import AttentionWindow, window_from_options
 
 __all__ = [
     "AttentionOptions", "AttentionSpec", "AttentionWindow", "Chunk", "FULL_SPEC", "KeyValueCache", "LexSelfAttention", "Observer", "POSITION_MAPS",
-    "PositionMap", "attend", "plan", "position_map_from_options", "see_self", "window_from_options",
+    "PositionMap", "attend", "dense_query_limit", "plan", "position_map_from_options", "see_self", "window_from_options",
 ]

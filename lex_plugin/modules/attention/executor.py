@@ -14,7 +14,8 @@ logits it computes to the observer (the analysis tools read them from here, so t
 to attention).
 
 Positions of un-rotated inputs: a dense chunk rotates queries and keys at their own positions with one
-centre (``scheme.center_near`` of the middle of its keys); a windows chunk rotates every window at local
+centre (``scheme.center_near`` of the middle of its queries: earlier keys only shrink, and the planner keeps
+a chunk's queries within the scheme's range, so full attention stays finite at any length); a windows chunk rotates every window at local
 positions (queries c .. 2c - 1, keys 0 .. 2c - 1; shifted by k with k sinks), so one (2c, d/2) table
 serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32,
 bf16 and fp16. For a translation-invariant scheme this equals global positions (the logit depends only
@@ -107,7 +108,7 @@ def attend(
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
         visible = spec.window.visible_keys(torch.arange(q_start, q_start + q.size(2), device=q.device))
-        q = q * logn_scale(visible, spec.logn).to(q.dtype)[:, None]
+        q = (q.float() * logn_scale(visible, spec.logn)[:, None]).to(q.dtype)  # one rounding, the factor exact in fp32
     run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, k_start, center, key_padding_mask,
                dropout_p, observer, feature_major)
     if spec.position_map is not None:
@@ -201,11 +202,12 @@ class _Run:
 
     def _rotate(self, q: Tensor, k: Tensor, q_pos, k_pos, center: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """Raw q and k at positions q_pos .., k_pos .. (ints: contiguous) rotated with one centre (default:
-        near the middle of the keys)."""
+        near the middle of the queries: keys before it only shrink, so xPos's scale stays within
+        zeta^(+-Tq/2B) however many keys precede; the planner bounds Tq, ``dense_queries``)."""
         if self.scheme.kind != "rotary":
             return q, k
         if center is None:
-            center = self.scheme.center_near(k_pos + k.size(-2) // 2)
+            center = self.scheme.center_near(q_pos + q.size(-2) // 2)
         return (self.scheme.rotate(q, q_pos, center, False, self.scaling),
                 self.scheme.rotate(k, k_pos, center, True, self.scaling))
 
@@ -296,7 +298,9 @@ class _Run:
             return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)))
         rotated = []
         for piece in position_map.pieces(n, m):
-            center = self.scheme.center_near(int(piece.k_pos.min() + piece.k_pos.max()) // 2)
+            # centred among the piece's queries: a selected key is never after its query, so keys only shrink
+            # (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the queries: fp16 overflows)
+            center = self.scheme.center_near(int(piece.q_pos.min() + piece.q_pos.max()) // 2)
             rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center, False, self.scaling),
                             self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center, True, self.scaling)))
         if self.observer is not None:

@@ -22,11 +22,11 @@ holds more than ``bias_elements`` attention entries. Time and memory of a window
 """
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 from .window import AttentionWindow
 
-__all__ = ["Chunk", "plan", "GROUP_TOKENS", "BIAS_ELEMENTS"]
+__all__ = ["Chunk", "plan", "dense_query_limit", "GROUP_TOKENS", "BIAS_ELEMENTS"]
 
 GROUP_TOKENS = 1 << 16  # queries per batched blocks call (bounds the rotated copies and SDPA's workspace)
 BIAS_ELEMENTS = 1 << 24  # attention entries per SDPA call when a bias is added (about 64 MB in fp32)
@@ -54,6 +54,14 @@ class Chunk:
     stride: int = 0
 
 
+def dense_query_limit(scheme, dtype, scaling=None) -> Optional[int]:
+    """The most queries of one dense chunk rotated about their middle (``executor``) whose scale stays in
+    ``dtype``'s range: 2 (max_center_offset - center_step), the centre being rounded down by up to a step;
+    None for schemes without a scale (every scheme but xPos)."""
+    limit = scheme.max_center_offset(dtype, scaling)
+    return None if limit is None else max(1, 2 * (limit - scheme.center_step))
+
+
 def plan(
     window: AttentionWindow,
     q_start: int,
@@ -65,6 +73,7 @@ def plan(
     group_tokens: int = GROUP_TOKENS,
     bias_elements: int = BIAS_ELEMENTS,
     local_positions: bool = True,
+    dense_queries: Optional[int] = None,
 ) -> List[Chunk]:
     """Cut the attention of queries at q_start .. q_start + q_len - 1 over keys at k_start .. q_start + q_len - 1.
 
@@ -80,6 +89,9 @@ def plan(
         bias_elements: at most this many attention entries per biased dense chunk.
         local_positions: the scheme may see a window at window-local positions (translation-invariant
             schemes); False: dense chunks only, each at its true positions.
+        dense_queries: at most this many queries per dense chunk, or None: any. A scheme with a scale (xPos)
+            rotates a dense chunk about the middle of its queries, so its range bounds a chunk's queries
+            (:func:`dense_query_limit`), not its keys: full attention stays finite at any length.
 
     Returns:
         Chunks covering the T queries in order.
@@ -107,6 +119,8 @@ def plan(
         step = b - a
         if has_bias:
             step = max(1, min(step, bias_elements // max(1, batch_heads * keys)))
+        if dense_queries is not None:
+            step = min(step, dense_queries)
         for s in range(a, b, step):
             e = min(b, s + step)
             f = window.first_key(s)

@@ -13,10 +13,11 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor, nn
 
+from ..autocast import autocast_dtype
 from ..positions.scheme import NoPositions, PositionScheme
 from .executor import Observer, attend
 from .kv_cache import KeyValueCache
-from .planner import plan
+from .planner import dense_query_limit, plan
 from .spec import FULL_SPEC, AttentionSpec
 
 __all__ = ["LexSelfAttention"]
@@ -140,7 +141,7 @@ class LexSelfAttention(nn.Module):
                 "start a new incremental state to change the attention window or scaling."
             )
         if cache is None or cache.end == 0:
-            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, bsz, observer)
+            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, q, observer)
             out = attend(q, k, v, chunks, spec, scheme, 0, 0, None, key_padding_mask, dropout_p, observer,
                          positions=positions)
             if incremental_state is not None:
@@ -152,14 +153,18 @@ class LexSelfAttention(nn.Module):
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
-    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, bsz,
+    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, q: Tensor,
               observer=None):
+        """The chunks of ``plan`` for queries ``q`` (B, H, T, D): sized by its batch, bounded by its dtype's range
+        (the autocast dtype under autocast: attention runs in it)."""
+        bsz, dtype = q.size(0), autocast_dtype(q.device) or q.dtype
         explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
         # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits (executor.remapped)
         per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None)
         return plan(spec.window, q_start, q_len, k_start, has_bias=explicit,
                     padded=key_padding_mask is not None, batch_heads=bsz * (self.num_heads if per_head else 1),
-                    local_positions=scheme.translation_invariant)
+                    local_positions=scheme.translation_invariant,
+                    dense_queries=dense_query_limit(scheme, dtype, spec.rope_scaling))
 
     def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, scheme, dropout_p,
               observer) -> Tensor:
@@ -175,7 +180,7 @@ class LexSelfAttention(nn.Module):
             keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
-            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, q.size(0), observer)
+            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, qr, observer)
             center = None if cache.raw else cache.center
             outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, center, kpm, dropout_p,
                                observer, cache.sinks, feature_major=cache.feature_major))
