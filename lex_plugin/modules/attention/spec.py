@@ -17,6 +17,9 @@ from .window import LM_INFINITE_N_GLOBAL, MODES, AttentionWindow, selected_mode,
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
 
+# the window options and the modes that take them (the position maps' options: position_map.MAP_OPTIONS)
+WINDOW_OPTIONS = {"sliding_window": ("sliding",), "n_global": ("lm_infinite",), "l_local": ("lm_infinite",)}
+
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -134,6 +137,14 @@ class AttentionOptions:
                    **{name: get(name) for name in MAP_OPTIONS})
 
     @property
+    def window_options(self) -> dict:
+        """The window options given (name -> value): ``sliding_window``, ``l_local`` when not None, ``n_global``
+        when not its default."""
+        given = {"sliding_window": self.sliding_window, "l_local": self.l_local,
+                 "n_global": None if self.n_global == LM_INFINITE_N_GLOBAL else self.n_global}
+        return {name: value for name, value in given.items() if value is not None}
+
+    @property
     def map_options(self) -> dict:
         """The position-map options given (name -> value; None: not given)."""
         return {name: getattr(self, name) for name in MAP_OPTIONS}
@@ -143,18 +154,24 @@ class AttentionOptions:
         --windows``); the sink tokens stay with the modes that take them (bca, sliding) and each position-map
         option with its methods; the others drop them (:meth:`check_modes` refuses an option no mode takes)."""
         dropped = {name: None for name in foreign_map_options(mode, self.map_options)}
+        dropped.update({name: LM_INFINITE_N_GLOBAL if name == "n_global" else None
+                        for name in self.window_options if mode not in WINDOW_OPTIONS[name]})
         return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0, **dropped)
 
     def check_modes(self, modes) -> None:
         """Refuse options that none of ``modes`` (a comparison's modes) takes.
 
         Raises:
-            ValueError: a position-map option no mode takes; sink tokens without a bca / sliding mode.
+            ValueError: a position-map or window option no mode takes; sink tokens without a bca / sliding mode.
         """
         for name, value in self.map_options.items():
             if value is not None and not set(modes) & set(MAP_OPTIONS[name].owners):
                 raise ValueError(f"--{name.replace('_', '-')} is an option of --position-map "
                                  f"{' / '.join(MAP_OPTIONS[name].owners)}; none of the modes {', '.join(modes)} takes it.")
+        for name in self.window_options:
+            if not set(modes) & set(WINDOW_OPTIONS[name]):
+                raise ValueError(f"--{name.replace('_', '-')} is an option of the {WINDOW_OPTIONS[name][0]} window; "
+                                 f"none of the modes {', '.join(modes)} takes it.")
         if self.sink_tokens and not set(modes) & {"bca", "sliding"}:
             raise ValueError("--sink-tokens attach to a bounded window: add bca or sliding to the modes.")
 
@@ -166,11 +183,15 @@ class AttentionOptions:
         Raises:
             ValueError: as ``window_from_options``, ``position_map_from_options`` and
                 ``rope_scaling_from_options`` (a mode that needs l when none is known, sinks on full attention
-                or a position map, an option of another mode, ``auto`` without an evaluation length...); log-n
-                without l.
+                or a position map, an option of another mode (a position map's, or ``--l-local`` on BCA), ``auto`` without an
+                evaluation length...); log-n without l.
         """
         if self.mode not in MODES and self.mode not in POSITION_MAPS:
             raise ValueError(f"attention mode must be one of {', '.join(MODES + tuple(POSITION_MAPS))}, got {self.mode!r}.")
+        foreign = [name for name in self.window_options if self.mode not in WINDOW_OPTIONS[name]]
+        if foreign:
+            raise ValueError(f"--{foreign[0].replace('_', '-')} is an option of the {WINDOW_OPTIONS[foreign[0]][0]} window; "
+                             f"this evaluation uses {self.mode} attention: drop it, or choose that window.")
         length = self.training_length or model_training_length
         position_map = None
         if self.mode in POSITION_MAPS:
