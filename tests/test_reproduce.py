@@ -99,6 +99,8 @@ def test_method_and_passkey_commands(tmp_path):
     assert key[key.index("--windows") + 1].endswith(",dca,leaky_rerope")
     assert key[key.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}" and key[key.index("--trials") + 1] == 3
     assert key[key.index("--plot") + 1] == tmp_path / "passkey.png"
+    logn = reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "p.json", o, rotary=False, extra=["--logn"])
+    assert logn[logn.index("--windows") + 1] == "full,lm_infinite,rerope,self_extend,dca"  # BCA, sliding: log-n = 1
     prep = reproduce.passkey_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "pk", o)
     assert prep[prep.index("--max-length") + 1] == L // 2 - 8 and "passkey-data" in prep
     tune = reproduce.finetune_command(tmp_path / "pk", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "alibi"], o)
@@ -231,10 +233,22 @@ def test_flat_and_retrieving_verdicts(tmp_path):
     # a RoPE scaling is probed under its own name, log-n apart; sinks are not probed
     assert rows["yarn_logn"]["passkey"] == 0.7 and rows["yarn"]["passkey"] == 0.3 and rows["bca_sinks"]["passkey"] is None
     text = markdown_flat_and_retrieving(list(rows.values()), l, 256)
-    assert "**Flat and retrieving:** RoPE (Roformer) + ReRoPE (w = l/2)" in text and "| 1.01 | 0.90 | yes | yes |" in text
+    assert "**Flat and retrieving:** RoPE (Roformer) + ReRoPE (w = l/2)" in text
+    assert "| 1.010 | 0.90 (9/10; 0.60-0.98) | yes | yes |" in text
     assert plot_flat_and_retrieving(list(rows.values()), l, 256, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 5000
     assert "none" in markdown_flat_and_retrieving([dict(rows["full"])], l, 256)
     assert "not decided" in markdown_flat_and_retrieving([dict(rows["ntk"])], l, 256)
+
+
+def test_wilson_interval_matches_published_values():
+    """The 95% Wilson score interval against values computed by hand from Wilson (1927): 42/50, 50/50, 0/10."""
+    from lex_plugin.evaluation.reproduce.tables import wilson_interval
+
+    assert wilson_interval(42, 50) == pytest.approx((0.7149, 0.9166), abs=1e-4)
+    assert wilson_interval(50, 50) == pytest.approx((0.9287, 1.0), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    with pytest.raises(ValueError, match="hits <= trials"):
+        wilson_interval(11, 10)
 
 
 def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path):

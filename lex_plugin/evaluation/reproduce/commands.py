@@ -83,9 +83,12 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = T
     ``windows`` (default :data:`PASSKEY_WINDOWS`: full attention, BCA, the sliding window, Λ-shaped attention,
     ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per
     cell (9 distractor keys), with the further ``lex passkey`` flags ``extra`` (``--logn``, a RoPE scaling),
-    writing the JSON ``out`` and the heat map beside it (same name, .png)."""
+    writing the JSON ``out`` and the heat map beside it (same name, .png). With ``--logn`` the default windows
+    leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
     l = o["training_length"]
-    windows = windows or PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
+    if not windows:
+        windows = PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
+        windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(map(str, lengths)), "--depths", "0.1,0.3,0.5,0.7,0.9",

@@ -8,7 +8,7 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
-__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -237,9 +237,25 @@ def _probed_as(method: str) -> Optional[str]:
     return window + logn if set(flags) <= {"--logn"} else None
 
 
+def wilson_interval(hits: int, trials: int, z: float = 1.959964) -> tuple:
+    """The Wilson score interval (Wilson 1927) of a binomial proportion hits / trials at the normal quantile z
+    (default: 95%): (low, high) in [0, 1], exact at the ends (0 / n has low 0, n / n high 1).
+
+    Raises:
+        ValueError: trials < 1 or hits outside 0 .. trials.
+    """
+    if trials < 1 or not 0 <= hits <= trials:
+        raise ValueError(f"a proportion needs 0 <= hits <= trials and trials >= 1, got {hits} / {trials}.")
+    p, z2 = hits / trials, z * z
+    center = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z / (1 + z2 / trials) * (p * (1 - p) / trials + z2 / (4 * trials * trials)) ** 0.5
+    return (0.0 if hits == 0 else center - half, 1.0 if hits == trials else center + half)
+
+
 def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: int, lengths: Sequence[int]) -> List[dict]:
     """One row per (run, window or method) with ppl at l and the longest length: {run, method, ratio (ppl(L_max)
-    / ppl(l)), passkey (accuracy at 8l after fine-tuning, or None where not probed), flat, retrieves}.
+    / ppl(l)), passkey (accuracy at 8l after fine-tuning, or None where not probed), flat, retrieves, retrieved
+    and trials (the counts behind passkey), interval (its 95% Wilson interval)}.
 
     Args:
         ppl: :func:`ppl_table`'s shape, methods filed under their names; passkey: {run: ``lex passkey`` report}.
@@ -260,21 +276,29 @@ def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: i
             ratio = series[top] / series[l]
             score = None if acc is None else acc[0] / acc[1]
             out.append({"run": name, "method": method, "ratio": ratio, "passkey": score, "flat": ratio <= FLAT_RATIO,
-                        "retrieves": None if score is None else score >= RETRIEVAL})
+                        "retrieves": None if score is None else score >= RETRIEVAL,
+                        "retrieved": None if acc is None else acc[0], "trials": None if acc is None else acc[1],
+                        "interval": None if acc is None else wilson_interval(*acc)})
     return out
 
 
 def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
     """The "Flat and retrieving" table: each window or method's ppl ratio and passkey accuracy at 8l, its
     verdicts, and a last line naming those that are both (or saying that none is)."""
-    head = [f"| model | window / method | ppl({top // l}l) / ppl(l) | passkey at 8l | flat (<= {FLAT_RATIO}) | "
+    head = [f"| model | window / method | ppl({top // l}l) / ppl(l) | passkey at 8l (hits/trials; 95% Wilson) | flat (<= {FLAT_RATIO}) | "
             f"retrieves (>= {RETRIEVAL}) |", "|---|---|---:|---:|---|---|"]
 
     def cell(value, text):
         return "-" if value is None else text
 
-    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {r['ratio']:.2f} | "
-            f"{cell(r['passkey'], format(r['passkey'] or 0, '.2f'))} | {cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
+    def accuracy(r) -> str:
+        low, high = r["interval"]
+        return f"{r['passkey']:.2f} ({r['retrieved']}/{r['trials']}; {low:.2f}-{high:.2f})"
+
+    # the ratio to 3 decimals: the verdict compares it unrounded with FLAT_RATIO (1.024 is not flat)
+    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {r['ratio']:.3f} | "
+            f"{cell(r['passkey'], accuracy(r) if r['passkey'] is not None else '')} | "
+            f"{cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
             f"{cell(r['retrieves'], 'yes' if r['retrieves'] else 'no')} |" for r in rows]
     both = [f"{LABELS.get(r['run'], r['run'])} + {WINDOW_LABEL.get(r['method'], r['method'])}" for r in rows
             if r["flat"] and r["retrieves"]]
