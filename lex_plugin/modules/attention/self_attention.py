@@ -159,8 +159,10 @@ class LexSelfAttention(nn.Module):
         (the autocast dtype under autocast: attention runs in it)."""
         bsz, dtype = q.size(0), autocast_dtype(q.device) or q.dtype
         explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
-        # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits (executor.remapped)
-        per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None)
+        # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits, where the fused CPU
+        # kernel returns the log-sum-exp (executor._attention_lse); other devices form the logits explicitly
+        per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None
+                        and q.device.type == "cpu")
         return plan(spec.window, q_start, q_len, k_start, has_bias=explicit,
                     padded=key_padding_mask is not None, batch_heads=bsz * (self.num_heads if per_head else 1),
                     local_positions=scheme.translation_invariant,
