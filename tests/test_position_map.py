@@ -30,7 +30,7 @@ def paper_distance(method, n: int, m: int) -> float:
     # An et al. 2024 (ChunkLlama): keys at m mod c; queries by chunk relation
     s, c = method.chunk_size, method.chunk_size - method.local_window
     gap = n // c - m // c
-    q = n % c if gap == 0 else min(n % c + c, s) if gap == 1 else s
+    q = n % c if gap == 0 else min(n % c + c, s) if gap == 1 else min(2 * c - 1, s)  # qc_t[c - 1] for inter-chunk
     return q - m % c
 
 
@@ -66,7 +66,7 @@ def run(q, k, v, spec, scheme, bias_elements=1 << 24, key_padding_mask=None):
 
 
 METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L_TRAIN // 4), SelfExtend(3, 7),
-           DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16)]
+           DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16), DualChunk(24, 14)]  # the last: 2c - 1 = 19 < s
 
 
 # every method on every scheme kind, but Leaky ReRoPE's fractional distances on ALiBi (refused: see below)

@@ -94,6 +94,8 @@ def test_token_by_token_equals_parallel_under_scaling(pos_emb):
 def test_bad_scaling_options_are_explained():
     with pytest.raises(ValueError, match="scales rotary positions"):
         build_lex_model(pos_emb="alibi").under(AttentionSpec(rope_scaling=RopeScaling("linear", 2.0, 32)))
+    with pytest.raises(ValueError, match="trained without rotation"):  # theta = 0: a scaling would change nothing
+        build_lex_model(pos_emb="xpos", xpos_no_rotation=True).under(AttentionSpec(rope_scaling=RopeScaling("ntk", 2.0, 32)))
     with pytest.raises(ValueError, match="must be > 0"):
         rope_scaling_from_options("linear", "0", 32)
     with pytest.raises(ValueError, match="must be > 0"):

@@ -197,7 +197,7 @@ class DecoderStack:
 
         Raises:
             TypeError: not an :class:`AttentionSpec`.
-            ValueError: a RoPE scaling on a scheme that is not rotary; a position map on a scheme without
+            ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
                 not translation-invariant; log-n on learned positions.
         """
@@ -207,6 +207,11 @@ class DecoderStack:
             raise ValueError(
                 f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
                 f"({self.position_kind}). Use it with rope or xpos checkpoints."
+            )
+        if spec.rope_scaling is not None and not all(getattr(scheme, "rotation", True) for scheme in self.positions):
+            raise ValueError(
+                f"--rope-scaling {spec.rope_scaling.kind} rescales rotation frequencies; this model was trained without "
+                "rotation (--xpos-no-rotation: theta = 0), so there is nothing to scale. Evaluate it without --rope-scaling."
             )
         method = spec.position_map
         if method is not None:

@@ -20,7 +20,8 @@ position, d = n - m:
   ``HKUNLP/ChunkLlama``, ``chunkllama_attn_replace.py``): chunk size s (the largest position used; default
   3l/4), local window w_l (default l/16), chunk length c = s - w_l; keys at m mod c; queries at n mod c for keys
   of their own chunk (intra-chunk: d exactly), at min(n mod c + c, s) for keys of the previous chunk
-  (successive-chunk), at s for every earlier chunk (inter-chunk). Every distance is at most s < l.
+  (successive-chunk), at min(2c - 1, s) for every earlier chunk (inter-chunk: the reference's successive
+  position of a chunk's last query; s with the defaults). Every distance is at most s < l.
 
 xPos under a position map: the decay follows the remapped distance, zeta^(d'/B) with d' the piece's q position
 minus its k position (the natural choice: the model sees (rotation, decay) pairs of training distances only).
@@ -209,7 +210,7 @@ class DualChunk(PositionMap):
             return n % c
         if relation == "successive":
             return (n % c + c).clamp(max=s)
-        return torch.full_like(n, s)
+        return torch.full_like(n, min(2 * c - 1, s))  # the successive position of a chunk's last query
 
     def distance(self, n, m):
         c = self.chunk_length
