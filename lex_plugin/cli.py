@@ -468,9 +468,9 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
               "results": [r.to_dict() for r in results]}
     from .analysis.report import write_json
 
-    write_json(report, json_out)
-    if plot_out:
+    if plot_out:  # the plot first: the JSON is what a resumed run (scripts/reproduce.py) takes as done
         plot_passkey(results, plot_out, l)
+    write_json(report, json_out)
     for label, path in (("JSON", json_out), ("plot", plot_out)):
         if path:
             click.echo(f"{label} -> {path}")
@@ -495,11 +495,16 @@ def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, sp
         rows = make_rows(hub, split_stream(data, split, hub.src_dict), max_length or l - 1)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
-    dest.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")  # written whole, then renamed: a killed run leaves no half DEST
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
         if path.is_file() and path.suffix not in (".bin", ".idx"):
-            shutil.copy2(path, dest / path.name)
-    write_dataset(rows, dest / "train", hub.src_dict.eos(), len(hub.src_dict))
+            shutil.copy2(path, partial / path.name)
+    write_dataset(rows, partial / "train", hub.src_dict.eos(), len(hub.src_dict))
+    if dest.exists():
+        dest.rmdir()  # empty (checked above)
+    partial.rename(dest)
     lengths = [r.numel() for r in rows]
     click.echo(f"{len(rows):,} {what}, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
                f"{source} from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
@@ -576,9 +581,9 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
     click.echo(format_ruler(results, l))
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
               "distractors": distractors, "hops": hops, "seed": seed, "results": [r.to_dict() for r in results]}
-    write_json(report, json_out)
-    if plot_out:
+    if plot_out:  # the plot first: the JSON is what a resumed run takes as done
         plot_ruler(results, plot_out, l)
+    write_json(report, json_out)
     for label, path in (("JSON", json_out), ("plots", plot_out and plot_out.with_name(f"{plot_out.stem}_TASK{plot_out.suffix}"))):
         if path:
             click.echo(f"{label} -> {path}")
