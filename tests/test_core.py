@@ -135,7 +135,7 @@ def test_a_window_option_of_another_mode_is_refused_not_ignored(options, modes):
         options.check_modes(modes)
     owner = "sliding" if options.sliding_window else "lm_infinite"
     options.check_modes((*modes, owner))
-    assert options.for_mode(modes[0]).window_options == {}
+    assert options.for_mode(modes[0]).mode_options == {}
     window = options.for_mode(owner).spec(64).window
     assert window == (AttentionWindow.sliding(512) if owner == "sliding" else
                       AttentionWindow.lm_infinite(options.n_global, options.l_local or 64))

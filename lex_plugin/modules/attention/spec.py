@@ -12,13 +12,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Union
 
 from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
-from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, foreign_map_options, position_map_from_options
+from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, position_map_from_options
 from .window import LM_INFINITE_N_GLOBAL, MODES, AttentionWindow, selected_mode, window_from_options
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
 
 # the window options and the modes that take them (the position maps' options: position_map.MAP_OPTIONS)
 WINDOW_OPTIONS = {"sliding_window": ("sliding",), "n_global": ("lm_infinite",), "l_local": ("lm_infinite",)}
+
+
+def _owners(name: str) -> tuple:
+    """The modes that take the mode-owned option ``name`` (a window's or a position map's)."""
+    return MAP_OPTIONS[name].owners if name in MAP_OPTIONS else WINDOW_OPTIONS[name]
+
+
+def _owned_by(name: str) -> str:
+    """'--NAME is an option of OWNER': its position maps, or its window."""
+    owner = f"--position-map {' / '.join(_owners(name))}" if name in MAP_OPTIONS else f"the {_owners(name)[0]} window"
+    return f"--{name.replace('_', '-')} is an option of {owner}"
 
 
 @dataclass(frozen=True)
@@ -137,10 +148,10 @@ class AttentionOptions:
                    **{name: get(name) for name in MAP_OPTIONS})
 
     @property
-    def window_options(self) -> dict:
-        """The window options given (name -> value): ``sliding_window``, ``l_local`` when not None, ``n_global``
-        when not its default."""
-        given = {"sliding_window": self.sliding_window, "l_local": self.l_local,
+    def mode_options(self) -> dict:
+        """The options given that belong to some modes only (name -> value): the position maps' when not None,
+        ``sliding_window`` and ``l_local`` when not None, ``n_global`` when not its default."""
+        given = {**self.map_options, "sliding_window": self.sliding_window, "l_local": self.l_local,
                  "n_global": None if self.n_global == LM_INFINITE_N_GLOBAL else self.n_global}
         return {name: value for name, value in given.items() if value is not None}
 
@@ -153,9 +164,8 @@ class AttentionOptions:
         """These options under another ``mode`` (a comparison over modes: ``--eval-windows``, ``lex passkey
         --windows``); the sink tokens stay with the modes that take them (bca, sliding) and each position-map
         option with its methods; the others drop them (:meth:`check_modes` refuses an option no mode takes)."""
-        dropped = {name: None for name in foreign_map_options(mode, self.map_options)}
-        dropped.update({name: LM_INFINITE_N_GLOBAL if name == "n_global" else None
-                        for name in self.window_options if mode not in WINDOW_OPTIONS[name]})
+        dropped = {name: LM_INFINITE_N_GLOBAL if name == "n_global" else None
+                   for name in self.mode_options if mode not in _owners(name)}
         return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0, **dropped)
 
     def check_modes(self, modes) -> None:
@@ -164,14 +174,9 @@ class AttentionOptions:
         Raises:
             ValueError: a position-map or window option no mode takes; sink tokens without a bca / sliding mode.
         """
-        for name, value in self.map_options.items():
-            if value is not None and not set(modes) & set(MAP_OPTIONS[name].owners):
-                raise ValueError(f"--{name.replace('_', '-')} is an option of --position-map "
-                                 f"{' / '.join(MAP_OPTIONS[name].owners)}; none of the modes {', '.join(modes)} takes it.")
-        for name in self.window_options:
-            if not set(modes) & set(WINDOW_OPTIONS[name]):
-                raise ValueError(f"--{name.replace('_', '-')} is an option of the {WINDOW_OPTIONS[name][0]} window; "
-                                 f"none of the modes {', '.join(modes)} takes it.")
+        for name in self.mode_options:
+            if not set(modes) & set(_owners(name)):
+                raise ValueError(f"{_owned_by(name)}; none of the modes {', '.join(modes)} takes it.")
         if self.sink_tokens and not set(modes) & {"bca", "sliding"}:
             raise ValueError("--sink-tokens attach to a bounded window: add bca or sliding to the modes.")
 
@@ -188,10 +193,10 @@ class AttentionOptions:
         """
         if self.mode not in MODES and self.mode not in POSITION_MAPS:
             raise ValueError(f"attention mode must be one of {', '.join(MODES + tuple(POSITION_MAPS))}, got {self.mode!r}.")
-        foreign = [name for name in self.window_options if self.mode not in WINDOW_OPTIONS[name]]
+        foreign = [name for name in self.mode_options if self.mode not in _owners(name)]
         if foreign:
-            raise ValueError(f"--{foreign[0].replace('_', '-')} is an option of the {WINDOW_OPTIONS[foreign[0]][0]} window; "
-                             f"this evaluation uses {self.mode} attention: drop it, or choose that window.")
+            raise ValueError(f"{_owned_by(foreign[0])}; this evaluation uses {self.mode} attention: drop it, or choose "
+                             "that mode.")
         length = self.training_length or model_training_length
         position_map = None
         if self.mode in POSITION_MAPS:
@@ -200,11 +205,6 @@ class AttentionOptions:
             position_map = position_map_from_options(self.mode, length, **self.map_options)
             window = AttentionWindow.full()
         else:
-            foreign = foreign_map_options(self.mode, self.map_options)
-            if foreign:
-                owners = MAP_OPTIONS[foreign[0]].owners
-                raise ValueError(f"--{foreign[0].replace('_', '-')} is an option of --position-map {' / '.join(owners)}; "
-                                 f"this evaluation uses {self.mode} attention.")
             window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
                                          self.sink_tokens, self.n_global, self.l_local)
         if self.logn and not length:
