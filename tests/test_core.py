@@ -122,23 +122,27 @@ def test_options_translate_to_specs_in_one_place():
         AttentionOptions("bca").spec(None)
 
 
-@pytest.mark.parametrize("options,modes", [
-    (AttentionOptions("bca", l_local=100), ("full", "bca")), (AttentionOptions("dca", n_global=4), ("dca", "full")),
-    (AttentionOptions("bca", sliding_window=512), ("bca",)), (AttentionOptions("full", l_local=32), ("full", "rerope")),
+@pytest.mark.parametrize("options,modes,owner", [
+    (AttentionOptions("bca", l_local=100), ("full", "bca"), "lm_infinite"),
+    (AttentionOptions("dca", n_global=4), ("dca", "full"), "lm_infinite"),
+    (AttentionOptions("bca", sliding_window=512), ("bca",), "sliding"),
+    (AttentionOptions("full", l_local=32), ("full", "rerope"), "lm_infinite"),
+    (AttentionOptions("bca", self_extend_group=4), ("bca", "rerope"), "self_extend"),
 ], ids=str)
-def test_a_window_option_of_another_mode_is_refused_not_ignored(options, modes):
-    """LM-Infinite's n_global and l_local, the sliding window's W: given to a mode that does not take them (the
-    hub's ``window='bca', sliding_window=512``), refused; in a comparison, kept for the mode that owns them."""
-    with pytest.raises(ValueError, match="is an option of the (lm_infinite|sliding) window"):
+def test_an_option_of_another_mode_is_refused_not_ignored(options, modes, owner):
+    """LM-Infinite's n_global and l_local, the sliding window's W, a position map's options: given to a mode that
+    does not take them (the hub's ``window='bca', sliding_window=512``), refused; in a comparison, kept for the
+    mode that owns them and dropped for the others."""
+    with pytest.raises(ValueError, match=f"is an option of (the {owner} window|--position-map {owner}); this evaluation"):
         options.spec(64)
     with pytest.raises(ValueError, match="none of the modes"):
         options.check_modes(modes)
-    owner = "sliding" if options.sliding_window else "lm_infinite"
     options.check_modes((*modes, owner))
     assert options.for_mode(modes[0]).mode_options == {}
-    window = options.for_mode(owner).spec(64).window
-    assert window == (AttentionWindow.sliding(512) if owner == "sliding" else
-                      AttentionWindow.lm_infinite(options.n_global, options.l_local or 64))
+    expected = {"sliding": AttentionWindow.sliding(512), "lm_infinite": AttentionWindow.lm_infinite(options.n_global, options.l_local or 64),
+                "self_extend": AttentionWindow.full()}[owner]
+    spec = options.for_mode(owner).spec(64)
+    assert spec.window == expected and (owner != "self_extend" or spec.position_map.group == 4)
 
 
 def test_a_view_follows_train_and_eval_of_the_original():
