@@ -56,13 +56,21 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
     points = [r for r in rows if r["passkey"] is not None]
     if not points:
         return False
+    span = (max(r["ratio"] for r in points) - min(r["ratio"] for r in points)) or 1.0
     with figure(out, 1, 1, (7.5, 5.5), dpi=110) as (fig, ax):
         for run in dict.fromkeys(r["run"] for r in points):
             mine = [r for r in points if r["run"] == run]
             ax.scatter([r["ratio"] for r in mine], [r["passkey"] for r in mine], label=LABELS.get(run, run))
-            for r in mine:
-                ax.annotate(WINDOW_LABEL.get(r["method"], r["method"]), (r["ratio"], r["passkey"]), fontsize=7,
-                            xytext=(3, 3), textcoords="offset points")
+        # a label takes the highest line (10 points apart) that no label of a close point (same accuracy, within a
+        # quarter of the x range) holds
+        placed = []  # (row, line)
+        for r in sorted(points, key=lambda r: (r["passkey"], r["ratio"])):
+            taken = {line for p, line in placed
+                     if abs(p["passkey"] - r["passkey"]) < 0.03 and abs(p["ratio"] - r["ratio"]) < 0.25 * span}
+            line = min(set(range(len(taken) + 1)) - taken)
+            ax.annotate(WINDOW_LABEL.get(r["method"], r["method"]), (r["ratio"], r["passkey"]), fontsize=7,
+                        xytext=(3, 3 - 10 * line), textcoords="offset points")
+            placed.append((r, line))
         ax.axvline(FLAT_RATIO, color="grey", linestyle=":", linewidth=1)
         ax.axhline(RETRIEVAL, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
