@@ -162,8 +162,10 @@ class AttentionOptions:
 
     def for_mode(self, mode: str) -> "AttentionOptions":
         """These options under another ``mode`` (a comparison over modes: ``--eval-windows``, ``lex passkey
-        --windows``); the sink tokens stay with the modes that take them (bca, sliding) and each position-map
-        option with its methods; the others drop them (:meth:`check_modes` refuses an option no mode takes)."""
+        --windows``); the sink tokens stay with the modes that take them (bca, sliding), each position-map
+        option with its methods and each window option with its window (``--sliding-window`` with sliding,
+        ``--n-global`` and ``--l-local`` with lm_infinite); the others drop them (:meth:`check_modes` refuses an
+        option no mode takes)."""
         dropped = {name: LM_INFINITE_N_GLOBAL if name == "n_global" else None
                    for name in self.mode_options if mode not in _owners(name)}
         return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0, **dropped)
@@ -188,8 +190,8 @@ class AttentionOptions:
         Raises:
             ValueError: as ``window_from_options``, ``position_map_from_options`` and
                 ``rope_scaling_from_options`` (a mode that needs l when none is known, sinks on full attention
-                or a position map, an option of another mode (a position map's, or ``--l-local`` on BCA), ``auto`` without an
-                evaluation length...); log-n without l.
+                or a position map, an option of another mode (a position map's, or ``--l-local`` on BCA),
+                ``auto`` without an evaluation length...); log-n without l.
         """
         if self.mode not in MODES and self.mode not in POSITION_MAPS:
             raise ValueError(f"attention mode must be one of {', '.join(MODES + tuple(POSITION_MAPS))}, got {self.mode!r}.")
