@@ -145,6 +145,7 @@ class XPos(PositionScheme):
         if scalar_zeta:
             zeta = torch.full_like(zeta, gamma / (1.0 + gamma))
         self._log_zeta = torch.log(zeta)  # (d/2,) float64, CPU
+        self._steepest_decay = float(-self._log_zeta.min())  # -log zeta_0: what bounds the scale's range
         self._cache: "OrderedDict[tuple, Tuple[int, Tensor]]" = OrderedDict()
         self._cache_size = cache_size
 
@@ -251,7 +252,7 @@ class XPos(PositionScheme):
             return None
         bound = MAX_LOG_SCALE.get(dtype, DEFAULT_MAX_LOG_SCALE)
         divisor = self._angles(scaling)[1]
-        return max(CENTER_STEP, int(bound * self.scale_base * divisor / float(-self._log_zeta.min())))
+        return max(CENTER_STEP, int(bound * self.scale_base * divisor / self._steepest_decay))
 
     def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool,
                   scaling: Optional[RopeScaling] = None) -> Tensor:
