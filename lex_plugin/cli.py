@@ -502,9 +502,7 @@ def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, sp
         if path.is_file() and path.suffix not in (".bin", ".idx"):
             shutil.copy2(path, partial / path.name)
     write_dataset(rows, partial / "train", hub.src_dict.eos(), len(hub.src_dict))
-    if dest.exists():
-        dest.rmdir()  # empty (checked above)
-    partial.rename(dest)
+    partial.rename(dest)  # over an empty DEST too (checked above; POSIX rename replaces an empty directory)
     lengths = [r.numel() for r in rows]
     click.echo(f"{len(rows):,} {what}, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
                f"{source} from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")

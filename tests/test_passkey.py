@@ -143,9 +143,10 @@ def test_finetuning_samples_are_prompts_followed_by_their_key(encode, filler):
 def test_lex_passkey_data_writes_a_data_bin_fairseq_fine_tunes_on(trained, data_bin, tmp_path, encode):
     ckpt, _ = trained
     dest = tmp_path / "passkey-bin"
+    dest.mkdir()  # an existing empty DEST is taken (written under DEST.partial, then renamed over it)
     out = run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey-data", "--path", str(ckpt), str(data_bin), str(dest),
                    "--samples", "24", "--max-length", "127"])
-    assert "24 passkey samples" in out.stdout
+    assert "24 passkey samples" in out.stdout and not (tmp_path / "passkey-bin.partial").exists()
     assert (dest / "dict.txt").read_bytes() == (data_bin / "dict.txt").read_bytes()
     from fairseq.data import Dictionary, data_utils
 

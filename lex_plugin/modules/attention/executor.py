@@ -16,8 +16,8 @@ to attention).
 Positions of un-rotated inputs: a dense chunk rotates queries and keys at their own positions with one
 centre (``scheme.center_near`` of the middle of its queries: earlier keys only shrink, and the planner keeps
 a chunk's queries within the scheme's range, so full attention stays finite at any length); a windows chunk
-rotates every window at local positions (queries c .. 2c - 1, keys 0 .. 2c - 1; shifted by k with k sinks), so one (2c, d/2) table
-serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32,
+rotates every window at local positions (queries c .. 2c - 1, keys 0 .. 2c - 1; shifted by k with k sinks), so
+one (2c, d/2) table serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32,
 bf16 and fp16. For a translation-invariant scheme this equals global positions (the logit depends only
 on n - m); the planner gives the others dense chunks only, at true positions.
 """
