@@ -66,7 +66,32 @@ def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, fi
         with torch.no_grad():
             logits, _ = model(seq[None, :-1], spec=window)
         lp = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
-        assert float(got[i]) == pytest.approx(float(lp), abs=1e-5)
+        assert float(got.logprob[i]) == pytest.approx(float(lp), abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["full", "bca"])
+def test_greedy_flags_equal_greedy_decoding(hub, encode, filler, mode):
+    """CandidateScores.greedy against decoding itself: six tokens appended one at a time, each the argmax of a
+    parallel forward over everything so far. A candidate is flagged exactly when it is a prefix of that
+    continuation: its first three and all six tokens are, the six with the last or the first token changed and
+    a key are not."""
+    window = hub.spec_for(mode=mode)
+    model = hub.models[0]
+    prompt = build_prompt(encode, filler, 3 * TRAIN_LEN, 0.4, 2718)
+    seq = torch.cat([prompt.tokens.new_tensor([hub.src_dict.eos()]), prompt.tokens])
+    with torch.no_grad():
+        for _ in range(6):
+            logits, _ = model(seq[None], spec=window)
+            seq = torch.cat([seq, logits[0, -1].argmax()[None]])
+    written = seq[-6:]
+    other = (written[-1] + 1) % len(hub.src_dict)
+    cands = [written[:3], written, torch.cat([written[:-1], other[None]]), torch.cat([other[None], written[1:]]),
+             *_candidates(encode, [31415])]
+    got = score_candidates(model, prompt.tokens, cands, window, hub.src_dict.eos(), hub.src_dict.pad())
+    expected = [c.numel() <= 6 and torch.equal(c, written[:c.numel()]) for c in cands]
+    assert expected[:4] == [True, True, False, False]
+    assert got.greedy.tolist() == expected
+    assert got.greedy.dtype == torch.bool and got.logprob.dtype == torch.float64
 
 
 @pytest.mark.parametrize("mode", ["bca", "sliding"])
@@ -87,11 +112,11 @@ def test_a_key_beyond_every_querys_reach_cannot_change_the_scores(hub, encode, f
     cands = _candidates(encode, keys)
     ids = hub.src_dict.eos(), hub.src_dict.pad()
     window = hub.spec_for(mode=mode)
-    assert torch.equal(score_candidates(hub.models[0], a.tokens, cands, window, *ids),
-                       score_candidates(hub.models[0], b.tokens, cands, window, *ids))
+    assert torch.equal(score_candidates(hub.models[0], a.tokens, cands, window, *ids).logprob,
+                       score_candidates(hub.models[0], b.tokens, cands, window, *ids).logprob)
     full = hub.spec_for(mode="full")
-    assert not torch.equal(score_candidates(hub.models[0], a.tokens, cands, full, *ids),
-                           score_candidates(hub.models[0], b.tokens, cands, full, *ids))
+    assert not torch.equal(score_candidates(hub.models[0], a.tokens, cands, full, *ids).logprob,
+                           score_candidates(hub.models[0], b.tokens, cands, full, *ids).logprob)
 
 
 def test_lex_passkey_writes_table_json_and_heat_map(trained, data_bin, tmp_path):

@@ -14,6 +14,7 @@ import torch
 from conftest import TRAIN_LEN, run_cli
 from lex_plugin import LexLanguageModel
 from lex_plugin.data.stream import split_stream
+from lex_plugin.evaluation.passkey import CandidateScores
 from lex_plugin.evaluation.ruler import TASKS, finetune_samples, make_sample, ruler_accuracy, sentence_stops
 from lex_plugin.evaluation.ruler import probe as probe_module
 from lex_plugin.evaluation.ruler.tasks import FWE_INTRO, NOISE
@@ -127,7 +128,8 @@ def _oracle(hub):
         else:
             coded = text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split("What are")[0].split()
             right = {w for w, _ in Counter(coded).most_common(3)}
-        return torch.tensor([0.0 if hub.decode(c) in right else -1.0 for c in candidates], dtype=torch.float64)
+        scores = torch.tensor([0.0 if hub.decode(c) in right else -1.0 for c in candidates], dtype=torch.float64)
+        return CandidateScores(scores, scores.eq(0))  # it writes what it knows
     return score
 
 
@@ -137,6 +139,7 @@ def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
                              [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2, progress=False, unk=hub.src_dict.unk())
     assert len(results) == 7 * 2 * 2 + 2  # fwe: one row per length
     assert all(r.accuracy == 1.0 and r.found == r.items > 0 for r in results), [(r.task, r.accuracy) for r in results if r.accuracy < 1]
+    assert all(r.greedy == r.queries >= r.trials for r in results)
 
 
 def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
@@ -153,6 +156,7 @@ def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
                               hub.src_dict.eos(), hub.src_dict.pad(), trials=trials, progress=False)
     sd = math.sqrt(0.1 * 0.9 / trials)
     assert abs(result.accuracy - 0.1) < 3.3 * sd, result.accuracy
+    assert result.queries == trials and result.greedy == 0  # a 7-digit value it cannot see is never written whole
 
 
 def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
@@ -167,6 +171,9 @@ def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
     report = json.loads(out.read_text())
     assert len(report["results"]) == 3 * 2 * 2 and all(0 < r["tokens"] <= r["length"] for r in report["results"])
     assert all(r["prompt_tokens"] == [r["tokens"]] for r in report["results"])  # one trial: its prompt's count
+    assert "Greedy: fraction of queries" in proc.stdout
+    assert all(r["queries"] >= 1 and 0 <= r["greedy"] <= r["queries"] and r["greedy_rate"] == r["greedy"] / r["queries"]
+               for r in report["results"])
     assert all((tmp_path / f"ruler_{t}.png").stat().st_size > 5000 for t in ("niah_single_2", "vt", "fwe"))
 
     dest = tmp_path / "ruler-bin"

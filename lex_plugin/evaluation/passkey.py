@@ -22,7 +22,7 @@ task where it was trained, and the probe asks how far beyond l that skill carrie
 """
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward
 
-__all__ = ["PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
+__all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
            "plot_passkey", "score_candidates", "write_dataset"]
 
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text . Find it and "
@@ -153,19 +153,33 @@ def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) 
 
 
 @torch.no_grad()
-def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: AttentionSpec, eos: int, pad: int) -> Tensor:
-    """Log-probability (nats, float64) of each candidate's tokens after ``prompt``.
+class CandidateScores(NamedTuple):
+    """What the model makes of N candidate continuations of one prompt.
+
+    ``logprob``: (N,) float64, nats: the sum over a candidate's tokens of log p(token | prompt, its earlier tokens).
+    ``greedy``: (N,) bool: every token of the candidate is the argmax of the model's next-token distribution at
+    its step, that is, greedy decoding from the prompt writes the candidate (ties go to the lower token id, as
+    ``torch.argmax``). Ranking by ``logprob`` asks which candidate the model prefers; ``greedy`` asks whether
+    the model would produce it unprompted, the string match of RULER's generated answers in kind.
+    """
+
+    logprob: Tensor
+    greedy: Tensor
+
+
+def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: AttentionSpec, eos: int, pad: int) -> CandidateScores:
+    """Log-probability of each candidate's tokens after ``prompt``, and whether greedy decoding writes it.
 
     Args:
         model: a lex_lm model in eval mode.
         prompt: (L,) int64 prompt ids (``</s>`` is put in front, as fairseq's LM task does).
-        candidates: N 1-D int64 tensors, the ids of each candidate key (lengths may differ: a BPE may split
-            some digits; the score is then the log-probability of the key's text either way).
+        candidates: N 1-D int64 tensors, the ids of each candidate (lengths may differ: a BPE may split
+            some digits; the score is then the log-probability of the candidate's text either way).
         spec: the attention window and RoPE scaling.
         eos, pad: the dictionary's end-of-sentence and padding ids.
 
     Returns:
-        (N,) float64: sum over a candidate's tokens of log p(token | prompt, its earlier tokens).
+        :class:`CandidateScores`: (N,) float64 log-probabilities and (N,) bool greedy flags, on the CPU.
     """
     device = next(model.parameters()).device
     source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
@@ -183,8 +197,11 @@ def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: 
     if m > 1:  # the decoder runs only the uncached columns; right padding never reaches earlier positions
         more, _ = model(torch.cat([source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=state, spec=spec)
         logits = torch.cat([logits, more], dim=1)
-    steps = logits.double().log_softmax(-1).gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
-    return steps.masked_fill(cands.eq(pad), 0.0).sum(-1).cpu()
+    log_probs = logits.double().log_softmax(-1)  # (N, m, V)
+    steps = log_probs.gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
+    padding = cands.eq(pad)
+    greedy = (log_probs.argmax(-1).eq(cands) | padding).all(-1)
+    return CandidateScores(steps.masked_fill(padding, 0.0).sum(-1).cpu(), greedy.cpu())
 
 
 @dataclass
@@ -197,6 +214,7 @@ class PasskeyResult:
     distractors: int = 9
     trials: int = 0
     retrieved: int = 0
+    greedy: int = 0  # trials whose greedy continuation of the prompt is the true key (CandidateScores.greedy)
     margins: List[float] = field(default_factory=list)  # true key's log-prob minus the best distractor's
     attention: dict = field(default_factory=dict)  # the spec's structured fields (AttentionSpec.fields: mode, ...)
 
@@ -250,10 +268,11 @@ def passkey_accuracy(
             prompt = build_prompt(encode, filler[offset:], length, depth, keys[0])
             candidates = [encode(_spell(k)) for k in keys]
             for spec in specs:
-                scores = score_candidates(model, prompt.tokens, candidates, spec, eos, pad)
+                scores, greedy = score_candidates(model, prompt.tokens, candidates, spec, eos, pad)
                 result = cell[str(spec)]
                 result.trials += 1
                 result.retrieved += int(scores[0] > scores[1:].max())
+                result.greedy += int(greedy[0])
                 result.margins.append(float(scores[0] - scores[1:].max()))
                 bar.update(1)
         results += cell.values()
@@ -262,7 +281,8 @@ def passkey_accuracy(
 
 
 def format_passkey(results: Sequence[PasskeyResult], training_length: Optional[int] = None) -> str:
-    """One markdown table per window: rows = depths, columns = lengths (x l), cells = accuracy."""
+    """One markdown table per window: rows = depths, columns = lengths (x l), cells = accuracy; a last row counts
+    the prompts whose greedy continuation is the true key (all depths of a length together)."""
     out = []
     for window in dict.fromkeys(r.window for r in results):
         rows = [r for r in results if r.window == window]
@@ -276,6 +296,8 @@ def format_passkey(results: Sequence[PasskeyResult], training_length: Optional[i
         cell = {(r.length, r.depth): r.accuracy for r in rows}
         for d in depths:
             lines.append(f"| {d:g} | " + " | ".join(f"{cell[(L, d)]:.2f}" for L in lengths) + " |")
+        greedy = [(sum(r.greedy for r in rows if r.length == L), sum(r.trials for r in rows if r.length == L)) for L in lengths]
+        lines.append("| greedy writes the key (all depths) | " + " | ".join(f"{g}/{n}" for g, n in greedy) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
 

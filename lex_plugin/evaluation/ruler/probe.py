@@ -6,6 +6,11 @@ sliding window, :func:`~lex_plugin.evaluation.passkey.score_candidates`); its an
 continue it as one batch. An answer counts as found when its log-probability is above every distractor's
 (chance 1 / (K + 1) for each answer); a trial scores the fraction of its answers found (RULER's
 ``string_match_all`` in kind), a cell the mean over trials.
+
+Ranking K + 1 candidates is a lenient test: a 7-digit value usually differs from its distractors in its first
+token, so a model that copies only that token ranks the answer first. Each cell also counts the queries whose
+greedy continuation writes one of their answers whole (:class:`~lex_plugin.evaluation.passkey.CandidateScores`):
+what RULER's string match of a generated answer asks, without letting the model run on.
 """
 
 import zlib
@@ -39,7 +44,8 @@ def sentence_stops(encode) -> List[int]:
 class RulerResult:
     """One (task, window, length, depth) cell: ``trials`` prompts, ``score`` the sum of the trials' fractions of
     answers found, ``items`` / ``found`` the answers scored / found, ``tokens`` the longest prompt read,
-    ``prompt_tokens`` each trial's prompt (context and longest question) in tokens."""
+    ``prompt_tokens`` each trial's prompt (context and longest question) in tokens, ``queries`` / ``greedy`` the
+    questions asked / those whose greedy continuation writes one of their answers whole."""
 
     task: str
     window: str
@@ -51,6 +57,8 @@ class RulerResult:
     items: int = 0
     found: int = 0
     tokens: int = 0
+    queries: int = 0
+    greedy: int = 0
     prompt_tokens: List[int] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
 
@@ -58,9 +66,14 @@ class RulerResult:
     def accuracy(self) -> float:
         return self.score / max(self.trials, 1)
 
+    @property
+    def greedy_rate(self) -> float:
+        return self.greedy / max(self.queries, 1)
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["accuracy"] = self.accuracy
+        out["greedy_rate"] = self.greedy_rate
         return out
 
 
@@ -91,14 +104,17 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
             g = torch.Generator().manual_seed(zlib.crc32(repr((seed, task, length, depth, trial)).encode()))
             sample = make_sample(task, encode, length, depth, g, filler, stops, distractors, hops, unk)
             for spec in specs:
-                found = items = 0
+                found = items = greedy = 0
                 for query in sample.queries:
-                    scores = score_candidates(model, torch.cat([sample.context, query.question]),
-                                              [*query.answers, *query.distractors], spec, eos, pad)
+                    scores, writes = score_candidates(model, torch.cat([sample.context, query.question]),
+                                                      [*query.answers, *query.distractors], spec, eos, pad)
                     best_wrong = scores[len(query.answers):].max()
                     found += int((scores[:len(query.answers)] > best_wrong).sum())
                     items += len(query.answers)
+                    greedy += int(writes[:len(query.answers)].any())
                 result = cell[str(spec)]
+                result.queries += len(sample.queries)
+                result.greedy += greedy
                 result.trials += 1
                 result.score += found / items
                 result.items += items
@@ -150,22 +166,31 @@ def _mean(rows: Sequence[RulerResult]) -> float:
     return sum(r.score for r in rows) / max(sum(r.trials for r in rows), 1)
 
 
+def _greedy(rows: Sequence[RulerResult]) -> Optional[float]:
+    asked = sum(r.queries for r in rows)  # 0 in reports written before greedy was counted: shown as "-"
+    return sum(r.greedy for r in rows) / asked if asked else None
+
+
 def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] = None) -> str:
-    """Markdown: a summary (rows task x window, columns lengths, cells the mean over depths), then per task a
-    table of windows x depths at each length."""
+    """Markdown: the accuracy summary (rows task x window, columns lengths, cells the mean over depths), then
+    the same table of greedy rates (the fraction of queries whose greedy continuation writes an answer)."""
     lengths = sorted({r.length for r in results})
     name = (lambda L: f"{L} ({L / training_length:g}l)") if training_length else str
     chance = 1 / (1 + results[0].distractors) if results else 0
-    lines = [f"RULER-lite accuracy (mean over depths; chance {chance:.2f} per answer; the longest prompt of each cell "
-             "is in the JSON's tokens)", "| task | window | " + " | ".join(map(name, lengths)) + " |",
-             "|---|---|" + "---:|" * len(lengths)]
-    for task in dict.fromkeys(r.task for r in results):
-        for window in dict.fromkeys(r.window for r in results if r.task == task):
-            cells = []
-            for L in lengths:
-                rows = [r for r in results if r.task == task and r.window == window and r.length == L]
-                cells.append(f"{_mean(rows):.2f}" if rows else "-")
-            lines.append(f"| {task} | {window} | " + " | ".join(cells) + " |")
+    lines = []
+    for title, value in ((f"RULER-lite accuracy (mean over depths; chance {chance:.2f} per answer; the longest prompt "
+                          "of each cell is in the JSON's tokens)", _mean),
+                         ("Greedy: fraction of queries whose greedy continuation writes an answer whole (all depths)", _greedy)):
+        lines += [*([""] if lines else []), title, "| task | window | " + " | ".join(map(name, lengths)) + " |",
+                  "|---|---|" + "---:|" * len(lengths)]
+        for task in dict.fromkeys(r.task for r in results):
+            for window in dict.fromkeys(r.window for r in results if r.task == task):
+                cells = []
+                for L in lengths:
+                    rows = [r for r in results if r.task == task and r.window == window and r.length == L]
+                    v = value(rows) if rows else None
+                    cells.append("-" if v is None else f"{v:.2f}")
+                lines.append(f"| {task} | {window} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
