@@ -152,7 +152,6 @@ def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) 
     builder.finalize(f"{prefix}.idx")
 
 
-@torch.no_grad()
 class CandidateScores(NamedTuple):
     """What the model makes of N candidate continuations of one prompt.
 
@@ -167,6 +166,7 @@ class CandidateScores(NamedTuple):
     greedy: Tensor
 
 
+@torch.no_grad()
 def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: AttentionSpec, eos: int, pad: int) -> CandidateScores:
     """Log-probability of each candidate's tokens after ``prompt``, and whether greedy decoding writes it.
 
