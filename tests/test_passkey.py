@@ -92,6 +92,7 @@ def test_greedy_flags_equal_greedy_decoding(hub, encode, filler, mode):
     assert expected[:4] == [True, True, False, False]
     assert got.greedy.tolist() == expected
     assert got.greedy.dtype == torch.bool and got.logprob.dtype == torch.float64
+    assert not got.logprob.requires_grad  # scored without an autograd graph
 
 
 @pytest.mark.parametrize("mode", ["bca", "sliding"])
