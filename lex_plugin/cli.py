@@ -478,11 +478,12 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
 
 def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, split: str, make_rows, what: str, source: str):
     """A fine-tuning data-bin DEST for a probe (passkey-data, ruler-data): ``make_rows(hub, filler, max_length)``'s
-    samples (max_length default l - 1) as DEST/train.{bin,idx}, plus DATA's dictionary and encoder files."""
+    rows (max_length default l - 1) as DEST/train.{bin,idx} with their answer lengths (train.answers.npy, for
+    --answer-only-loss), plus DATA's dictionary and encoder files."""
     import shutil
 
+    from .data.finetune import write_rows
     from .data.stream import split_stream
-    from .evaluation.passkey import write_dataset
     from .hub_interface import from_pretrained
 
     if dest.exists() and any(dest.iterdir()):
@@ -501,11 +502,12 @@ def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, sp
     for path in data.iterdir():  # dictionary, encoder and preparation record; not the splits
         if path.is_file() and path.suffix not in (".bin", ".idx"):
             shutil.copy2(path, partial / path.name)
-    write_dataset(rows, partial / "train", hub.src_dict.eos(), len(hub.src_dict))
+    write_rows(rows, partial / "train", hub.src_dict.eos(), len(hub.src_dict))
     partial.rename(dest)  # over an empty DEST too (checked above; POSIX rename replaces an empty directory)
-    lengths = [r.numel() for r in rows]
+    lengths = [r.tokens.numel() for r in rows]
     click.echo(f"{len(rows):,} {what}, {sum(lengths):,} tokens ({min(lengths)}-{max(lengths)} per sample, "
-               f"{source} from {split}) -> {dest}/train.{{bin,idx}}; fine-tune with --tokens-per-sample >= {max(lengths) + 1}")
+               f"{source} from {split}) -> {dest}/train.{{bin,idx,answers.npy}}; fine-tune with --tokens-per-sample >= "
+               f"{max(lengths) + 1} (--answer-only-loss: the loss on the answers alone)")
 
 
 @main.command("passkey-data")

@@ -147,15 +147,16 @@ def test_lengths_the_split_cannot_fill_are_refused(trained, data_bin):
 def test_finetuning_samples_are_prompts_followed_by_their_key(encode, filler):
     question = encode(QUESTION)
     samples = finetune_samples(encode, filler, 30, 150, seed=3)
-    assert len(samples) == 30 and all(s.numel() <= 150 for s in samples)
-    assert len({s.numel() for s in samples}) > 5  # lengths vary
+    assert len(samples) == 30 and all(s.tokens.numel() <= 150 for s in samples)
+    assert len({s.tokens.numel() for s in samples}) > 5  # lengths vary
     q = question.tolist()
-    for s in samples:
-        s = s.tolist()
+    for row in samples:
+        s = row.tokens.tolist()
         # ... What is the pass key ? The pass key is | 7 1 4 3 2: the key's tokens follow the question
         end = max(i + len(q) for i in range(len(s) - len(q) + 1) if s[i : i + len(q)] == q)
         key = s[end:]
         assert len(key) >= DIGITS, key  # one token per digit at least (digits are space-separated)
+        assert row.answer == len(key)
         # the needle states the same key twice, the first time followed by " ." (so the tail is the whole key)
         runs = [i for i in range(end - len(key) + 1) if s[i : i + len(key)] == key]
         assert len(runs) >= 2 and min(b - a for a, b in zip(runs, runs[1:])) < 20, runs
@@ -190,8 +191,60 @@ def test_lex_passkey_data_writes_a_data_bin_fairseq_fine_tunes_on(trained, data_
              "--finetune-from-model", str(ckpt), "--save-dir", str(save), "--no-epoch-checkpoints", "--disable-validation",
              "--num-workers", "0"])
     assert (save / "checkpoint_last.pt").exists()
+    _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode)
     with pytest.raises(AssertionError, match="not empty"):
         run_cli([sys.executable, "-m", "lex_plugin.cli", "passkey-data", "--path", str(ckpt), str(data_bin), str(dest)])
+
+
+def _task(data, *flags):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(data), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling", "--arch", "lex_lm_tiny",
+        "--tokens-per-sample", "128", *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    return tasks.setup_task(cfg.task), cfg
+
+
+def _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode):
+    """--answer-only-loss: each sample's targets are padding but for the row's key and its </s>, and fairseq's
+    cross-entropy over a batch equals the mean NLL of exactly those tokens under one plain forward per row
+    (float64 reference). Refused without the answer lengths or with another break mode."""
+    import numpy as np
+    from fairseq import checkpoint_utils
+
+    answers = np.load(dest / "train.answers.npy")
+    assert answers.shape == (len(items),) and all(a >= DIGITS for a in answers)
+    task, cfg = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    pad = task.dictionary.pad()
+    for i in range(len(items)):
+        target = dataset[i]["target"]
+        kept = target.ne(pad)
+        assert kept.sum() == answers[i] + 1 and torch.equal(target[kept], items[i][-(int(answers[i]) + 1):])
+        assert torch.equal(dataset[i]["source"][1:], items[i][:-1])  # the prompt is still read
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(ckpt)], task=task)
+    model.eval()
+    batch = dataset.collater([dataset[i] for i in range(6)])
+    assert batch["ntokens"] == int(sum(answers[:6]) + 6)
+    loss, sample_size, _ = task.build_criterion(cfg.criterion)(model, batch, reduce=True)
+    nll = []
+    with torch.no_grad():
+        for row, a in zip(items[:6], answers[:6]):
+            logits, _ = model(torch.cat([row.new_tensor([task.dictionary.eos()]), row[:-1]])[None])
+            lp = logits[0].double().log_softmax(-1).gather(-1, row[:, None]).squeeze(-1)
+            nll += (-lp[-(int(a) + 1):]).tolist()
+    assert sample_size == len(nll) and loss.item() / sample_size == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+    task, _ = _task(dest, "--sample-break-mode", "none", "--answer-only-loss")
+    with pytest.raises(ValueError, match="needs --sample-break-mode eos"):
+        task.load_dataset("train")
+    (dest / "train.answers.npy").rename(dest / "moved.npy")
+    task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
+    with pytest.raises(FileNotFoundError, match="lex passkey-data or lex ruler-data"):
+        task.load_dataset("train")
+    (dest / "moved.npy").rename(dest / "train.answers.npy")
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])

@@ -184,12 +184,18 @@ def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
     ds = data_utils.load_indexed_dataset(str(dest / "train"), hub.src_dict)
     assert len(ds) == 16 and max(ds.sizes) <= 8 * TRAIN_LEN  # with </s>
     assert (dest / "dict.txt").is_file()
+    import numpy as np
+
+    answers = np.load(dest / "train.answers.npy")  # each row's answer text and nothing before it
+    assert answers.shape == (16,) and all(hub.decode(ds[i][-int(a) - 1:-1].long()).endswith(".") for i, a in enumerate(answers))
+    assert all("?" not in hub.decode(ds[i][-int(a) - 1:-1].long()) for i, a in enumerate(answers))
 
 
 def test_finetuning_samples_end_with_their_answers(hub, filler):
     rows = finetune_samples(hub.encode_fragment, filler, ["niah_single_1", "niah_multivalue", "vt"], 6, 8 * TRAIN_LEN - 1,
                             unk=hub.src_dict.unk())
-    assert len(rows) == 6 and all(r.numel() <= 8 * TRAIN_LEN - 1 for r in rows)
-    first = hub.decode(rows[0])
+    assert len(rows) == 6 and all(r.tokens.numel() <= 8 * TRAIN_LEN - 1 for r in rows)
+    first = hub.decode(rows[0].tokens)
     value = re.findall(NEEDLE_RE, first)[0][1]
     assert first.endswith(f"mentioned in the provided text is {value}.")
+    assert hub.decode(rows[0].tokens[-rows[0].answer:]) == f"{value}."  # the row's answer: the value and its stop

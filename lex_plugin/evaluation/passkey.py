@@ -16,7 +16,7 @@ The prompt runs once, block by block through the key/value cache (bounded under 
 the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``).
 
 A model too small or too briefly trained to copy at all retrieves at chance even inside l. Then
-:func:`finetune_samples` and :func:`write_dataset` give a short fine-tuning set in the probe's own format
+:func:`finetune_samples` and :func:`~lex_plugin.data.finetune.write_rows` give a short fine-tuning set in the probe's own format
 (a prompt followed by its key, at most l - 1 tokens together, filler from the training split): the model learns the
 task where it was trained, and the probe asks how far beyond l that skill carries under each window.
 """
@@ -28,11 +28,12 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from ..data.finetune import FinetuneRow
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward
 
 __all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
-           "plot_passkey", "score_candidates", "write_dataset"]
+           "plot_passkey", "score_candidates"]
 
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text . Find it and "
          "memorize it . I will quiz you about the important information there .")
@@ -90,7 +91,7 @@ def build_prompt(encode, filler: Tensor, length: int, depth: float, key: int) ->
     return PasskeyPrompt(tokens, start, start + needle.numel(), key)
 
 
-def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: int = 0) -> List[Tensor]:
+def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: int = 0) -> List[FinetuneRow]:
     """``count`` passkey prompts followed by their key's tokens: the task in the probe's format, for
     fine-tuning at the training length.
 
@@ -107,7 +108,8 @@ def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: 
         seed: seeds keys, lengths, depths and offsets.
 
     Returns:
-        ``count`` (n,) int64 tensors, n <= ``max_length``, each ending with the whole key.
+        ``count`` rows: (n,) int64 tokens, n <= ``max_length``, each ending with the whole key, whose token count
+        is the row's ``answer``.
 
     Raises:
         ValueError: ``max_length`` shorter than intro + needle + question + key for a drawn key, or a filler
@@ -128,28 +130,9 @@ def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: 
         depth = float(torch.rand((), generator=g))
         length = total - answer.numel()
         offset = int(torch.randint(0, filler.numel() - length, (1,), generator=g))
-        samples.append(torch.cat([build_prompt(encode, filler[offset:], length, depth, key).tokens, answer]))
+        samples.append(FinetuneRow(torch.cat([build_prompt(encode, filler[offset:], length, depth, key).tokens, answer]),
+                                   answer.numel()))
     return samples
-
-
-def write_dataset(samples: Sequence[Tensor], prefix, eos: int, vocab_size: int) -> None:
-    """Binarize ``samples`` (1-D int64 token ids, end-of-sentence appended to each here) as fairseq's mmap
-    dataset ``PREFIX.bin`` / ``PREFIX.idx``, one sentence per sample (fairseq's ``--sample-break-mode eos``
-    then gives one sample per training row).
-
-    Args:
-        samples: 1-D int64 token ids without end-of-sentence (written as fairseq's mmap integers, whose
-            width ``vocab_size`` picks).
-        prefix: path without suffix, e.g. ``DEST/train``.
-        eos: the dictionary's end-of-sentence id.
-        vocab_size: the dictionary's size (picks the on-disk integer width).
-    """
-    from fairseq.data import indexed_dataset
-
-    builder = indexed_dataset.make_builder(f"{prefix}.bin", impl="mmap", vocab_size=vocab_size)
-    for tokens in samples:
-        builder.add_item(torch.cat([tokens, tokens.new_tensor([eos])]).int())
-    builder.finalize(f"{prefix}.idx")
 
 
 class CandidateScores(NamedTuple):

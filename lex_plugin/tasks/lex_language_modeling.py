@@ -122,6 +122,12 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     fixed_target_samples: int = field(default=64, metadata={"help": "number of samples (stretches of the split whose "
                                                                     "last tokens are scored) of the fixed-target protocol"})
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
+    answer_only_loss: bool = field(
+        default=False,
+        metadata={"help": "fine-tuning on a probe's data-bin (lex passkey-data / ruler-data): the loss on each row's "
+                          "answer and end-of-sentence only (SPLIT.answers.npy), the prompt still read; needs "
+                          "--sample-break-mode eos"},
+    )
     bf16_autocast: bool = field(
         default=False,
         metadata={"help": "run the model's forward under torch.autocast in bf16 (CPU with AVX-512 BF16 / AMX, CUDA 8.0+), "
@@ -258,6 +264,28 @@ class LexLanguageModelingTask(LanguageModelingTask):
         return report
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        """fairseq's loader; remembers the split so the length report scores the same one."""
+        """fairseq's loader; remembers the split so the length report scores the same one. With
+        ``--answer-only-loss`` the split's targets outside each row's answer become padding
+        (:class:`~lex_plugin.data.answer_loss.AnswerOnlyLossDataset`).
+
+        Raises:
+            ValueError: ``--answer-only-loss`` with a break mode other than eos, or rows cut in two.
+            FileNotFoundError: ``--answer-only-loss`` without the split's answer lengths.
+        """
         self._gen_subset = split
-        return super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        dataset = super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if self.args.answer_only_loss:
+            from fairseq import utils
+
+            from ..data.answer_loss import AnswerOnlyLossDataset
+            from ..data.finetune import load_answer_lengths
+
+            if self.args.sample_break_mode != "eos":
+                raise ValueError(f"--answer-only-loss needs --sample-break-mode eos (one row per sample), not "
+                                 f"{self.args.sample_break_mode}.")
+            paths = utils.split_paths(self.args.data)
+            prefix = Path(paths[(epoch - 1) % len(paths)]) / split
+            self.datasets[split] = AnswerOnlyLossDataset(self.datasets[split], load_answer_lengths(prefix),
+                                                         self.dictionary.pad())
+            dataset = self.datasets[split]
+        return dataset

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
 from ..passkey import score_candidates
 from .tasks import TASKS, make_sample
@@ -128,11 +129,12 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
 
 
 def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, max_length: int, seed: int = 0,
-                     distractors: int = 9, hops: int = 2, unk: Optional[int] = None) -> List[Tensor]:
+                     distractors: int = 9, hops: int = 2, unk: Optional[int] = None) -> List[FinetuneRow]:
     """``count`` prompts of the tasks (in turn) each followed by its answer text (one query of it), at most
     ``max_length`` tokens with the answer, each of uniform random length (between max_length / 2, or the
     shortest the task fits in, and max_length - ANSWER_ROOM) and depth: the probe's format, for
-    fine-tuning at the training length (``lex ruler-data``; filler from the training split).
+    fine-tuning at the training length (``lex ruler-data``; filler from the training split). Each row's
+    ``answer`` is the answer text's token count.
 
     Raises:
         ValueError: ``max_length`` too short for a task's frame and answer, or the errors of :func:`make_sample`.
@@ -154,11 +156,12 @@ def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, m
                     raise ValueError(f"{err} (--max-length {max_length} leaves {high} tokens for a {task} prompt)") from None
                 low = length + 1
         query = sample.queries[int(torch.randint(len(sample.queries), (1,), generator=g))]
-        tokens = torch.cat([sample.context, query.question, encode(query.answer_text)])
+        answer = encode(query.answer_text)
+        tokens = torch.cat([sample.context, query.question, answer])
         if tokens.numel() > max_length:
             raise ValueError(f"a {task} sample needs {tokens.numel()} tokens with its answer; --max-length {max_length} is "
                              "too short.")
-        out.append(tokens)
+        out.append(FinetuneRow(tokens, answer.numel()))
     return out
 
 

@@ -1,0 +1,47 @@
+"""The answer-only loss of a probe's fine-tuning split (``--answer-only-loss``; rows of
+:mod:`lex_plugin.data.finetune`)."""
+
+from typing import List
+
+import numpy as np
+import torch
+from fairseq.data import BaseWrapperDataset
+
+__all__ = ["AnswerOnlyLossDataset"]
+
+
+class AnswerOnlyLossDataset(BaseWrapperDataset):
+    """A fairseq language-modeling split whose targets outside each row's answer are padding.
+
+    Wraps the ``MonolingualDataset`` of a ``--sample-break-mode eos`` split, sample i being row i: its
+    ``target`` (n,) keeps the last ``answers[i] + 1`` ids (the answer and the end-of-sentence) and has ``pad``
+    before them; ``source`` is unchanged, so the model still reads the whole prompt. The collated batch's
+    ``ntokens`` counts the kept targets, the denominator fairseq's cross-entropy reports the loss over.
+
+    Raises:
+        ValueError: at construction, a split whose sample count differs from the answer lengths' (a row
+            longer than ``--tokens-per-sample`` was cut in two, or another break mode); at a sample, an answer
+            longer than its row.
+    """
+
+    def __init__(self, dataset, answers: np.ndarray, pad: int):
+        super().__init__(dataset)
+        if len(dataset) != len(answers):
+            raise ValueError(f"the split has {len(dataset):,} samples for {len(answers):,} rows: --answer-only-loss needs "
+                             "one sample per row (--sample-break-mode eos and --tokens-per-sample above the longest row).")
+        self.answers = answers
+        self.pad = pad
+
+    def __getitem__(self, index):
+        item = dict(self.dataset[index])
+        target, keep = item["target"], int(self.answers[index]) + 1
+        if keep > target.numel():
+            raise ValueError(f"row {index} has {target.numel()} targets and an answer of {keep - 1} tokens.")
+        item["target"] = torch.cat([target.new_full((target.numel() - keep,), self.pad), target[-keep:]])
+        return item
+
+    def collater(self, samples: List[dict]) -> dict:
+        batch = self.dataset.collater(samples)
+        if batch:
+            batch["ntokens"] = int(batch["target"].ne(self.pad).sum())
+        return batch
