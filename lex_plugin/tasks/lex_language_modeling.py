@@ -24,6 +24,8 @@
 * ``--bf16-autocast`` runs every forward of the model it builds (fairseq-train's train and valid steps,
   fairseq-eval-lm, the length report) under ``torch.autocast`` in bf16 with fp32 weights
   (:mod:`~lex_plugin.modules.autocast`).
+* ``--answer-only-loss`` (fine-tuning on ``lex passkey-data`` / ``lex ruler-data`` bins, ``--sample-break-mode
+  eos``) scores the loss on each row's answer alone (:mod:`~lex_plugin.data.finetune`).
 * fairseq silently skips samples longer than ``max_positions()``; this task refuses instead.
 """
 
