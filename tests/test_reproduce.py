@@ -112,6 +112,8 @@ def test_method_and_passkey_commands(tmp_path):
     assert "ruler-data" in data and data[data.index("--max-length") + 1] == L - 1
     tune = reproduce.ruler_finetune_command(tmp_path / "rb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "rope"], o)
     assert tune[1] == str(tmp_path / "rb") and tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt")
+    assert "--answer-only-loss" in tune and "--answer-only-loss" not in reproduce.finetune_command(
+        tmp_path / "pk", tmp_path / "c.pt", tmp_path / "ft", [], o)  # the passkey recipe keeps the whole-prompt loss
     probe = reproduce.ruler_command(tmp_path, tmp_path / "c.pt", tmp_path / "ruler.json", o, rotary=False)
     assert probe[probe.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"
     assert probe[probe.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}"

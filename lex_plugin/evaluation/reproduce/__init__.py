@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_FINETUNE, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
-                        WINDOW_LABEL, methods_of, profile_flags)
+from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT,
+                        RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS, WINDOW_LABEL, methods_of, profile_flags)
 from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
                        prepare_command, resolution_command, ruler_command, ruler_data_command, ruler_finetune_command,
                        scaled_passkey_flags, train_command)
@@ -72,8 +72,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         for probe in PROBES:
             if (rdir / f"{probe}.json").exists():
                 passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
-        if (rdir / "ruler.json").exists():
-            ruler[name] = json.loads((rdir / "ruler.json").read_text())
+        if (rdir / RULER_REPORT).exists():
+            ruler[name] = json.loads((rdir / RULER_REPORT).read_text())
         scaled = [json.loads(p.read_text())["results"] for m in SCALED_PASSKEY
                   if (p := rdir / f"passkey_finetuned_{m}.json").exists()]
         if scaled:
@@ -136,7 +136,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
             f"x {PASSKEY_FINETUNE['batch_size']} prompts of at most {l // 2 - 8} tokens)", "",
             markdown_passkey(tuned, runs, l)] if tuned else []),
         *(["", f"### RULER-lite after fine-tuning on its format ({RULER_FINETUNE['updates']} updates x "
-            f"{RULER_FINETUNE['batch_size']} prompts of at most l - 1 tokens; mean over depths)", "",
+            f"{RULER_FINETUNE['batch_size']} prompts of at most l - 1 tokens, the loss on the answers alone; mean over depths)", "",
             markdown_ruler(ruler, runs, l)] if ruler else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
@@ -252,7 +252,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                              "is the last budget).")
     steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + 2 * len(budgets) + sum(map(steps_of, run_methods[n])) for n in runs)
              + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
-             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / "train.idx").exists() else 0))
+             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -302,13 +302,15 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                                                             ["--logn"] if method.endswith("_logn") else []),
                         rdir / f"{method}.log", out)
             elif method == "ruler":
-                ruler_bin, tuned = work / "ruler-bin", rdir / "ruler_ft" / "checkpoint_last.pt"
-                if not (ruler_bin / "train.idx").exists():
-                    run("ruler data", ruler_data_command(data, ckpt, ruler_bin, o), work / "ruler-data.log", ruler_bin / "train.idx")
+                ruler_bin, tuned = work / "ruler-bin", rdir / RULER_TUNED / "checkpoint_last.pt"
+                if not (ruler_bin / RULER_DATA_DONE).exists():
+                    if ruler_bin.exists():  # written before rows recorded their answers: the same rows, written again
+                        shutil.rmtree(ruler_bin)
+                    run("ruler data", ruler_data_command(data, ckpt, ruler_bin, o), work / "ruler-data.log", ruler_bin / RULER_DATA_DONE)
                 run(f"ruler finetune {name}", ruler_finetune_command(ruler_bin, ckpt, tuned.parent, run_args, o),
                     tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
-                out = rdir / "ruler.json"
-                run(f"ruler {name}", ruler_command(data, tuned, out, o, name in ROTARY_RUNS), rdir / "ruler.log", out)
+                out = rdir / RULER_REPORT
+                run(f"ruler {name}", ruler_command(data, tuned, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
             else:
                 out = rdir / f"method_{method}.json"
                 run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)

@@ -61,7 +61,12 @@ PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_fin
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
 PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
-RULER_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
+# RULER-lite's fine-tuning scores the loss on the answers alone (--answer-only-loss): with the loss over whole
+# prompts (haystacks of 134-239 tokens around answers of 8-30), RoPE did not learn the format in 600 updates.
+RULER_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3", "answer_only_loss": True}
+# where a run keeps them: other names than the whole-prompt recipe's (ruler_ft/, ruler.json), whose results are not reused
+RULER_TUNED, RULER_REPORT = "ruler_ft_answers", "ruler_answers.json"
+RULER_DATA_DONE = "train.answers.npy"  # lex ruler-data's last file: its rows and their answer lengths
 RULER_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
 # named settings of the whole reproduction (scripts/reproduce.py --profile NAME): option -> value, replacing the

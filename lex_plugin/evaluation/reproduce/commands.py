@@ -111,11 +111,11 @@ def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
 
 def ruler_finetune_command(ruler_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
     """fairseq-train fine-tuning ``ckpt`` on the RULER-lite data-bin (:data:`RULER_FINETUNE`), as
-    :func:`finetune_command` does for the passkey data."""
+    :func:`finetune_command` does for the passkey data, with the loss on the answers alone (``--answer-only-loss``)."""
     f = RULER_FINETUNE
     return fairseq_train_command(ruler_data, save_dir, o["arch"], run_args, o["training_length"], f["batch_size"], f["lr"],
                                  f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
-                                 extra=["--finetune-from-model", ckpt])
+                                 extra=["--finetune-from-model", ckpt, *(["--answer-only-loss"] if f["answer_only_loss"] else [])])
 
 
 def ruler_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
