@@ -237,6 +237,11 @@ def _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode):
             lp = logits[0].double().log_softmax(-1).gather(-1, row[:, None]).squeeze(-1)
             nll += (-lp[-(int(a) + 1):]).tolist()
     assert sample_size == len(nll) and loss.item() / sample_size == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+    np.save(dest / "train.answers.npy", answers[:-1])  # the lengths of other rows
+    task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
+    with pytest.raises(ValueError, match="belongs to other rows"):
+        task.load_dataset("train")
+    np.save(dest / "train.answers.npy", answers)
     task, _ = _task(dest, "--sample-break-mode", "none", "--answer-only-loss")
     with pytest.raises(ValueError, match="needs --sample-break-mode eos"):
         task.load_dataset("train")

@@ -19,16 +19,16 @@ class AnswerOnlyLossDataset(BaseWrapperDataset):
     ``ntokens`` counts the kept targets, the denominator fairseq's cross-entropy reports the loss over.
 
     Raises:
-        ValueError: at construction, a split whose sample count differs from the answer lengths' (a row
-            longer than ``--tokens-per-sample`` was cut in two, or another break mode); at a sample, an answer
-            longer than its row.
+        ValueError: at construction, a split whose sample count differs from the answer lengths' (an
+            answers file of other rows); at a sample, an answer longer than its row.
     """
 
     def __init__(self, dataset, answers: np.ndarray, pad: int):
         super().__init__(dataset)
         if len(dataset) != len(answers):
-            raise ValueError(f"the split has {len(dataset):,} samples for {len(answers):,} rows: --answer-only-loss needs "
-                             "one sample per row (--sample-break-mode eos and --tokens-per-sample above the longest row).")
+            raise ValueError(f"the split has {len(dataset):,} samples for {len(answers):,} answer lengths: its answers.npy "
+                             "belongs to other rows; write the split and its answer lengths together (lex passkey-data / "
+                             "lex ruler-data).")
         self.answers = answers
         self.pad = pad
 

@@ -6,8 +6,9 @@ mmap dataset ``PREFIX.bin`` / ``PREFIX.idx`` (one sentence per row, end-of-sente
 ``PREFIX.answers.npy``.
 
 With ``--answer-only-loss`` the ``lex_language_modeling`` task wraps such a split in
-:class:`~lex_plugin.data.answer_loss.AnswerOnlyLossDataset`: the targets of the prompt become padding, which fairseq's cross-entropy skips,
-so the loss (and its gradient) is the answer's tokens and the final end-of-sentence only. The prompt's tokens
+:class:`~lex_plugin.data.answer_loss.AnswerOnlyLossDataset`: the targets of the prompt become padding, which
+fairseq's cross-entropy skips, so the loss (and its gradient) is the answer's tokens and the final end-of-sentence
+only. The prompt's tokens
 (a haystack of up to l tokens around an answer of 5-30) then no longer dilute the signal the probe asks about;
 instruction tuning masks prompts the same way.
 """
