@@ -65,6 +65,46 @@ def test_claims_fail_when_the_numbers_say_so():
     assert f"{16 * L}: 45.00" in claims[0]["numbers"]
 
 
+def magnitude_reports(rope16, sinusoidal16, xpos16, alibi16):
+    """Reports at l..16l whose ppl(16l) / ppl(l) are the given ratios (every ppl at l is 10; ALiBi's ratio is its own)."""
+    lengths = LENGTHS + [16 * L]
+
+    def rows(window, last):
+        return {(window, n): 10.0 * (last if n == 16 * L else 1.0) for n in lengths}
+    return {"rope": report(rows("full", rope16)), "sinusoidal": report(rows("full", sinusoidal16)),
+            "xpos": report(rows("bca(16)", xpos16)), "alibi": report(rows("full", alibi16))}, lengths
+
+
+def test_magnitudes_hold_at_the_targets_and_give_the_paper_ratios():
+    reports, lengths = magnitude_reports(3.0, 5.0, 1.0, 1.2)
+    rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths)
+    by = {(r["run"], r["window"]): r for r in rows}
+    assert [k for k in by] == [("sinusoidal", "full"), ("rope", "full"), ("alibi", "full"), ("xpos", "bca")]
+    assert by[("rope", "full")]["ratios"] == {2: 1.0, 4: 1.0, 8: 1.0, 16: 3.0}
+    assert all(by[k]["holds"] for k in [("rope", "full"), ("sinusoidal", "full"), ("xpos", "bca")])
+    assert by[("alibi", "full")]["holds"] is None  # the reference: no target
+    # the paper's ratios are its Table 2 perplexities (PG22) divided by the one at l = 1024
+    assert by[("rope", "full")]["paper"][8] == pytest.approx(458.83 / 26.68, rel=1e-3)
+    assert by[("sinusoidal", "full")]["paper"][8] == pytest.approx(12747.41 / 30.54, rel=1e-3)
+    assert by[("xpos", "bca")]["paper"][8] == pytest.approx(24.89 / 26.59, rel=1e-3)
+    text = reproduce.markdown_magnitudes(rows)
+    assert "**no**" not in text and "| 417.40 |" in text
+
+
+def test_magnitudes_missed_are_reported_missed():
+    # just short of each target; LeX + BCA flat but above ALiBi's perplexity at 16l
+    reports, lengths = magnitude_reports(2.99, 4.99, 1.001, 1.2)
+    rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths)
+    assert [r["holds"] for r in rows] == [False, False, None, False]
+    reports, lengths = magnitude_reports(9.0, 9.0, 0.9, 0.85)  # flat, but ALiBi lower still
+    rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths)
+    assert rows[-1]["holds"] is False and "ALiBi 8.50" in rows[-1]["numbers"]
+    # without 16l there is no verdict, only the ratios
+    rows = reproduce.check_magnitudes(reproduce.ppl_table(paper_like()), L, LENGTHS)
+    assert {r["holds"] for r in rows} == {None} and rows[0]["ratios"][8] == 1000.0
+    assert "| - | - |" in reproduce.markdown_magnitudes(rows)
+
+
 def test_missing_numbers_give_no_verdict():
     assert reproduce.check_claims({}, {}, L, LENGTHS) == []
 

@@ -34,13 +34,13 @@ from .commands import (eval_command, finetune_command, method_command, passkey_c
                        scaled_passkey_flags, train_command)
 from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
-from .tables import (check_claims, flat_and_retrieving, markdown_budgets, markdown_claims, markdown_flat_and_retrieving, markdown_methods,
+from .tables import (check_claims, check_magnitudes, flat_and_retrieving, markdown_budgets, markdown_claims, markdown_flat_and_retrieving, markdown_magnitudes, markdown_methods,
                      markdown_passkey, markdown_ppl, markdown_resolution, markdown_ruler, ppl_table)
 
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
-    "Runner", "check_claims", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
-    "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
+    "Runner", "check_claims", "check_magnitudes", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
+    "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
     "PROFILES", "profile_flags",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command",
@@ -105,6 +105,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o["lengths"])
+    magnitudes = check_magnitudes(ppl, l, o["lengths"])
     flat = (flat_and_retrieving(ppl, tuned, [n for n in runs if n in METHOD_RUNS], l,
                                 o["lengths"]) if methods else [])
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
@@ -124,6 +125,8 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         *(["", "### Extrapolation against training tokens: snapshots of each run", "",
             markdown_budgets(budgets, main, ["full", "sliding", "bca"], o["lengths"], l, o["batch_size"] * l)]
           if budgets else []),
+        *(["", "### Magnitudes: ppl(kl) / ppl(l) beside the paper's (Table 2, PG22, l = 1024) and the targets at 16l", "",
+            markdown_magnitudes(magnitudes)] if magnitudes else []),
         *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
             markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
@@ -152,7 +155,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
          **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
          **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
                          for n, snaps in budgets.items()}} if budgets else {}),
-         "claims": claims, "wall_seconds": progress}, indent=1))
+         "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
+                                           "paper": {str(k): v for k, v in m["paper"].items()}} for m in magnitudes],
+         "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
                  f"{o['arch']}, l = {l}, {o['max_update'] * o['batch_size'] * l / 1e6:.2f}M training tokens: test ppl vs length")

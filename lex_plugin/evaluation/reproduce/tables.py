@@ -8,7 +8,7 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
-__all__ = ["FLAT_RATIO", "RETRIEVAL", "check_claims", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+__all__ = ["FLAT_RATIO", "MAGNITUDE_TARGETS", "PAPER_RATIOS", "RETRIEVAL", "check_claims", "check_magnitudes", "markdown_magnitudes", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -208,6 +208,72 @@ def markdown_claims(claims: List[dict]) -> str:
     for c in claims:
         rows.append(f"| {c['claim']} | {'yes' if c['holds'] else '**no**'} | {c['numbers']} |")
     return "\n".join(rows)
+
+
+# LeX Table 2 (PG22, trained at l = 1024): ppl(kl) / ppl(l) at k = 2, 4, 8, computed from the table's perplexities
+# (Transformer, the absolute model: 30.54 -> 132.46, 1,446.95, 12,747.41; Roformer: 26.68 -> 68.86, 235.71, 458.83;
+# Alibi: 27.34 -> 26.01, 28.46, 32.8; LeX: 26.59 -> 25.53, 25.07, 24.89).
+PAPER_RATIOS = {
+    ("sinusoidal", "full"): {2: 4.337, 4: 47.38, 8: 417.4},
+    ("rope", "full"): {2: 2.581, 4: 8.835, 8: 17.20},
+    ("alibi", "full"): {2: 0.951, 4: 1.041, 8: 1.200},
+    ("xpos", "bca"): {2: 0.960, 4: 0.943, 8: 0.936},
+}
+# the magnitudes the reproduction aims for at 16l (issue "the paper's magnitudes at CPU scale"): the least ratio
+# ppl(16l) / ppl(l) for the models that should degrade, the most for LeX + BCA (which must also stay below ALiBi)
+MAGNITUDE_TARGETS = {("rope", "full"): (">=", 3.0), ("sinusoidal", "full"): (">=", 5.0), ("xpos", "bca"): ("<=", 1.0)}
+
+
+def check_magnitudes(ppl, l: int, lengths: Sequence[int]) -> List[dict]:
+    """The degradation ratios beside the paper's and the targets at 16l: for RoPE and the absolute model with full
+    attention, ALiBi with full attention and LeX with BCA, ppl(L) / ppl(l) at every evaluated L > l, the paper's
+    ratio at 2l..8l (:data:`PAPER_RATIOS`) and whether :data:`MAGNITUDE_TARGETS` holds at 16l (LeX + BCA: also a
+    perplexity at 16l below ALiBi's). Nothing is forced: a target missed is reported as missed.
+
+    Args:
+        ppl: :func:`ppl_table`'s output; l: the training length; lengths: the evaluation lengths.
+
+    Returns:
+        [{"run", "window", "ratios": {k: ratio at k l}, "paper": {k: ratio}, "target": str or None,
+        "holds": bool or None (no target, or 16l not evaluated), "numbers": str}], one entry per (run, window)
+        of :data:`PAPER_RATIOS` with a perplexity at l, in that order.
+    """
+    out = []
+    alibi_16 = ppl.get("alibi", {}).get("full", {}).get(16 * l)
+    for (name, window), paper in PAPER_RATIOS.items():
+        row = ppl.get(name, {}).get(window, {})
+        if l not in row:
+            continue
+        ratios = {L // l: row[L] / row[l] for L in lengths if L > l and L in row}
+        target, holds, numbers = None, None, ""
+        if (name, window) in MAGNITUDE_TARGETS:
+            op, bound = MAGNITUDE_TARGETS[(name, window)]
+            target = f"{op} {bound:g}" + (" and below ALiBi" if name == "xpos" else "")
+            if 16 in ratios:
+                holds = ratios[16] >= bound if op == ">=" else ratios[16] <= bound
+                numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
+                if name == "xpos":
+                    holds = holds and alibi_16 is not None and row[16 * l] < alibi_16
+                    numbers += f" (ALiBi {_num(alibi_16)})"
+        elif 16 in ratios:
+            numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
+        out.append({"run": name, "window": window, "ratios": ratios, "paper": paper, "target": target,
+                    "holds": holds, "numbers": numbers})
+    return out
+
+
+def markdown_magnitudes(rows: List[dict]) -> str:
+    """Markdown table of :func:`check_magnitudes`' output: model, window, ppl(kl) / ppl(l) here at each k, the
+    paper's at 8l, the target at 16l, met? (yes / **no** / - without a target or without 16l), ppl at l -> 16l."""
+    ks = sorted({k for r in rows for k in r["ratios"]})
+    out = ["| model | window | " + " | ".join(f"{k}l / l" for k in ks) + " | paper, 8l / l | target at 16l | met? | ppl l -> 16l |",
+           "|---|---|" + "---:|" * len(ks) + "---:|---|---|---|"]
+    for r in rows:
+        met = "-" if r["holds"] is None else "yes" if r["holds"] else "**no**"
+        out.append(f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL[r['window']]} | "
+                   + " | ".join(_num(r["ratios"].get(k)) for k in ks)
+                   + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} |")
+    return "\n".join(out)
 
 
 FLAT_RATIO = 1.02  # "flat": ppl(16l) / ppl(l) at most this
