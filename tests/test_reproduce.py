@@ -105,6 +105,27 @@ def test_magnitudes_missed_are_reported_missed():
     assert "| - | - |" in reproduce.markdown_magnitudes(rows)
 
 
+def test_a_missed_magnitude_gives_the_tokens_its_power_law_reaches_the_target_at():
+    # RoPE's ratio at 16l follows 0.5 * sqrt(updates / 25): 1.0, 1.41, 2.0, 2.83 at 100..800 updates of 1,000 tokens;
+    # the law reaches 3 at 900 updates = 900,000 tokens
+    ratio = {u: 0.5 * (u / 25) ** 0.5 for u in (100, 200, 400, 800)}
+    budgets = {"rope": {u: {"full": {L: 10.0, 16 * L: 10.0 * r}} for u, r in ratio.items()}}
+    ppl = {"rope": budgets["rope"][800]}
+    (row,) = reproduce.check_magnitudes(ppl, L, [L, 16 * L], budgets, tokens_per_update=1000)
+    assert row["holds"] is False
+    assert row["trend"]["exponent"] == pytest.approx(0.5) and row["trend"]["points"] == 4
+    assert row["trend"]["tokens"] == pytest.approx(900_000, rel=1e-9)
+    assert "0.9M tokens (ratio ~ tokens^0.50, 4 points)" in reproduce.markdown_magnitudes([row])
+    # falling with training: never; met: no trend; one point: no trend
+    falling = {"rope": {u: {"full": {L: 10.0, 16 * L: 20.0 / u}} for u in (1, 2)}}
+    (row,) = reproduce.check_magnitudes({"rope": falling["rope"][2]}, L, [L, 16 * L], falling, 1000)
+    assert row["trend"]["tokens"] is None and "never" in reproduce.markdown_magnitudes([row])
+    met = {"rope": {u: {"full": {L: 10.0, 16 * L: 40.0}} for u in (1, 2)}}
+    assert reproduce.check_magnitudes({"rope": met["rope"][2]}, L, [L, 16 * L], met, 1000)[0]["trend"] is None
+    one = {"rope": {800: budgets["rope"][800]}}
+    assert reproduce.check_magnitudes(ppl, L, [L, 16 * L], one, 1000)[0]["trend"] is None
+
+
 def test_missing_numbers_give_no_verdict():
     assert reproduce.check_claims({}, {}, L, LENGTHS) == []
 

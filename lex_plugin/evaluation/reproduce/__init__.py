@@ -105,9 +105,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o["lengths"])
-    magnitudes = check_magnitudes(ppl, l, o["lengths"])
     flat = (flat_and_retrieving(ppl, tuned, [n for n in runs if n in METHOD_RUNS], l,
                                 o["lengths"]) if methods else [])
+    magnitudes = check_magnitudes(ppl, l, o["lengths"], budgets, o["batch_size"] * l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
     ab_lengths = [l, 8 * l]
     parts = [

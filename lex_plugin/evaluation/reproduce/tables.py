@@ -1,6 +1,7 @@
 """The reproduction's tables from the finished reports: perplexity by length per window, methods, passkey
 accuracy, attention resolution, and the paper's claims checked against the numbers."""
 
+import math
 from typing import Dict, List, Optional, Sequence
 
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
@@ -224,19 +225,29 @@ PAPER_RATIOS = {
 MAGNITUDE_TARGETS = {("rope", "full"): (">=", 3.0), ("sinusoidal", "full"): (">=", 5.0), ("xpos", "bca"): ("<=", 1.0)}
 
 
-def check_magnitudes(ppl, l: int, lengths: Sequence[int]) -> List[dict]:
+def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict] = None,
+                     tokens_per_update: int = 0) -> List[dict]:
     """The degradation ratios beside the paper's and the targets at 16l: for RoPE and the absolute model with full
     attention, ALiBi with full attention and LeX with BCA, ppl(L) / ppl(l) at every evaluated L > l, the paper's
     ratio at 2l..8l (:data:`PAPER_RATIOS`) and whether :data:`MAGNITUDE_TARGETS` holds at 16l (LeX + BCA: also a
     perplexity at 16l below ALiBi's). Nothing is forced: a target missed is reported as missed.
 
+    Where a lower bound is missed and the run has snapshots (``budgets``), the trend says what more training
+    would give: the least-squares line of ln ppl(16l)/ppl(l) against ln training tokens over the snapshots and
+    the last checkpoint (a power law, ratio ~ tokens^b), and the tokens at which it reaches the bound. It
+    extrapolates one schedule's snapshots (all but the last taken before the learning rate decayed): an
+    estimate, not a measurement.
+
     Args:
         ppl: :func:`ppl_table`'s output; l: the training length; lengths: the evaluation lengths.
+        budgets: {run: {updates: {window: {length: ppl}}}}, the last checkpoint among them
+            (:func:`markdown_budgets`' input); tokens_per_update: training tokens per update (batch x l).
 
     Returns:
         [{"run", "window", "ratios": {k: ratio at k l}, "paper": {k: ratio}, "target": str or None,
-        "holds": bool or None (no target, or 16l not evaluated), "numbers": str}], one entry per (run, window)
-        of :data:`PAPER_RATIOS` with a perplexity at l, in that order.
+        "holds": bool or None (no target, or 16l not evaluated), "numbers": str, "trend": None or
+        {"exponent": b, "tokens": tokens at the bound (None when b <= 0), "points": snapshots fitted}}], one
+        entry per (run, window) of :data:`PAPER_RATIOS` with a perplexity at l, in that order.
     """
     out = []
     alibi_16 = ppl.get("alibi", {}).get("full", {}).get(16 * l)
@@ -257,23 +268,52 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int]) -> List[dict]:
                     numbers += f" (ALiBi {_num(alibi_16)})"
         elif 16 in ratios:
             numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
+        trend = None
+        if holds is False and MAGNITUDE_TARGETS[(name, window)][0] == ">=" and tokens_per_update:
+            points = [(u * tokens_per_update, snap[window][16 * l] / snap[window][l])
+                      for u, snap in sorted((budgets or {}).get(name, {}).items())
+                      if l in snap.get(window, {}) and 16 * l in snap.get(window, {})]
+            if len(points) >= 2:
+                trend = _power_law_to(points, MAGNITUDE_TARGETS[(name, window)][1])
         out.append({"run": name, "window": window, "ratios": ratios, "paper": paper, "target": target,
-                    "holds": holds, "numbers": numbers})
+                    "holds": holds, "numbers": numbers, "trend": trend})
     return out
+
+
+def _power_law_to(points: Sequence[tuple], bound: float) -> dict:
+    """The least-squares fit ln ratio = a + b ln tokens over ``points`` [(tokens, ratio)], and the tokens at
+    which it reaches ``bound``: {"exponent": b, "tokens": float or None (b <= 0: never), "points": n}."""
+    xs = [math.log(t) for t, _ in points]
+    ys = [math.log(r) for _, r in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    tokens = math.exp(mx + (math.log(bound) - my) / b) if b > 0 else None
+    return {"exponent": b, "tokens": tokens, "points": len(points)}
 
 
 def markdown_magnitudes(rows: List[dict]) -> str:
     """Markdown table of :func:`check_magnitudes`' output: model, window, ppl(kl) / ppl(l) here at each k, the
-    paper's at 8l, the target at 16l, met? (yes / **no** / - without a target or without 16l), ppl at l -> 16l."""
+    paper's at 8l, the target at 16l, met? (yes / **no** / - without a target or without 16l), ppl at l -> 16l, and
+    for a missed lower bound the training tokens at which the snapshots' power law reaches it."""
     ks = sorted({k for r in rows for k in r["ratios"]})
-    out = ["| model | window | " + " | ".join(f"{k}l / l" for k in ks) + " | paper, 8l / l | target at 16l | met? | ppl l -> 16l |",
-           "|---|---|" + "---:|" * len(ks) + "---:|---|---|---|"]
+    out = ["| model | window | " + " | ".join(f"{k}l / l" for k in ks) + " | paper, 8l / l | target at 16l | met? | ppl l -> 16l | "
+           "trend: the target at |",
+           "|---|---|" + "---:|" * len(ks) + "---:|---|---|---|---|"]
     for r in rows:
         met = "-" if r["holds"] is None else "yes" if r["holds"] else "**no**"
         out.append(f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL[r['window']]} | "
                    + " | ".join(_num(r["ratios"].get(k)) for k in ks)
-                   + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} |")
+                   + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} | {_trend(r.get('trend'))} |")
     return "\n".join(out)
+
+
+def _trend(trend: Optional[dict]) -> str:
+    if not trend:
+        return "-"
+    if trend["tokens"] is None:
+        return f"never (ratio ~ tokens^{trend['exponent']:.2f}, {trend['points']} points)"
+    return f"{trend['tokens'] / 1e6:,.1f}M tokens (ratio ~ tokens^{trend['exponent']:.2f}, {trend['points']} points)"
 
 
 FLAT_RATIO = 1.02  # "flat": ppl(16l) / ppl(l) at most this
