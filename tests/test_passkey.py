@@ -241,6 +241,14 @@ def _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode):
     task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
     with pytest.raises(ValueError, match="belongs to other rows"):
         task.load_dataset("train")
+    longer = answers.copy()
+    longer[1] = len(items[1])  # an answer as long as its whole row: with its </s>, one more target than the row has
+    np.save(dest / "train.answers.npy", longer)
+    task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
+    task.load_dataset("train")
+    task.dataset("train")[0]  # the other rows still read
+    with pytest.raises(ValueError, match=f"row 1 has {len(items[1])} targets and an answer of {len(items[1])} tokens"):
+        task.dataset("train")[1]
     np.save(dest / "train.answers.npy", answers)
     task, _ = _task(dest, "--sample-break-mode", "none", "--answer-only-loss")
     with pytest.raises(ValueError, match="needs --sample-break-mode eos"):

@@ -36,7 +36,9 @@ class AnswerOnlyLossDataset(BaseWrapperDataset):
         item = dict(self.dataset[index])
         target, keep = item["target"], int(self.answers[index]) + 1
         if keep > target.numel():
-            raise ValueError(f"row {index} has {target.numel()} targets and an answer of {keep - 1} tokens.")
+            raise ValueError(f"row {index} has {target.numel()} targets and an answer of {keep - 1} tokens (with its </s>, "
+                             "more than the row): the answers file was not written with these rows; write the split and "
+                             "its answer lengths together (lex passkey-data / lex ruler-data).")
         item["target"] = torch.cat([target.new_full((target.numel() - keep,), self.pad), target[-keep:]])
         return item
 
