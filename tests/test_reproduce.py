@@ -99,6 +99,11 @@ def test_magnitudes_missed_are_reported_missed():
     reports, lengths = magnitude_reports(9.0, 9.0, 0.9, 0.85)  # flat, but ALiBi lower still
     rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths)
     assert rows[-1]["holds"] is False and "ALiBi 8.50" in rows[-1]["numbers"]
+    del reports["alibi"]  # LeX's verdict waits for ALiBi's number
+    reports["sinusoidal"]["results"] += report({("full", 16 * L + L // 2): 99.0})["results"]
+    rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths + [16 * L + L // 2])
+    assert rows[-1]["holds"] is None and "ALiBi -" in rows[-1]["numbers"]
+    assert set(rows[0]["ratios"]) == {2, 4, 8, 16} and rows[0]["ratios"][16] == pytest.approx(9.0)  # 16.5l: no column
     # without 16l there is no verdict, only the ratios
     rows = reproduce.check_magnitudes(reproduce.ppl_table(paper_like()), L, LENGTHS)
     assert {r["holds"] for r in rows} == {None} and rows[0]["ratios"][8] == 1000.0

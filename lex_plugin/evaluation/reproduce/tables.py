@@ -245,7 +245,7 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
 
     Returns:
         [{"run", "window", "ratios": {k: ratio at k l}, "paper": {k: ratio}, "target": str or None,
-        "holds": bool or None (no target, or 16l not evaluated), "numbers": str, "trend": None or
+        "holds": bool or None (no target, 16l not evaluated, or for LeX no ALiBi at 16l), "numbers": str, "trend": None or
         {"exponent": b, "tokens": tokens at the bound (None when b <= 0), "points": snapshots fitted}}], one
         entry per (run, window) of :data:`PAPER_RATIOS` with a perplexity at l, in that order.
     """
@@ -255,7 +255,7 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
         row = ppl.get(name, {}).get(window, {})
         if l not in row:
             continue
-        ratios = {L // l: row[L] / row[l] for L in lengths if L > l and L in row}
+        ratios = {L // l: row[L] / row[l] for L in lengths if L > l and L % l == 0 and L in row}
         target, holds, numbers = None, None, ""
         if (name, window) in MAGNITUDE_TARGETS:
             op, bound = MAGNITUDE_TARGETS[(name, window)]
@@ -263,8 +263,8 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
             if 16 in ratios:
                 holds = ratios[16] >= bound if op == ">=" else ratios[16] <= bound
                 numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
-                if name == "xpos":
-                    holds = holds and alibi_16 is not None and row[16 * l] < alibi_16
+                if name == "xpos":  # no verdict until ALiBi has its number
+                    holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
                     numbers += f" (ALiBi {_num(alibi_16)})"
         elif 16 in ratios:
             numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
