@@ -396,3 +396,38 @@ def test_a_profile_fills_the_options_not_given(tmp_path):
     assert (o["training_length"], o["max_update"], o["budgets"], o["bf16_autocast"], o["batch_size"]) == (128, 20, [5, 10], False, 64)
     assert o["lengths"] == [128 * 2 ** i for i in range(7)]
     assert "give --budgets with --max-update" in options("--max-update", "1000")
+
+
+def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypatch):
+    """A ruler-bin written before rows recorded their answer lengths (no train.answers.npy) is removed and its
+    step runs again; one with them is kept and its step skipped. The steps are recorded, not run."""
+    work, data = tmp_path / "work", tmp_path / "data-bin"
+    ruler_bin = work / "ruler-bin"
+    calls = []
+
+    class RecordingRunner:
+        def __init__(self, work, steps):
+            pass
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            calls.append((key, sorted(p.name for p in ruler_bin.glob("*")) if ruler_bin.exists() else None))
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+
+    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
+    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
+    data.mkdir()
+    (data / "dict.txt").write_text("")
+    ruler_bin.mkdir(parents=True)
+    (ruler_bin / "train.idx").write_text("rows without their answer lengths")
+    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
+             eval_tokens=512, resolution_texts=2, methods=["ruler"])
+    reproduce.reproduce(work, o, ["xpos"], tmp_path, data)
+    steps = dict(calls)
+    assert steps["ruler data"] is None  # the old bin was gone before the step wrote it again
+    assert [k for k, _ in calls].index("ruler data") < [k for k, _ in calls].index("ruler finetune xpos")
+    assert (ruler_bin / reproduce.RULER_DATA_DONE).exists() and not (ruler_bin / "train.idx").exists()
+    calls.clear()
+    (ruler_bin / "train.idx").write_text("rows written with their answer lengths")
+    reproduce.reproduce(work, o, ["xpos"], tmp_path, data)
+    assert "ruler data" not in dict(calls) and (ruler_bin / "train.idx").exists()
