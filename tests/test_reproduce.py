@@ -82,7 +82,7 @@ def test_magnitudes_hold_at_the_targets_and_give_the_paper_ratios():
     assert [k for k in by] == [("sinusoidal", "full"), ("rope", "full"), ("alibi", "full"), ("xpos", "bca")]
     assert by[("rope", "full")]["ratios"] == {2: 1.0, 4: 1.0, 8: 1.0, 16: 3.0}
     assert all(by[k]["holds"] for k in [("rope", "full"), ("sinusoidal", "full"), ("xpos", "bca")])
-    assert by[("alibi", "full")]["holds"] is None  # the reference: no target
+    assert by[("alibi", "full")]["holds"] is None and by[("alibi", "full")]["numbers"] == "10.00 -> 12.00"  # no target
     # the paper's ratios are its Table 2 perplexities (PG22) divided by the one at l = 1024
     assert by[("rope", "full")]["paper"][8] == pytest.approx(458.83 / 26.68, rel=1e-3)
     assert by[("sinusoidal", "full")]["paper"][8] == pytest.approx(12747.41 / 30.54, rel=1e-3)
