@@ -127,6 +127,11 @@ def test_a_missed_magnitude_gives_the_tokens_its_power_law_reaches_the_target_at
     assert row["trend"]["tokens"] is None and "never" in reproduce.markdown_magnitudes([row])
     met = {"rope": {u: {"full": {L: 10.0, 16 * L: 40.0}} for u in (1, 2)}}
     assert reproduce.check_magnitudes({"rope": met["rope"][2]}, L, [L, 16 * L], met, 1000)[0]["trend"] is None
+    # a missed upper bound (LeX + BCA above 1) has no trend to a target
+    rising = {"xpos": {u: {"bca": {L: 10.0, 16 * L: 10.0 * r}} for u, r in ratio.items()}}
+    (row,) = reproduce.check_magnitudes({"xpos": rising["xpos"][800], "alibi": {"full": {L: 9.0, 16 * L: 90.0}}},
+                                        L, [L, 16 * L], rising, 1000)[-1:]
+    assert row["run"] == "xpos" and row["holds"] is False and row["trend"] is None
     one = {"rope": {800: budgets["rope"][800]}}
     assert reproduce.check_magnitudes(ppl, L, [L, 16 * L], one, 1000)[0]["trend"] is None
 

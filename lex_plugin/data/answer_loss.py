@@ -9,6 +9,8 @@ from fairseq.data import BaseWrapperDataset
 
 __all__ = ["AnswerOnlyLossDataset"]
 
+_WRITE_TOGETHER = "write the split and its answer lengths together (lex passkey-data / lex ruler-data)."
+
 
 class AnswerOnlyLossDataset(BaseWrapperDataset):
     """A fairseq language-modeling split whose targets outside each row's answer are padding.
@@ -27,8 +29,7 @@ class AnswerOnlyLossDataset(BaseWrapperDataset):
         super().__init__(dataset)
         if len(dataset) != len(answers):
             raise ValueError(f"the split has {len(dataset):,} samples for {len(answers):,} answer lengths: its answers.npy "
-                             "belongs to other rows; write the split and its answer lengths together (lex passkey-data / "
-                             "lex ruler-data).")
+                             f"belongs to other rows; {_WRITE_TOGETHER}")
         self.answers = answers
         self.pad = pad
 
@@ -37,8 +38,7 @@ class AnswerOnlyLossDataset(BaseWrapperDataset):
         target, keep = item["target"], int(self.answers[index]) + 1
         if keep > target.numel():
             raise ValueError(f"row {index} has {target.numel()} targets and an answer of {keep - 1} tokens (with its </s>, "
-                             "more than the row): the answers file was not written with these rows; write the split and "
-                             "its answer lengths together (lex passkey-data / lex ruler-data).")
+                             f"more than the row): the answers file was not written with these rows; {_WRITE_TOGETHER}")
         item["target"] = torch.cat([target.new_full((target.numel() - keep,), self.pad), target[-keep:]])
         return item
 

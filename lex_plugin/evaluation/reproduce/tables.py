@@ -256,38 +256,34 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
         if l not in row:
             continue
         ratios = {L // l: row[L] / row[l] for L in lengths if L > l and L % l == 0 and L in row}
-        target, holds, numbers = None, None, ""
-        if (name, window) in MAGNITUDE_TARGETS:
-            op, bound = MAGNITUDE_TARGETS[(name, window)]
-            target = f"{op} {bound:g}" + (" and below ALiBi" if name == "xpos" else "")
-            if 16 in ratios:
-                holds = ratios[16] >= bound if op == ">=" else ratios[16] <= bound
-                numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
-                if name == "xpos":  # no verdict until ALiBi has its number
-                    holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
-                    numbers += f" (ALiBi {_num(alibi_16)})"
-        elif 16 in ratios:
-            numbers = f"{_num(row[l])} -> {_num(row[16 * l])}"
-        trend = None
-        if holds is False and MAGNITUDE_TARGETS[(name, window)][0] == ">=" and tokens_per_update:
+        numbers = f"{_num(row[l])} -> {_num(row[16 * l])}" if 16 in ratios else ""
+        op, bound = MAGNITUDE_TARGETS.get((name, window), (None, None))
+        target = op and f"{op} {bound:g}" + (" and below ALiBi" if name == "xpos" else "")
+        holds, trend = None, None
+        if op and 16 in ratios:
+            holds = ratios[16] >= bound if op == ">=" else ratios[16] <= bound
+            if name == "xpos":  # no verdict until ALiBi has its number
+                holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
+                numbers += f" (ALiBi {_num(alibi_16)})"
+        if holds is False and op == ">=" and tokens_per_update:
             points = [(u * tokens_per_update, snap[window][16 * l] / snap[window][l])
                       for u, snap in sorted((budgets or {}).get(name, {}).items())
                       if l in snap.get(window, {}) and 16 * l in snap.get(window, {})]
             if len(points) >= 2:
-                trend = _power_law_to(points, MAGNITUDE_TARGETS[(name, window)][1])
+                trend = _power_law_to(points, bound)
         out.append({"run": name, "window": window, "ratios": ratios, "paper": paper, "target": target,
                     "holds": holds, "numbers": numbers, "trend": trend})
     return out
 
 
 def _power_law_to(points: Sequence[tuple], bound: float) -> dict:
-    """The least-squares fit ln ratio = a + b ln tokens over ``points`` [(tokens, ratio)], and the tokens at
-    which it reaches ``bound``: {"exponent": b, "tokens": float or None (b <= 0: never), "points": n}."""
+    """The least-squares fit ln ratio = a + b ln tokens over ``points`` [(tokens, ratio)], two or more with distinct
+    tokens, and the tokens at which it reaches ``bound``: {"exponent": b, "tokens": float or None (b <= 0: never),
+    "points": n}."""
     xs = [math.log(t) for t, _ in points]
     ys = [math.log(r) for _, r in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     tokens = math.exp(mx + (math.log(bound) - my) / b) if b > 0 else None
     return {"exponent": b, "tokens": tokens, "points": len(points)}
 
