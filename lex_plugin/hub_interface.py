@@ -26,7 +26,7 @@ from fairseq import hub_utils
 from fairseq.hub_utils import GeneratorHubInterface
 from torch import Tensor, nn
 
-from .data.prepare import BPE_MODEL, META_FILE
+from .data.text import BPE_MODEL, META_FILE
 from .evaluation.sampling import continue_ids, filter_logits
 from .modules.attention.spec import AttentionOptions, AttentionSpec
 from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow

@@ -66,7 +66,7 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
     args = ap.Namespace(arch=arch, tokens_per_sample=training_length, share_decoder_input_output_embed=True)
     ARCH_CONFIG_REGISTRY[arch](args)
     if engine == "hf":
-        from lex_plugin.hf.export import from_fairseq, hf_config
+        from lex_plugin.export.hf import from_fairseq, hf_config
 
         hf = from_fairseq(model, hf_config(args, d, training_length, options))
     else:

@@ -19,7 +19,7 @@ from conftest import REPO, TRAIN_LEN, build_lex_model, run_cli, shared_data
 
 transformers = pytest.importorskip("transformers")
 from lex_plugin.hf import LexCache, LexTokenizer, read_fairseq_dictionary  # noqa: E402
-from lex_plugin.hf.export import export_hf  # noqa: E402
+from lex_plugin.export.hf import export_hf  # noqa: E402
 
 L = TRAIN_LEN
 SPECS = {"full": AttentionOptions(), "bca": AttentionOptions("bca"), "sliding": AttentionOptions("sliding", "l")}
@@ -116,58 +116,168 @@ def test_config_maps_the_standard_names(exports):
     assert (directory / "model.safetensors").is_file() and (directory / "dict.txt").is_file()
 
 
-LOAD_SCRIPT = r"""
-import importlib.abc, json, sys
+# A process that holds only transformers' world: lex_plugin, fairseq and torchscale cannot be imported (nor is the
+# repository on its path); it loads each export from a temporary copy, runs the job and saves what it computed.
+ISOLATED_SCRIPT = r"""
+import importlib.abc, json, os, sys
+REFUSED = ("lex_plugin", "fairseq", "fairseq_cli", "torchscale")
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "fairseq" or name.startswith(("fairseq.", "fairseq_cli")):
+        if name.split(".")[0] in REFUSED:
             raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
 sys.meta_path.insert(0, Refuse())
+repo = os.path.realpath(sys.argv[2])
+sys.path = [p for p in sys.path if p and os.path.realpath(p) != repo]
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-out = {}
-for directory in sys.argv[2:]:
-    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
-    tok = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
-    ids = tok(open(sys.argv[1]).read(), return_tensors="pt").input_ids[:, :256]
-    with torch.no_grad():
-        logits = model(ids).logits
-    out[directory] = {"ids": ids[0].tolist(), "logits": logits[0, :, :50].tolist(), "spec": str(model.spec),
-                      "tokenizer": type(tok).__name__, "model": type(model).__name__}
-assert not any(m == "fairseq" or m.startswith("fairseq.") for m in sys.modules), "fairseq was imported"
-print(json.dumps(out))
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, pipeline
+job = json.load(open(sys.argv[1]))
+tokens = torch.load(job["tokens"])
+out = {"logits": {}, "refused": {}}
+for name, directory in job["exports"].items():
+    for window, attention in job["windows"].items():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True, attention=attention)
+        except ValueError as err:
+            out["refused"][f"{name}/{window}"] = str(err)
+            continue
+        for n in job["lengths"]:
+            if n <= job["max_length"].get(name, n):
+                with torch.no_grad():
+                    out["logits"][f"{name}/{window}/{n}"] = model(tokens[:, :n], use_cache=False).logits
+gen = job["generate"]
+model = AutoModelForCausalLM.from_pretrained(gen["dir"], trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained(gen["dir"], trust_remote_code=True)
+out["prompt_ids"] = tok(gen["prompt"]).input_ids
+pipe = pipeline("text-generation", model=model, tokenizer=tok)
+done = pipe(gen["prompt"], max_new_tokens=gen["steps"], min_new_tokens=gen["steps"], do_sample=False, return_tensors=True)
+out["pipeline_ids"] = done[0]["generated_token_ids"]
+ids = torch.tensor([out["prompt_ids"]])
+with torch.no_grad():
+    run = model.generate(ids, max_new_tokens=gen["steps"], min_new_tokens=gen["steps"], do_sample=False,
+                         output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=1)
+    full = model(run.sequences, use_cache=False).logits[0, ids.size(1) - 1:-1]
+out["cached_vs_uncached"] = max((s[0] - f).abs().max().item() for s, f in zip(run.logits, full))
+base = AutoModel.from_pretrained(gen["dir"], trust_remote_code=True)
+with torch.no_grad():
+    hidden = base(ids).last_hidden_state
+    out["base_vs_head"] = (model.decoder.output_projection(hidden) - model(ids, use_cache=False).logits).abs().max().item()
+out["classes"] = [type(model).__name__, type(base).__name__, type(tok).__name__, type(model.config).__name__]
+saved = job["saved"]
+model.save_pretrained(saved)
+tok.save_pretrained(saved)
+again = AutoModelForCausalLM.from_pretrained(saved, trust_remote_code=True)
+tok_again = AutoTokenizer.from_pretrained(saved, trust_remote_code=True)
+with torch.no_grad():
+    out["reload_logits"] = (again(ids, use_cache=False).logits - model(ids, use_cache=False).logits).abs().max().item()
+out["reload_ids"] = tok_again(gen["prompt"]).input_ids == out["prompt_ids"]
+out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED)
+torch.save(out, job["out"])
 """
 
+WINDOWS = {"full": {}, "bca": {"mode": "bca"}, "sliding": {"mode": "sliding", "sliding_window": "l"},
+           "rerope": {"mode": "rerope"}}
 
-def test_auto_classes_load_the_export_without_fairseq(scheme_checkpoints, data_bin, tmp_path, hf_env):
-    """lex export-hf with --bca (xPos) and --sliding-window l (ALiBi); loaded by transformers' auto classes in a
-    process where fairseq cannot be imported; the logits equal the fairseq model's under the same window."""
-    text = (shared_data() / "pg" / "test" / "pg113_the-secret-garden.txt").read_text(encoding="utf-8")[20_000:32_000]
-    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
-    cases = {"xpos": ["--bca"], "alibi": ["--sliding-window", "l"]}
-    dirs = []
-    for name, flags in cases.items():
-        out = tmp_path / f"hf_{name}"
-        proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "export-hf", str(scheme_checkpoints[name]), str(out),
-                        "--data", str(data_bin), *flags])
-        assert "exported" in proc.stdout
-        dirs.append(str(out))
-    proc = run_cli([sys.executable, "-c", LOAD_SCRIPT, str(tmp_path / "text.txt"), *dirs], env=hf_env)
-    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (name, flags), directory in zip(cases.items(), dirs):
-        got = loaded[directory]
-        assert got["model"] == "LexForCausalLM" and got["tokenizer"] == "LexTokenizer"
-        hub = from_pretrained(scheme_checkpoints[name].parent, "checkpoint_last.pt", data_bin,
-                              window="bca" if name == "xpos" else "sliding", sliding_window="l" if name == "alibi" else None)
-        assert got["spec"] == str(hub.spec)
-        ids = torch.tensor([got["ids"]])
-        from lex_plugin.evaluation.documents import encode_document
 
-        expected_ids = torch.cat([torch.tensor([hub.src_dict.eos()]), encode_document(hub, text)])[:256]
-        assert torch.equal(ids[0], expected_ids)
-        with torch.no_grad():
-            expected, _ = hub.models[0](ids)
-        torch.testing.assert_close(torch.tensor(got["logits"]), expected[0, :, :50], rtol=0, atol=1e-5)
+def test_export_runs_with_transformers_alone(exports, test_tokens, data_bin, tmp_path, hf_env):
+    """Every --pos-emb's export, copied to a temporary directory, loaded where lex_plugin, fairseq and torchscale
+    cannot be imported: the logits equal the fairseq model's (1e-5) under full attention, BCA, the sliding window
+    and ReRoPE at l and 4l (a window the scheme refuses is refused by both); the tokenizer gives lex generate's
+    prompt ids; pipeline("text-generation") writes lex generate's greedy tokens under BCA; scores through the cache
+    equal a forward without it (1e-4); AutoModel's hidden states give the head's logits; save_pretrained and
+    from_pretrained give the same logits (1e-6) and ids."""
+    import shutil
+
+    copies = tmp_path / "copies"
+    dirs = {}
+    for name, (directory, _, _, _) in exports.items():
+        dirs[name] = str(shutil.copytree(directory, copies / name))
+    gen_dir = copies / "xpos_bca"
+    shutil.copytree(exports["xpos"][0], gen_dir)
+    config = json.loads((gen_dir / "config.json").read_text())
+    (gen_dir / "config.json").write_text(json.dumps(dict(config, attention={"mode": "bca"})))
+    prompt = (shared_data() / "pg" / "test" / "pg730_oliver-twist.txt").read_text(encoding="utf-8")[30_000:30_700]
+    prompt = " ".join(prompt.split())  # one paragraph, as lex generate reads a prompt
+    torch.save(test_tokens, tmp_path / "tokens.pt")
+    job = {"tokens": str(tmp_path / "tokens.pt"), "exports": dirs, "windows": WINDOWS, "lengths": [L, 4 * L],
+           "max_length": {"learned": L}, "saved": str(tmp_path / "saved"), "out": str(tmp_path / "out.pt"),
+           "generate": {"dir": str(gen_dir), "prompt": prompt, "steps": 2 * L}}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    run_cli([sys.executable, "-c", ISOLATED_SCRIPT, str(tmp_path / "job.json"), str(REPO)], env=hf_env)
+    got = torch.load(tmp_path / "out.pt")
+    assert got["imported"] == []
+    assert got["classes"] == ["LexForCausalLM", "LexModel", "LexTokenizer", "LexConfig"]
+    checked = 0
+    for name, (_, _, hub, _) in exports.items():
+        for window, attention in WINDOWS.items():
+            spec = hub.spec_for(AttentionOptions(**attention))
+            try:
+                hub.models[0].decoder.check_spec(spec)
+            except ValueError:
+                assert f"{name}/{window}" in got["refused"], (name, window)  # refused alike
+                continue
+            assert f"{name}/{window}" not in got["refused"], got["refused"].get(f"{name}/{window}")
+            for n in (L, 4 * L):
+                if name == "learned" and n > L:
+                    continue
+                with torch.no_grad():
+                    expected, _ = hub.models[0](test_tokens[:, :n], spec=spec)
+                torch.testing.assert_close(got["logits"][f"{name}/{window}/{n}"], expected, rtol=0, atol=1e-5,
+                                           msg=f"{name} {window} at {n}")
+                checked += 1
+    assert checked >= 60 and "rope/rerope" not in got["refused"] and "none/rerope" in got["refused"]
+
+    hub = from_pretrained(exports["xpos"][3].parent, "checkpoint_last.pt", data_bin, window="bca")
+    expected_prompt = [hub.src_dict.eos()] + hub.encode(prompt)[:-1].tolist()
+    assert got["prompt_ids"] == expected_prompt  # no closing </s>: the sentence goes on
+    expected = hub.continue_tokens(prompt, max_len=2 * L, temperature=0).tolist()
+    assert got["pipeline_ids"][len(expected_prompt):] == expected
+    assert got["cached_vs_uncached"] <= 1e-4
+    assert got["base_vs_head"] <= 1e-5
+    assert got["reload_logits"] <= 1e-6 and got["reload_ids"]
+
+
+def test_exported_files_are_the_package_sources(exports):
+    """The remote code an export carries is what the package's sources produce now, and each file is its source
+    line for line, but for the header, the rewritten package imports and an entry point's generated closure."""
+    from lex_plugin.export.remote_code import exported_modules, remote_code, source_path
+
+    directory = exports["xpos"][0]
+    files = remote_code()
+    assert sorted(p.name for p in directory.glob("*.py")) == sorted(files) == sorted(exported_modules())
+    for name, text in files.items():
+        assert (directory / name).read_text(encoding="utf-8") == text, name
+    for name, module in exported_modules().items():
+        source = source_path(module).read_text(encoding="utf-8").splitlines()
+        body = files[name].split("\n# Generated: transformers copies")[0].splitlines()[2:]  # no header, no closure
+        assert len(body) == len(source), name
+        changed = [(ours, theirs) for ours, theirs in zip(body, source) if ours != theirs]
+        assert all(t.lstrip().startswith("from .") and o.lstrip().startswith(("from .lex_", "from .configuration_lex"))
+                   for o, t in changed), (name, changed)
+    assert {"modeling_lex.py", "lex_modules_attention_executor.py", "lex_data_text.py"} <= set(files)
+
+
+def test_an_import_an_export_cannot_carry_is_refused(tmp_path, monkeypatch):
+    """A package module of the inference path that imports fairseq (or tqdm...) is refused at export, naming the
+    file; so is a package import by module name."""
+    from lex_plugin.export import remote_code as rc
+
+    root = tmp_path / "lex_plugin"
+    (root / "hf").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "hf" / "__init__.py").write_text("")
+    for entry in ("configuration", "tokenization"):
+        (root / "hf" / f"{entry}.py").write_text("import json\n")
+    (root / "hf" / "modeling.py").write_text("from ..helpers import x\n")
+    (root / "helpers.py").write_text("import tqdm\nx = 1\n")
+    monkeypatch.setattr(rc, "PACKAGE_ROOT", root)
+    with pytest.raises(rc.RemoteCodeError, match=r"helpers.py imports 'tqdm'"):
+        rc.remote_code()
+    (root / "helpers.py").write_text("x = 1\n")
+    files = rc.remote_code()
+    assert "from .lex_helpers import x" in files["modeling_lex.py"] and files["lex_helpers.py"].endswith("x = 1\n")
+    (root / "hf" / "modeling.py").write_text("from .. import helpers\n")
+    with pytest.raises(rc.RemoteCodeError, match="imports a module by name"):
+        rc.remote_code()
 
 
 class BoundCheck(transformers.LogitsProcessor):
@@ -221,10 +331,11 @@ def test_tokenizer_ids_equal_lex_prepare_like(data_bin, tmp_path):
     ds = data_utils.load_indexed_dataset(str(dest / "test"), d)
     binarised = torch.cat([ds[i].long() for i in range(len(ds))]).tolist()
     tok = LexTokenizer(str(data_bin / "dict.txt"), str(data_bin / "spm.model"))
-    first, second = (tok(t, add_special_tokens=False).input_ids for t in texts)
+    first, second = (tok(t + "\n", add_special_tokens=False).input_ids for t in texts)  # a file's text: closed
     eos = d.eos()
     assert binarised == first + [eos] + second  # lex prepare separates documents by an empty line (a lone </s>)
-    assert tok(texts[0]).input_ids == [eos] + first
+    assert tok(texts[0] + "\n").input_ids == [eos] + first
+    assert tok(texts[0]).input_ids == [eos] + first[:-1]  # no line break at the end: the last paragraph stays open
     # decode round-trips wherever no piece was unknown (an <unk> decodes to " \u2047 ", SentencePiece's mark)
     known, paragraph = [], []
     for i in first:
@@ -233,7 +344,7 @@ def test_tokenizer_ids_equal_lex_prepare_like(data_bin, tmp_path):
             known += paragraph if d.unk() not in paragraph else []
             paragraph = []
     assert len(known) > 0.8 * len(first)
-    assert tok(tok.decode(known), add_special_tokens=False).input_ids == known
+    assert tok(tok.decode(known) + "\n", add_special_tokens=False).input_ids == known
     assert tok.decode(known).count("\n\n") == known.count(eos) - 1
 
 
@@ -394,3 +505,103 @@ def test_export_records_a_random_positions_table_and_force_clears_stale_files(sc
     assert not (tmp_path / "rope" / "rope_scaling.json").exists()
     assert (tmp_path / "rope" / "notes.md").read_text() == "mine"
     assert json.loads((tmp_path / "rope" / "config.json").read_text())["attention"] == {}
+
+
+def test_prompt_ids_and_the_cache_after_a_prefill(exports, data_bin, test_tokens):
+    """A prompt's ids are lex generate's ([</s>] + the text's ids, no closing </s>) from encode_prompt and from
+    tokenizer(prompt); a document ending with a line break ends with </s>. After a prefill of T tokens the cache
+    holds T positions and generation feeds exactly one token next; scores through the cache equal a forward
+    without it (1e-4) at every step, under full attention and BCA."""
+    directory, model, hub, _ = exports["xpos"]
+    tok = LexTokenizer(str(directory / "dict.txt"), str(directory / "spm.model"), bpe="sentencepiece")
+    prompt = "It was the best of times, it was the worst of times"
+    expected = [hub.src_dict.eos()] + hub.encode(prompt)[:-1].tolist()
+    assert tok.encode_prompt(prompt) == expected == tok(prompt).input_ids
+    assert tok.encode_prompt(prompt + "\n") == expected
+    assert tok(prompt + "\n").input_ids == expected + [hub.src_dict.eos()]
+    for spec in (None, model.spec.__class__(window=hub_window("bca"))):
+        prefix = test_tokens[:, : 2 * L + 3]
+        cache = LexCache()
+        with torch.no_grad():
+            model(prefix, past_key_values=cache, spec=spec)
+        assert cache.get_seq_length() == prefix.size(1)
+        longer = torch.cat([prefix, test_tokens[:, 2 * L + 3 : 2 * L + 4]], 1)
+        assert model.prepare_inputs_for_generation(longer, past_key_values=cache)["input_ids"].shape == (1, 1)
+        steps = []
+        with torch.no_grad():
+            for t in range(2 * L + 3, 2 * L + 3 + 12):
+                steps.append(model(test_tokens[:, t : t + 1], past_key_values=cache, spec=spec).logits[0, -1])
+            full = model(test_tokens[:, : 2 * L + 15], use_cache=False, spec=spec).logits[0, 2 * L + 3 :]
+        torch.testing.assert_close(torch.stack(steps), full, rtol=0, atol=1e-4)
+        assert cache.get_seq_length() == 2 * L + 15
+
+
+def test_honest_arguments(exports, test_tokens):
+    """return_dict=False gives a tuple; output_attentions and foreign position_ids are refused, the model's own
+    positions accepted; gradient checkpointing gives the gradients of a plain backward pass."""
+    _, model, _, _ = exports["rope"]
+    ids = test_tokens[:, :50]
+    with torch.no_grad():
+        out = model(ids, use_cache=False)
+        as_tuple = model(ids, use_cache=False, return_dict=False)
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], out.logits)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(ids, output_attentions=True)
+    with pytest.raises(ValueError, match="position_ids"):
+        model(ids, position_ids=torch.arange(1, 51)[None])
+    with torch.no_grad():
+        own = model(ids, use_cache=False, position_ids=torch.arange(50)[None]).logits
+    assert torch.equal(own, out.logits)
+    import copy
+
+    trained = copy.deepcopy(model).train()
+    grads = []
+    for checkpointing in (False, True):
+        trained.zero_grad()
+        if checkpointing:
+            trained.gradient_checkpointing_enable()
+        trained(ids, labels=ids).loss.backward()
+        grads.append([p.grad.clone() for p in trained.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 10
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert trained.decoder.gradient_checkpointing
+
+
+def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp_path):
+    """Every file 0644; the sliding window an int; max_position_embeddings 16 l by default (a learned table's size
+    for learned positions; as given otherwise); the card carries the Hub's metadata, the scheme, l, the attention
+    and, given a length report, its perplexity table."""
+    directory = exports["xpos"][0]
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in directory.iterdir())
+    config = json.loads((directory / "config.json").read_text())
+    assert config["max_position_embeddings"] == 16 * L
+    assert config["auto_map"]["AutoModel"] == "modeling_lex.LexModel"
+    assert json.loads((exports["learned"][0] / "config.json").read_text())["max_position_embeddings"] == L
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"training_length": L, "split": "test", "split_tokens": 1000, "results": [
+        {"window": "full", "length": L, "ppl": 50.0}, {"window": "full", "length": 4 * L, "ppl": 80.5},
+        {"window": "bca", "length": 4 * L, "ppl": 48.25}]}))
+    out = tmp_path / "hf"
+    export_hf(scheme_checkpoints["alibi"], data_bin, out, AttentionOptions("sliding", "48"), max_position_embeddings=1000,
+              length_report=report)
+    config = json.loads((out / "config.json").read_text())
+    assert config["attention"] == {"mode": "sliding", "sliding_window": 48} and config["max_position_embeddings"] == 1000
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n") and "- alibi" in card
+    assert f"| training length l | {L} tokens |" in card and "sliding(48)" in card
+    assert f"| window | {L} (1l) | {4 * L} (4l) |" in card and "| full | 50.00 | 80.50 |" in card and "| bca | - | 48.25 |" in card
+    with pytest.raises(ValueError, match="max-position-embeddings"):
+        export_hf(scheme_checkpoints["learned"], data_bin, tmp_path / "learned", max_position_embeddings=L + 1)
+
+
+def test_tokenizer_names_a_missing_file_first(exports, tmp_path):
+    import shutil
+
+    directory = shutil.copytree(exports["xpos"][0], tmp_path / "copy")
+    (directory / "spm.model").unlink()
+    with pytest.raises(ValueError, match="needs spm.model"):
+        LexTokenizer.from_pretrained(str(directory))
+    (directory / "dict.txt").unlink()
+    with pytest.raises(ValueError, match="needs dict.txt"):
+        LexTokenizer.from_pretrained(str(directory))

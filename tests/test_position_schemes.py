@@ -97,20 +97,49 @@ def test_kerple_log_formula_shape_and_monotonicity():
 
 
 def test_t5_bias_buckets_match_torchscale_and_are_monotone():
+    """The package's own T5 bias (no TorchScale at run time) against TorchScale's RelativePositionBias holding the
+    same table: equal biases on every causal pair, equal buckets at every distance to 10^5, the same initialisation
+    from the same seed."""
+    torch.manual_seed(3)
     t5 = T5Bias(4, num_buckets=32, max_distance=128)
-    with torch.no_grad():
-        t5.t5.relative_attention_bias.weight.copy_(torch.randn(32, 4))
+    torch.manual_seed(3)
+    ref_module = RelativePositionBias(bidirectional=False, num_buckets=32, max_distance=128, n_heads=4)
+    assert torch.equal(t5.t5.relative_attention_bias.weight, ref_module.relative_attention_bias.weight)
     L = 400
     ours = t5.bias(0, L, 0, L, "cpu")
-    ref = t5.t5.compute_bias(L, L)[0]  # TorchScale's own (H, L, L) computation
+    ref = ref_module.compute_bias(L, L)[0]  # TorchScale's own (H, L, L) computation
     causal = torch.tril(torch.ones(L, L, dtype=torch.bool)).expand(4, -1, -1)
     assert torch.equal(ours[causal], ref[causal])
+    far = torch.arange(0, 100_000)
+    assert torch.equal(t5.buckets(far), RelativePositionBias._relative_position_bucket(
+        -far, bidirectional=False, num_buckets=32, max_distance=128))
     buckets = t5.buckets(torch.arange(0, 1000))
     assert buckets[:16].tolist() == list(range(16))  # exact buckets for short distances
     assert bool((buckets[1:] >= buckets[:-1]).all())  # monotone in distance
     assert set(buckets[128:].tolist()) == {31}  # everything from max_distance on shares the last bucket
-    # the parameters are TorchScale's RelativePositionBias table
-    assert isinstance(t5.t5, RelativePositionBias) and t5.t5.relative_attention_bias.weight.shape == (32, 4)
+    assert set(t5.state_dict()) == {"t5.relative_attention_bias.weight"}  # TorchScale's name
+
+
+@pytest.mark.parametrize("activation, subln", [("gelu", False), ("relu", True), ("swish", False)])
+def test_feedforward_equals_torchscale(activation, subln):
+    """The package's FFN (TorchScale's layout, no TorchScale at run time) against TorchScale's FeedForwardNetwork:
+    the same initialisation from the same seed, the same state-dict names, equal outputs in fp32 and bf16."""
+    from torchscale.component.feedforward_network import FeedForwardNetwork as Reference
+
+    from lex_plugin.modules.feedforward import FeedForwardNetwork
+
+    torch.manual_seed(7)
+    ours = FeedForwardNetwork(32, 80, activation, 0.0, 0.0, 1e-5, subln)
+    torch.manual_seed(7)
+    ref = Reference(32, 80, activation, 0.0, 0.0, 1e-5, subln)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    for key, value in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    x = torch.randn(3, 7, 32)
+    assert torch.equal(ours(x), ref(x))
+    assert torch.equal(ours.to(torch.bfloat16)(x.bfloat16()), ref.to(torch.bfloat16)(x.bfloat16()))
+    with pytest.raises(ValueError, match="activation"):
+        FeedForwardNetwork(32, 80, "tanh", 0.0, 0.0, 1e-5)
 
 
 def test_sinusoidal_rows_match_fairseq():

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from lex_plugin.cli import main as lex_cli
-from lex_plugin.data.prepare import moses_tokenize, paragraphs
+from lex_plugin.data.text import moses_tokenize, paragraphs
 
 
 def test_moses_python_api_does_not_xml_escape():

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fairseq.data.encoders import register_tokenizer
 from fairseq.dataclass import FairseqDataclass
 
-from .prepare import moses_tokenize
+from .text import moses_tokenize
 
 
 @dataclass

@@ -32,12 +32,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
+from .text import BPE_MODEL, DICT_FILE, META_FILE, moses_tokenize, paragraphs
+
 logger = logging.getLogger(__name__)
 
-META_FILE = "lex_prepare.json"
-DICT_FILE = "dict.txt"
 TEXT_SUFFIXES = (".txt", ".raw", ".tokens")  # .raw / .tokens: WikiText's own file names
-BPE_MODEL = "spm.model"
 
 
 class PrepareError(Exception):
@@ -141,38 +140,6 @@ def split_documents(files: List[Tuple[str, str]], mode: str) -> List[Tuple[str, 
     if mode == "wikitext":
         return [(f"{name}#{i}", doc) for name, text in files for i, doc in enumerate(split_wikitext(text))]
     raise PrepareError(f"--documents must be 'file' or 'wikitext', got {mode!r}.")
-
-
-def paragraphs(text: str) -> List[str]:
-    """Blank-line separated blocks of ``text``, each with its whitespace collapsed to single spaces."""
-    blocks, current = [], []
-    for line in text.splitlines():
-        if line.strip():
-            current.append(line.strip())
-        elif current:
-            blocks.append(" ".join(" ".join(current).split()))
-            current = []
-    if current:
-        blocks.append(" ".join(" ".join(current).split()))
-    return blocks
-
-
-_MOSES = {}
-
-
-def _moses(lang: str):
-    if lang not in _MOSES:
-        from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-        _MOSES[lang] = (MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang))
-    return _MOSES[lang]
-
-
-def moses_tokenize(text: str, lang: str = "en") -> str:
-    """Moses punctuation normalisation + tokenisation through sacremoses' Python API, without XML
-    escaping (the sacremoses CLI always escapes: ``&`` would become ``&amp;``)."""
-    normalizer, tokenizer = _moses(lang)
-    return tokenizer.tokenize(normalizer.normalize(text), escape=False, return_str=True)
 
 
 def _tokenize_document(job: Tuple[str, str, Optional[int]]) -> List[str]:

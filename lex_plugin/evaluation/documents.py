@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.prepare import paragraphs
+from ..data.text import paragraphs
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges, bucket_table
 

@@ -7,6 +7,7 @@ its scheme's options under ``position_options``, ``training_length``, ``attentio
 fields of the default attention spec, e.g. ``{"mode": "bca"}``).
 """
 
+from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
@@ -32,6 +33,8 @@ class LexConfig(PretrainedConfig):
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
         use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
+        max_position_embeddings: the length tools feed at once (lm-eval's rolling window, a serving engine's
+            context); not a limit of the model, which runs at any length (a learned table's size excepted).
 
     Raises (when the model is built from it, :class:`~lex_plugin.hf.modeling.LexForCausalLM`):
         ValueError: an unknown scheme or attention option.
@@ -60,6 +63,7 @@ class LexConfig(PretrainedConfig):
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
         use_cache: bool = True,
+        max_position_embeddings: Optional[int] = None,
         bos_token_id: int = 2,
         pad_token_id: int = 1,
         eos_token_id: int = 2,
@@ -76,6 +80,10 @@ class LexConfig(PretrainedConfig):
         self.position_options = dict(position_options or {})
         self.training_length = training_length
         self.attention = dict(attention or {})
+        window = self.attention.get("sliding_window")
+        if isinstance(window, str) and window.isdigit():
+            self.attention["sliding_window"] = int(window)  # W as a number ("l" stays a word)
+        self.max_position_embeddings = max_position_embeddings
         self.normalize_before = normalize_before
         self.deepnorm = deepnorm
         self.subln = subln
@@ -86,25 +94,23 @@ class LexConfig(PretrainedConfig):
         super().__init__(bos_token_id=bos_token_id, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
 
-    def decoder_config(self):
-        """The TorchScale ``DecoderConfig`` (plus ``pos_emb``, its options, ``tokens_per_sample``) the model is
-        built from, as ``lex_lm.build_decoder_config`` builds it for fairseq; dropout 0 (inference)."""
-        from torchscale.architecture.config import DecoderConfig
+    def decoder_config(self) -> SimpleNamespace:
+        """The fields of TorchScale's ``DecoderConfig`` (plus ``pos_emb``, its options, ``tokens_per_sample``) the
+        decoder stack is built from, as ``lex_lm.build_decoder_config`` gives them to fairseq's model (layout
+        already resolved: ``normalize_before``, ``deepnorm`` and ``subln`` as trained); dropout 0 (inference).
+        A plain namespace: the export runs without TorchScale."""
+        from ..modules.positions import SCHEME_OPTIONS  # (the package: every scheme registered)
 
-        config = DecoderConfig(
+        config = SimpleNamespace(
             decoder_embed_dim=self.hidden_size, decoder_attention_heads=self.num_attention_heads,
             decoder_ffn_embed_dim=self.intermediate_size, decoder_layers=self.num_hidden_layers,
             decoder_normalize_before=self.normalize_before, activation_fn=self.hidden_act, dropout=0.0,
             drop_path_rate=0.0, attention_dropout=0.0, activation_dropout=0.0,
             no_scale_embedding=not self.scale_embedding, layernorm_embedding=self.layernorm_embedding,
             deepnorm=self.deepnorm, subln=self.subln, share_decoder_input_output_embed=self.tie_word_embeddings,
-            layernorm_eps=self.layer_norm_eps, vocab_size=self.vocab_size,
+            layernorm_eps=self.layer_norm_eps, vocab_size=self.vocab_size, pos_emb=self.pos_emb,
+            random_positions=0, tokens_per_sample=self.training_length,
         )
-        from ..modules.positions import SCHEME_OPTIONS
-
-        config.pos_emb = self.pos_emb
-        for name in SCHEME_OPTIONS:  # (DecoderConfig has a max_target_positions of its own: not the scheme's)
+        for name in SCHEME_OPTIONS:
             setattr(config, name, self.position_options.get(name))
-        config.random_positions = 0
-        config.tokens_per_sample = self.training_length
         return config

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import logging
 
 from ..modules.attention.self_attention import IncrementalState
 from ..modules.attention.spec import AttentionOptions, AttentionSpec
@@ -27,7 +28,17 @@ from ..modules.decoder import DecoderStack
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS
 from .configuration import LexConfig
 
-__all__ = ["LexCache", "LexCore", "LexForCausalLM", "attention_spec", "left_padding_refusal"]
+__all__ = ["LexCache", "LexCore", "LexForCausalLM", "LexModel", "LexPreTrainedModel", "attention_spec",
+           "left_padding_refusal"]
+
+logger = logging.get_logger(__name__)
+
+# transformers 5 names the cache ``cache`` (forward's argument, the outputs' field, generate's model kwargs) where
+# 4.x says ``past_key_values``; the model takes either and answers in the installed version's name
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+# transformers 5: {tied weight: its source}; 4.x: the tied weights
+TIED_WEIGHTS = ({"decoder.output_projection.weight": "decoder.embed_tokens.weight"} if CACHE_FIELD == "cache"
+                else ["decoder.output_projection.weight"])
 
 
 def attention_spec(config: LexConfig) -> AttentionSpec:
@@ -98,6 +109,16 @@ class LexCore(DecoderStack, nn.Module):
                              f"options are {', '.join(sorted(SCHEME_OPTIONS))}.")
         embed = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.build_stack(config.decoder_config(), embed, config.vocab_size, attention_spec(config))
+
+    # transformers' switch: ``gradient_checkpointing_enable()`` sets it and ``_gradient_checkpointing_func``
+    gradient_checkpointing = False
+
+    def run_layer(self, layer: nn.Module, x: Tensor, *args) -> Tensor:
+        """One layer; under gradient checkpointing (training, no cache) its activations are recomputed in the
+        backward pass instead of kept (``torch.utils.checkpoint`` through transformers' function)."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(layer.__call__, x, *args)
+        return layer(x, *args)
 
 
 class LexCache(Cache):
@@ -170,22 +191,14 @@ class LexCache(Cache):
         return f"LexCache(positions={self.get_seq_length()}, held={self.held_positions()}, layers={len(self.state)})"
 
 
-class LexForCausalLM(PreTrainedModel, GenerationMixin):
-    """A lex_lm language model for transformers: ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
-    on a directory written by ``lex export-hf``.
-
-    Args:
-        config: :class:`LexConfig`.
-
-    Raises:
-        ValueError: as :class:`LexCore`.
-    """
+class LexPreTrainedModel(PreTrainedModel):
+    """What :class:`LexModel` and :class:`LexForCausalLM` share: the config class, the weights' names
+    (``decoder.*``, fairseq's), gradient checkpointing over the layers."""
 
     config_class = LexConfig
     base_model_prefix = "decoder"
     _no_split_modules = ["LexDecoderLayer"]
-    _tied_weights_keys = ["decoder.output_projection.weight"]
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: LexConfig):
         super().__init__(config)
@@ -201,16 +214,100 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value: nn.Embedding):
         self.decoder.embed_tokens = value
 
+    @property
+    def spec(self) -> AttentionSpec:
+        """The default attention spec (the config's ``attention``)."""
+        return self.decoder.spec
+
+    def _features(self, input_ids, attention_mask, past_key_values, use_cache, position_ids, output_attentions,
+                  inputs_embeds, spec):
+        """(features (B, T, C), [embedding output, each layer's output], cache or None): the checks and the
+        run shared by both heads (arguments as in :meth:`LexForCausalLM.forward`)."""
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("LexForCausalLM takes input_ids (fairseq dictionary ids), not inputs_embeds.")
+        if output_attentions:
+            raise ValueError("output_attentions is not offered: under BCA, windows and position maps attention runs in "
+                             "chunks whose (T, S) weights are never formed. The package's analysis tools read each "
+                             "chunk's logits through the attention executor's observer (lex receptive-field).")
+        if past_key_values is not None and not isinstance(past_key_values, LexCache):
+            raise TypeError(f"past_key_values must be a LexCache (or None), got {type(past_key_values).__name__}: the "
+                            "layers keep the package's own key/value cache.")
+        if self.decoder.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            if past_key_values is not None:
+                raise ValueError("gradient checkpointing recomputes each layer in the backward pass, which would write "
+                                 "the cache twice: train without past_key_values.")
+            if use_cache:
+                logger.warning_once("use_cache=True is incompatible with gradient checkpointing: no cache is returned.")
+            use_cache = False
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        cache = past_key_values if past_key_values is not None else (LexCache() if use_cache else None)
+        past = 0 if cache is None else cache.get_seq_length()
+        if position_ids is not None:
+            expected = torch.arange(past, past + input_ids.size(1), device=input_ids.device).expand_as(input_ids)
+            if position_ids.shape[-1] != input_ids.size(1) or not torch.equal(position_ids.expand_as(input_ids), expected):
+                raise ValueError(f"position_ids must be the positions the model counts itself ({past} .. "
+                                 f"{past + input_ids.size(1) - 1} after {past} cached ones): the position scheme, the "
+                                 "window's blocks and the cache count positions from the first token. Leave them out.")
+        padding = None
+        if attention_mask is not None:
+            if attention_mask.size(1) < input_ids.size(1):
+                raise ValueError(f"attention_mask covers {attention_mask.size(1)} positions, fewer than the "
+                                 f"{input_ids.size(1)} input ids.")
+            padding = attention_mask[:, -input_ids.size(1):].eq(0)
+            real = attention_mask.ne(0)
+            if (real[:, 1:] & ~real[:, :-1]).any():  # a pad before a real token: left padding
+                why = left_padding_refusal(self.decoder.position_kind, self.spec if spec is None else spec)
+                if why is not None:
+                    raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
+                                     "run the rows one at a time (or pad on the right, for scoring).")
+        state = None if cache is None else cache.state
+        features, inner_states = self.decoder.stack_features(input_ids, state, spec, padding_mask=padding, prefix=False)
+        return features, inner_states, cache
+
+
+class LexModel(LexPreTrainedModel):
+    """The lex_lm decoder without its output projection: ``AutoModel.from_pretrained(DIR, trust_remote_code=True)``
+    returns the final hidden states (after the last LayerNorm of a pre-LN model). Arguments as
+    :meth:`LexForCausalLM.forward`, without ``labels`` and ``logits_to_keep``.
+
+    Returns:
+        ``BaseModelOutputWithPast``: ``last_hidden_state`` (B, T, C), ``past_key_values``, ``hidden_states``
+        (the embedding output and every layer's output, with ``output_hidden_states``); a tuple of those that
+        are not None with ``return_dict=False``.
+    """
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[Tensor] = None,
+                past_key_values: Optional["LexCache"] = None, use_cache: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                position_ids: Optional[torch.LongTensor] = None, output_attentions: Optional[bool] = None,
+                inputs_embeds: Optional[Tensor] = None, spec: Optional[AttentionSpec] = None,
+                cache: Optional["LexCache"] = None, **unused):
+        features, inner_states, cache = self._features(input_ids, attention_mask, _one_cache(past_key_values, cache),
+                                                       use_cache, position_ids, output_attentions, inputs_embeds, spec)
+        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        out = BaseModelOutputWithPast(last_hidden_state=features, hidden_states=tuple(inner_states) if hidden else None,
+                                      **{CACHE_FIELD: cache})
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
+
+
+class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
+    """A lex_lm language model for transformers: ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
+    on a directory written by ``lex export-hf``.
+
+    Args:
+        config: :class:`LexConfig`.
+
+    Raises:
+        ValueError: as :class:`LexCore`.
+    """
+
+    _tied_weights_keys = TIED_WEIGHTS
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.decoder.output_projection
 
     def set_output_embeddings(self, value: nn.Linear):
         self.decoder.output_projection = value
-
-    @property
-    def spec(self) -> AttentionSpec:
-        """The default attention spec (the config's ``attention``)."""
-        return self.decoder.spec
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -225,11 +322,14 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
         labels: Optional[torch.LongTensor] = None,
         output_hidden_states: Optional[bool] = None,
         return_dict: Optional[bool] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        output_attentions: Optional[bool] = None,
         inputs_embeds: Optional[Tensor] = None,
         logits_to_keep: int = 0,
         spec: Optional[AttentionSpec] = None,
+        cache: Optional[LexCache] = None,
         **unused,
-    ) -> CausalLMOutputWithPast:
+    ):
         """Next-token logits of ``input_ids``.
 
         Args:
@@ -237,59 +337,61 @@ class LexForCausalLM(PreTrainedModel, GenerationMixin):
             attention_mask: (B, past + T) or (B, T), 1 at real tokens, 0 at padding; None: every token is real. Only
                 the last T columns are read as padding (the cache keeps the padding of earlier positions). Left
                 padding (batched ``generate()``) only where it cannot change the output (:func:`left_padding_refusal`).
-            past_key_values: a :class:`LexCache` from an earlier call, or None.
-            use_cache: return a :class:`LexCache` holding these positions (default ``config.use_cache``).
+            past_key_values: a :class:`LexCache` from an earlier call, or None (``cache`` in transformers 5: either
+                name is taken).
+            use_cache: return a :class:`LexCache` holding these positions (default ``config.use_cache``; off
+                while training under gradient checkpointing).
             labels: (B, T) targets (-100: ignored); the loss is the mean cross-entropy of logits[:, :-1]
                 against labels[:, 1:] (nats), as transformers' causal LMs.
             output_hidden_states: also return the embedding output and every layer's output.
+            return_dict: False: a tuple of the output's fields that are not None (loss first when given).
+            position_ids: accepted only as the positions the model counts itself (past .. past + T - 1 in every
+                row); any other value is refused (the scheme, the window and the cache count from the first token).
+            output_attentions: refused when True (no (T, S) weights are formed).
             logits_to_keep: > 0: logits of the last that many positions only (``generate()`` asks for 1: a long
                 prompt's (T, V) logits are never formed); 0: every position.
             spec: the attention spec of this call (default :attr:`spec`).
 
         Returns:
             ``CausalLMOutputWithPast``: ``logits`` (B, T, V) in the weights' dtype, ``past_key_values``,
-            ``loss``, ``hidden_states``.
+            ``loss``, ``hidden_states``; a tuple with ``return_dict=False``.
 
         Raises:
-            ValueError: ``inputs_embeds`` (token ids only), an attention mask shorter than ``input_ids``, left
-                padding under a spec it would change, ``labels`` with ``logits_to_keep``.
+            ValueError: ``inputs_embeds`` (token ids only), ``output_attentions``, ``position_ids`` other than the
+                model's own, an attention mask shorter than ``input_ids``, left padding under a spec it would
+                change, ``labels`` with ``logits_to_keep``, a cache under gradient checkpointing.
             TypeError: ``past_key_values`` that is not a :class:`LexCache`.
         """
-        if inputs_embeds is not None or input_ids is None:
-            raise ValueError("LexForCausalLM takes input_ids (fairseq dictionary ids), not inputs_embeds.")
-        if past_key_values is not None and not isinstance(past_key_values, LexCache):
-            raise TypeError(f"past_key_values must be a LexCache (or None), got {type(past_key_values).__name__}: the "
-                            "layers keep the package's own key/value cache.")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        cache = past_key_values if past_key_values is not None else (LexCache() if use_cache else None)
-        padding = None
-        if attention_mask is not None:
-            if attention_mask.size(1) < input_ids.size(1):
-                raise ValueError(f"attention_mask covers {attention_mask.size(1)} positions, fewer than the "
-                                 f"{input_ids.size(1)} input ids.")
-            padding = attention_mask[:, -input_ids.size(1):].eq(0)
-            real = attention_mask.ne(0)
-            if (real[:, 1:] & ~real[:, :-1]).any():  # a pad before a real token: left padding
-                why = left_padding_refusal(self.decoder.position_kind, self.spec if spec is None else spec)
-                if why is not None:
-                    raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
-                                     "run the rows one at a time (or pad on the right, for scoring).")
-        state = None if cache is None else cache.state
         if labels is not None and logits_to_keep:
             raise ValueError("labels score every position: call without logits_to_keep.")
-        features, inner_states = self.decoder.stack_features(input_ids, state, spec, padding_mask=padding, prefix=False)
+        features, inner_states, cache = self._features(input_ids, attention_mask, _one_cache(past_key_values, cache),
+                                                       use_cache, position_ids, output_attentions, inputs_embeds, spec)
         logits = self.decoder.output_layer(features[:, -logits_to_keep:] if logits_to_keep else features)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache,
-                                      hidden_states=tuple(inner_states) if output_hidden_states else None)
+        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=tuple(inner_states) if hidden else None,
+                                     **{CACHE_FIELD: cache})
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values: Optional[LexCache] = None,
                                       attention_mask: Optional[Tensor] = None, use_cache: Optional[bool] = None,
-                                      logits_to_keep: int = 0, **unused) -> dict:
+                                      logits_to_keep: int = 0, cache: Optional[LexCache] = None, **unused) -> dict:
         """The positions not yet in the cache (all of the prompt at the first step, then one token)."""
-        past = 0 if past_key_values is None else past_key_values.get_seq_length()
-        return {"input_ids": input_ids[:, past:], "past_key_values": past_key_values, "attention_mask": attention_mask,
+        cache = _one_cache(past_key_values, cache)
+        past = 0 if cache is None else cache.get_seq_length()
+        return {"input_ids": input_ids[:, past:], CACHE_FIELD: cache, "attention_mask": attention_mask,
                 "use_cache": True if use_cache is None else use_cache, "logits_to_keep": logits_to_keep}
+
+
+def _one_cache(past_key_values: Optional[LexCache], cache: Optional[LexCache]) -> Optional[LexCache]:
+    """The cache given under either name (transformers 4: ``past_key_values``, 5: ``cache``).
+
+    Raises:
+        ValueError: both given.
+    """
+    if past_key_values is not None and cache is not None:
+        raise ValueError("give the cache once: past_key_values (transformers 4) or cache (transformers 5).")
+    return cache if cache is not None else past_key_values

@@ -1,13 +1,15 @@
 """``LexTokenizer``: text to fairseq dictionary ids exactly as ``lex prepare`` and ``lex score`` encode it.
 
-A text is cut into paragraphs (blank-line separated, whitespace collapsed: ``data.prepare.paragraphs``); each
-is Moses-normalised and tokenized (sacremoses, no XML escaping: ``data.prepare.moses_tokenize``), split into
+A text is cut into paragraphs (blank-line separated, whitespace collapsed: ``data.text.paragraphs``); each
+is Moses-normalised and tokenized (sacremoses, no XML escaping: ``data.text.moses_tokenize``), split into
 the corpus' SentencePiece pieces when the data-bin used BPE, mapped to ``dict.txt`` ids (fairseq's
 ``Dictionary``: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, then the file's symbols in order; a piece
-not in it is ``<unk>``) and followed by ``</s>``. ``add_special_tokens`` (the default of ``tokenizer(text)``)
-puts ``</s>`` first as well: the start of a fairseq language-model stream, so ``tokenizer(doc).input_ids``
-is the model input that scores ``doc`` as ``lex score`` does. A prompt to continue drops the last ``</s>``
-(:meth:`LexTokenizer.encode_prompt`), as ``lex generate`` does.
+not in it is ``<unk>``) and ended by ``</s>``, as ``lex prepare`` writes a file's paragraphs. The last paragraph
+of a text is ended only when the text ends with a line break: a document (a file's text, ``"...\\n"``) is
+encoded whole, a prompt to continue (``"It was a dark"``) stays open, so ``pipeline("text-generation")`` and
+``tokenizer(prompt)`` continue the sentence as ``lex generate`` does. ``add_special_tokens`` (the default of
+``tokenizer(text)``) puts ``</s>`` first: the start of a fairseq language-model stream, so
+``tokenizer(doc).input_ids`` is the model input that scores ``doc`` as ``lex score`` does.
 
 Decoding joins the pieces, detokenizes each paragraph with Moses and separates paragraphs by a blank line
 (with ``skip_special_tokens=True`` transformers drops the ``</s>`` first, and the paragraphs run together).
@@ -19,9 +21,9 @@ from typing import Dict, List, Optional, Tuple
 
 from transformers import PreTrainedTokenizer
 
-from ..data.prepare import moses_tokenize, paragraphs
+from ..data.text import moses_tokenize, paragraphs
 
-__all__ = ["LexTokenizer", "read_fairseq_dictionary", "FAIRSEQ_SPECIALS"]
+__all__ = ["FAIRSEQ_SPECIALS", "LexTokenizer", "ends_paragraph", "read_fairseq_dictionary"]
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 of every fairseq Dictionary
 VOCAB_FILES_NAMES = {"dict_file": "dict.txt", "spm_file": "spm.model"}
@@ -62,6 +64,12 @@ def read_fairseq_dictionary(path: Path) -> List[str]:
     return symbols
 
 
+def ends_paragraph(text: str) -> bool:
+    """Whether ``text`` ends its last paragraph: it ends with a line break (trailing spaces aside), as every
+    paragraph of a file does."""
+    return text.rstrip(" \t").endswith(("\n", "\r"))
+
+
 class LexTokenizer(PreTrainedTokenizer):
     """The ``lex prepare`` encoding as a transformers tokenizer (module docstring).
 
@@ -69,27 +77,37 @@ class LexTokenizer(PreTrainedTokenizer):
         dict_file: the data-bin's ``dict.txt``.
         spm_file: the data-bin's SentencePiece model, or None when it kept Moses words (``--bpe none``).
         moses_lang: the Moses language code (``lex_prepare.json``: ``lang``).
+        bpe: ``sentencepiece`` when the data-bin used BPE (then ``spm_file`` is required), or None.
 
     Raises:
-        ValueError: no ``dict.txt``, or one :func:`read_fairseq_dictionary` refuses; a SentencePiece file that
-            does not exist.
+        ValueError: no ``dict.txt``, or one :func:`read_fairseq_dictionary` refuses; ``bpe`` sentencepiece
+            without its model file, or a SentencePiece file that does not exist.
     """
 
     vocab_files_names = VOCAB_FILES_NAMES
     model_input_names = ["input_ids", "attention_mask"]
 
     def __init__(self, dict_file: Optional[str] = None, spm_file: Optional[str] = None, moses_lang: str = "en",
-                 **kwargs):
-        if dict_file is None or not Path(dict_file).is_file():  # (ValueError: transformers rewords an OSError)
+                 bpe: Optional[str] = None, **kwargs):
+        # the files first, before transformers or SentencePiece is asked anything (ValueError: transformers
+        # rewords an OSError into a message about other files)
+        if dict_file is None or not Path(dict_file).is_file():
             raise ValueError("LexTokenizer needs dict.txt (the data-bin's fairseq dictionary): none was found "
-                                    "beside the tokenizer's files.")
+                             "beside the tokenizer's files. Copy dict.txt from the data-bin, or re-export.")
+        if bpe not in (None, "sentencepiece"):
+            raise ValueError(f"LexTokenizer bpe must be 'sentencepiece' or None (Moses words), got {bpe!r}.")
+        if bpe == "sentencepiece" and spm_file is None:
+            raise ValueError("LexTokenizer needs spm.model (the data-bin's SentencePiece model; tokenizer_config.json "
+                             "says bpe: sentencepiece): none was found beside the tokenizer's files. Copy spm.model "
+                             "from the data-bin, or re-export.")
+        if spm_file and not Path(spm_file).is_file():
+            raise ValueError(f"no SentencePiece model {spm_file}; copy spm.model from the data-bin.")
         self.symbols = read_fairseq_dictionary(Path(dict_file))
         self.ids: Dict[str, int] = {s: i for i, s in enumerate(self.symbols)}
         self.dict_file, self.spm_file, self.moses_lang = str(dict_file), spm_file, moses_lang
+        self.bpe = "sentencepiece" if spm_file else None
         self.sp = None
         if spm_file:
-            if not Path(spm_file).is_file():
-                raise ValueError(f"no SentencePiece model {spm_file}; copy spm.model from the data-bin.")
             import sentencepiece as spm
 
             self.sp = spm.SentencePieceProcessor(model_file=str(spm_file))
@@ -97,7 +115,7 @@ class LexTokenizer(PreTrainedTokenizer):
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         for name, token in (("bos_token", "</s>"), ("eos_token", "</s>"), ("pad_token", "<pad>"), ("unk_token", "<unk>")):
             kwargs.setdefault(name, token)
-        super().__init__(moses_lang=moses_lang, **kwargs)
+        super().__init__(moses_lang=moses_lang, bpe=self.bpe, **kwargs)
 
     @property
     def vocab_size(self) -> int:
@@ -107,6 +125,7 @@ class LexTokenizer(PreTrainedTokenizer):
         return dict(self.ids)
 
     def _tokenize(self, text: str, **unused) -> List[str]:
+        """Pieces of ``text``, ``</s>`` after each paragraph but an open last one (module docstring)."""
         pieces: List[str] = []
         for paragraph in paragraphs(text):
             tokenized = moses_tokenize(paragraph, self.moses_lang)
@@ -114,6 +133,8 @@ class LexTokenizer(PreTrainedTokenizer):
                 continue
             pieces += self.sp.encode(tokenized, out_type=str) if self.sp is not None else tokenized.split()
             pieces.append(self.eos_token)
+        if pieces and not ends_paragraph(text):
+            pieces.pop()  # a prompt: its last paragraph goes on
         return pieces
 
     def _convert_token_to_id(self, token: str) -> int:
@@ -157,17 +178,18 @@ class LexTokenizer(PreTrainedTokenizer):
         return [1] + [0] * len(token_ids_0)
 
     def encode_prompt(self, text: str) -> List[int]:
-        """Ids of a prompt to continue: ``</s>``, the text's ids, without the ``</s>`` that would end its last
-        paragraph. A one-paragraph prompt gets ``lex generate``'s ids; a longer one keeps a ``</s>`` after each
-        earlier paragraph, as ``lex prepare`` encodes text (``lex generate`` reads its prompt as one paragraph).
+        """Ids of a prompt to continue: ``</s>``, the text's ids, its last paragraph left open whether or not
+        the text ends with a line break. A one-paragraph prompt gets ``lex generate``'s ids; a longer one keeps a
+        ``</s>`` after each earlier paragraph, as ``lex prepare`` encodes text (``lex generate`` reads its prompt
+        as one paragraph).
 
         Raises:
             ValueError: a text without a token.
         """
-        ids = self.encode(text, add_special_tokens=False)
+        ids = self.encode(text.rstrip(), add_special_tokens=False)
         if not ids:
             raise ValueError("empty prompt: give some text to continue.")
-        return [self.bos_token_id] + ids[:-1]
+        return [self.bos_token_id] + ids
 
     def save_vocabulary(self, save_directory: str, filename_prefix: Optional[str] = None) -> Tuple[str, ...]:
         """Copy ``dict.txt`` (and ``spm.model``) into ``save_directory``."""

@@ -160,12 +160,17 @@ class DecoderStack:
         inner_states = [x]
         spec = self._spec if spec is None else self.check_spec(spec)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.position(i), padding_mask, incremental_state, spec, positions,
-                      None if observer is None else partial(observer, i))
+            x = self.run_layer(layer, x, self.position(i), padding_mask, incremental_state, spec, positions,
+                               None if observer is None else partial(observer, i))
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return x, inner_states
+
+    def run_layer(self, layer: nn.Module, x: Tensor, *args) -> Tensor:
+        """Layer ``layer`` on ``x`` (arguments as ``LexDecoderLayer.forward``); the Hugging Face model wraps it for
+        gradient checkpointing."""
+        return layer(x, *args)
 
     def _random_positions(self, tokens: Tensor) -> Optional[Tensor]:
         """Randomized positions at training (Ruoss et al. 2023, section 3): for each sample, T distinct

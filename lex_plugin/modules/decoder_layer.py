@@ -4,13 +4,12 @@ import math
 from typing import Optional
 
 from torch import Tensor, nn
-from torchscale.architecture.config import DecoderConfig
-from torchscale.component.feedforward_network import FeedForwardNetwork
 
 from .attention.executor import Observer
 from .attention.self_attention import NOPE, IncrementalState, LexSelfAttention
 from .attention.spec import FULL_SPEC, AttentionSpec
 from .drop_path import DropPath
+from .feedforward import FeedForwardNetwork
 from .positions.scheme import PositionScheme
 
 __all__ = ["LexDecoderLayer"]
@@ -23,14 +22,14 @@ class LexDecoderLayer(nn.Module):
     residual scale alpha = (2 N) ** 0.25 when ``config.deepnorm`` (Wang et al. 2022).
 
     Args:
-        config: TorchScale ``DecoderConfig``.
+        config: TorchScale ``DecoderConfig``, or any object with its fields (the Hugging Face export's namespace).
         depth: index of this layer (drop-path rate grows linearly with depth, as in TorchScale).
 
     State-dict names: ``self_attn.*``, ``self_attn_layer_norm``, ``ffn.fc1``, ``ffn.fc2``,
     ``ffn.ffn_layernorm`` (subln), ``final_layer_norm``, exactly TorchScale's.
     """
 
-    def __init__(self, config: DecoderConfig, depth: int):
+    def __init__(self, config, depth: int):
         super().__init__()
         dim = config.decoder_embed_dim
         self.embed_dim = dim

@@ -34,15 +34,15 @@ class SinusoidalPositions(PositionScheme):
             raise ValueError(f"sinusoidal positions need --decoder-embed-dim >= 4, got {embed_dim}.")
         self.embed_dim = embed_dim
         half = embed_dim // 2
-        self._freq = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))
-        self._table = torch.zeros(0, embed_dim)
+        self._freq = torch.exp(torch.arange(half, dtype=torch.float64, device="cpu") * -(math.log(10000.0) / (half - 1)))
+        self._table = torch.zeros(0, embed_dim, device="cpu")
 
     def _build(self, cap: int, device) -> Tensor:
-        n = torch.arange(cap, dtype=torch.float64)[:, None]
+        n = torch.arange(cap, dtype=torch.float64, device="cpu")[:, None]
         angles = n * self._freq[None, :]
         table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
         if self.embed_dim % 2:
-            table = torch.cat([table, torch.zeros(cap, 1, dtype=torch.float64)], dim=1)
+            table = torch.cat([table, torch.zeros(cap, 1, dtype=torch.float64, device="cpu")], dim=1)
         return table.to(device=device, dtype=torch.float32)
 
     def embed(self, start: int, length: int, device) -> Tensor:

@@ -37,7 +37,6 @@ from typing import List
 
 import torch
 from torch import Tensor, nn
-from torchscale.component.relative_position_bias import RelativePositionBias
 
 from .scheme import PositionScheme, SchemeOption, SchemeSpec, register_position_scheme
 
@@ -139,7 +138,7 @@ class ALiBi(DistanceBias):
 
     def __init__(self, num_heads: int):
         super().__init__(num_heads)
-        self._slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64)
+        self._slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64, device="cpu")
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         slopes = self._slopes.to(distance.device)
@@ -169,9 +168,9 @@ class Sandwich(DistanceBias):
             raise ValueError(f"Sandwich's d_bar must be positive and even, got {dim} (--sandwich-dim).")
         self.dim = dim
         self.base = base
-        k = torch.arange(dim // 2, dtype=torch.float64)
+        k = torch.arange(dim // 2, dtype=torch.float64, device="cpu")
         self._freq = base ** (-2.0 * k / dim)  # (d_bar/2,) float64
-        self._ratio = torch.arange(1, num_heads + 1, dtype=torch.float64) * 8.0 / num_heads  # (H,)
+        self._ratio = torch.arange(1, num_heads + 1, dtype=torch.float64, device="cpu") * 8.0 / num_heads  # (H,)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         # float64: r * w_k must be exact for cos at large r
@@ -237,11 +236,39 @@ class KerplePower(KerpleLog):
         return torch.where(r > 0, -r1[:, None] * power, torch.zeros_like(power))
 
 
+def t5_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's causal bucket of each distance r = n - m >= 0 (Raffel et al. 2020, section 2.1; the arithmetic of
+    TorchScale's ``RelativePositionBias._relative_position_bucket`` with ``bidirectional=False``, tested
+    against it): r itself below num_buckets / 2, then log-spaced up to ``max_distance``, the last bucket beyond.
+
+    Args:
+        distance: (...) int64 distances (negative ones count as 0).
+
+    Returns:
+        (...) int64 bucket indices in [0, num_buckets).
+    """
+    n = distance.clamp(min=0)
+    exact = num_buckets // 2
+    # log(0) = -inf where n = 0: those positions take the exact branch; the float is computed in fp32
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)).to(torch.long)
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(n < exact, n, large)
+
+
+class T5Table(nn.Module):
+    """The (num_buckets, H) table of T5's bias, under TorchScale's names (``relative_attention_bias``)."""
+
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int):
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+
+
 class T5Bias(DistanceBias):
     """T5's relative position bias (Raffel et al., 2020, section 2.1): one learnable scalar per head and
     distance bucket; exact buckets for r < num_buckets / 2, log-spaced up to ``max_distance``, the last
-    bucket beyond. Bucketing and the (num_buckets, H) table are TorchScale's ``RelativePositionBias``
-    (causal: ``bidirectional=False``); state-dict name ``t5.relative_attention_bias.weight``.
+    bucket beyond (:func:`t5_buckets`). The (num_buckets, H) table and its state-dict name
+    ``t5.relative_attention_bias.weight`` are TorchScale's ``RelativePositionBias``'s (causal).
     """
 
     learnable = True
@@ -252,15 +279,11 @@ class T5Bias(DistanceBias):
             raise ValueError(
                 f"T5 bias needs --t5-num-buckets >= 2 and --t5-max-distance >= buckets / 2; got {num_buckets}, {max_distance}."
             )
-        self.t5 = RelativePositionBias(
-            bidirectional=False, num_buckets=num_buckets, max_distance=max_distance, n_heads=num_heads
-        )
+        self.t5 = T5Table(num_heads, num_buckets, max_distance)
 
     def buckets(self, distance: Tensor) -> Tensor:
         """Bucket index of each distance r >= 0: (D,) int64 -> (D,) int64 in [0, num_buckets)."""
-        return RelativePositionBias._relative_position_bucket(
-            -distance, bidirectional=False, num_buckets=self.t5.num_buckets, max_distance=self.t5.max_distance
-        )
+        return t5_buckets(distance, self.t5.num_buckets, self.t5.max_distance)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         return self.t5.relative_attention_bias(self.buckets(distance)).float().t()

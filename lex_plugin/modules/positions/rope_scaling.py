@@ -64,7 +64,7 @@ def _linear(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Tenso
 
 
 def _ntk(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Tensor:
-    i = torch.arange(theta.numel(), dtype=torch.float64)
+    i = torch.arange(theta.numel(), dtype=torch.float64, device="cpu")
     return theta * scaling.factor ** (-2.0 * i / (d - 2))
 
 
@@ -78,7 +78,7 @@ def _dynamic(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Tens
     l, s = scaling.training_length, scaling.factor
     length = max(scaling.length, l)
     new_base = base * ((s * length / l) - (s - 1)) ** (d / (d - 2))
-    return new_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return new_base ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d)
 
 
 def _llama3(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Tensor:
@@ -97,7 +97,7 @@ def _longrope(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Ten
     if len(factors) != theta.numel():
         raise ValueError(f"--rope-scaling longrope needs {theta.numel()} factors per list (d/2 for head dimension {d}), "
                          f"got {len(factors)}: check --rope-scaling-file.")
-    return theta / torch.tensor(factors, dtype=torch.float64)
+    return theta / torch.tensor(factors, dtype=torch.float64, device="cpu")
 
 
 def _resonance(theta: Tensor, scaling: "RopeScaling", d: int, base: float) -> Tensor:

@@ -62,13 +62,13 @@ TABLE_ROWS = 4096
 
 def rope_theta(head_dim: int, theta_base: float = THETA_BASE, dtype=torch.float64) -> Tensor:
     """RoPE angle per pair: theta_i = theta_base ** (-2i / d), shape (d/2,). (Eq. 8; Su et al. 2021)."""
-    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    i = torch.arange(head_dim // 2, dtype=torch.float64, device="cpu")  # (CPU tables, whatever the default device)
     return (theta_base ** (-2.0 * i / head_dim)).to(dtype)
 
 
 def xpos_zeta(head_dim: int, gamma: float = GAMMA, dtype=torch.float64) -> Tensor:
     """xPos decay per pair: zeta_i = (2i/d + gamma) / (1 + gamma), shape (d/2,), values in (0, 1). (Eq. 12)."""
-    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    i = torch.arange(head_dim // 2, dtype=torch.float64, device="cpu")
     return ((2.0 * i / head_dim + gamma) / (1.0 + gamma)).to(dtype)
 
 

@@ -1,59 +1,67 @@
-"""``lex export-hf``: a fairseq lex_lm checkpoint as a Hugging Face model directory.
+"""``lex export-hf``: a fairseq lex_lm checkpoint as a self-contained Hugging Face model directory.
 
-The directory holds ``config.json`` (:class:`~.configuration.LexConfig`: the model, its position scheme with
-every option resolved, the training length, the default attention spec), ``model.safetensors`` (the decoder's
-state dict under fairseq's names), ``generation_config.json``, the tokenizer (``dict.txt``, ``spm.model``,
-``tokenizer_config.json``) and three small modules, ``configuration_lex.py``, ``modeling_lex.py`` and
-``tokenization_lex.py``, named by ``auto_map`` so that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load it with
-``trust_remote_code=True``. They import ``lex_plugin.hf`` (this package's fairseq-free core: the exported model
-runs the same attention code as fairseq's); fairseq is needed only to export.
+The directory holds ``config.json`` (:class:`~lex_plugin.hf.configuration.LexConfig`: the model, its position
+scheme with every option resolved, the training length, the default attention spec, ``auto_map``),
+``model.safetensors`` (the decoder's state dict under fairseq's names), ``generation_config.json``, the tokenizer
+(``dict.txt``, ``spm.model``, ``tokenizer_config.json``), a model card (``README.md``) and the remote code:
+``configuration_lex.py``, ``modeling_lex.py``, ``tokenization_lex.py`` and the package modules they import, as
+flat files generated from this package's sources (:mod:`.remote_code`). ``AutoConfig``, ``AutoModel``,
+``AutoModelForCausalLM`` and ``AutoTokenizer`` load it with ``trust_remote_code=True`` where only torch,
+transformers, safetensors, sentencepiece and sacremoses are installed. Every file is written mode 0644.
 """
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from ..data.prepare import BPE_MODEL, META_FILE
+from ..data.text import BPE_MODEL, META_FILE
+from ..hf.configuration import LexConfig
+from ..hf.modeling import LexForCausalLM
+from ..hf.tokenization import LexTokenizer
 from ..modules.attention.spec import AttentionOptions
-from .configuration import LexConfig
-from .modeling import LexForCausalLM
-from .tokenization import LexTokenizer
+from .model_card import model_card
+from .remote_code import remote_code
 
-__all__ = ["AUTO_MAP", "EXPORT_FILES", "REMOTE_CODE", "export_hf", "from_fairseq", "hf_config"]
+__all__ = ["AUTO_MAP", "MAX_POSITIONS_PER_L", "export_hf", "from_fairseq", "hf_config"]
 
 logger = logging.getLogger(__name__)
 
-# the modules auto_map names, written into the export: each re-exports one class of lex_plugin.hf
-REMOTE_CODE = {
-    "configuration_lex.py": ("LexConfig", "lex_plugin.hf.configuration"),
-    "modeling_lex.py": ("LexForCausalLM", "lex_plugin.hf.modeling"),
-    "tokenization_lex.py": ("LexTokenizer", "lex_plugin.hf.tokenization"),
-}
-# every file an export writes (``--force`` removes them first, so that no stale file of an earlier export stays)
+AUTO_MAP = {"AutoConfig": "configuration_lex.LexConfig", "AutoModel": "modeling_lex.LexModel",
+            "AutoModelForCausalLM": "modeling_lex.LexForCausalLM"}
+TOKENIZER_AUTO_MAP = {"AutoTokenizer": ["tokenization_lex.LexTokenizer", None]}
+# the files an export writes besides the remote code (``--force`` removes them and every ``.py`` first)
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "dict.txt", "spm.model",
                 "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "rope_scaling.json",
-                *REMOTE_CODE)
-AUTO_MAP = {"AutoConfig": "configuration_lex.LexConfig", "AutoModelForCausalLM": "modeling_lex.LexForCausalLM"}
+                "README.md")
+# max_position_embeddings by default: the longest length the project's length tables measure (16 l)
+MAX_POSITIONS_PER_L = 16
 
 
 def _attention_fields(options: AttentionOptions) -> dict:
     """The options that differ from their defaults (a readable ``config.json``: ``{"mode": "bca"}``)."""
     default = AttentionOptions()
-    return {name: getattr(options, name) for name in AttentionOptions.__dataclass_fields__
-            if getattr(options, name) != getattr(default, name)}
+    fields = {name: getattr(options, name) for name in AttentionOptions.__dataclass_fields__
+              if getattr(options, name) != getattr(default, name)}
+    if isinstance(fields.get("sliding_window"), str) and fields["sliding_window"].isdigit():
+        fields["sliding_window"] = int(fields["sliding_window"])  # W as a number ("l" stays a word)
+    return fields
 
 
-def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Optional[AttentionOptions] = None) -> LexConfig:
+def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Optional[AttentionOptions] = None,
+              max_position_embeddings: Optional[int] = None) -> LexConfig:
     """The :class:`LexConfig` of a lex_lm built from ``model_cfg`` (fairseq's model config: the checkpoint's
     ``cfg.model`` or an argparse Namespace of ``--arch lex_lm`` options) over ``dictionary`` (fairseq's), trained
     at ``training_length``, with ``options`` as the default attention (None: full).
+    ``max_position_embeddings``: what tools read as the length to feed at once (None: 16 l, or a learned
+    table's size, or 2,048 without l); not a limit of the model.
 
     Raises:
         ValueError: a RoPE scaling factor ``auto`` (it depends on each evaluation's length: give s); options
-            ``AttentionOptions.spec`` refuses.
+            ``AttentionOptions.spec`` refuses; ``max_position_embeddings`` < 1 or beyond a learned table.
     """
     from ..models.lex_lm import build_decoder_config
     from ..modules.decoder import symbols_digest
@@ -71,6 +79,12 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     position_options = scheme_option_values(decoder.pos_emb, own)
     if decoder.pos_emb == "learned":  # the table's size as built (--random-positions may make it larger than l)
         position_options["max_target_positions"] = _learned_size(decoder)
+    table = position_options.get("max_target_positions") if decoder.pos_emb == "learned" else None
+    if max_position_embeddings is None:
+        max_position_embeddings = table or (MAX_POSITIONS_PER_L * training_length if training_length else 2048)
+    if max_position_embeddings < 1 or (table and max_position_embeddings > table):
+        raise ValueError(f"--max-position-embeddings must be between 1 and {table or 'any length'} "
+                         f"({'the learned table' if table else 'positive'}); got {max_position_embeddings}.")
     return LexConfig(
         vocab_size=len(dictionary), hidden_size=decoder.decoder_embed_dim, num_hidden_layers=decoder.decoder_layers,
         num_attention_heads=decoder.decoder_attention_heads, intermediate_size=decoder.decoder_ffn_embed_dim,
@@ -80,7 +94,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
         deepnorm=decoder.deepnorm, subln=decoder.subln, layernorm_embedding=decoder.layernorm_embedding,
         scale_embedding=not decoder.no_scale_embedding, tie_word_embeddings=decoder.share_decoder_input_output_embed,
         dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
-        pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(),
+        pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(), max_position_embeddings=max_position_embeddings,
     )
 
 
@@ -98,7 +112,8 @@ def from_fairseq(model, config: LexConfig) -> LexForCausalLM:
 
 
 def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[AttentionOptions] = None,
-              force: bool = False) -> LexForCausalLM:
+              force: bool = False, max_position_embeddings: Optional[int] = None,
+              length_report: Optional[Path] = None) -> LexForCausalLM:
     """Write the Hugging Face directory of ``checkpoint`` (module docstring).
 
     Args:
@@ -107,15 +122,20 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         out: the directory to write (created; must be empty unless ``force``).
         options: the default attention spec of the export (``AttentionOptions``: window, position map, RoPE
             scaling, log-n); None: full attention.
-        force: write into a non-empty ``out``, first removing the files an export writes (:data:`EXPORT_FILES`);
-            other files stay.
+        force: write into a non-empty ``out``, first removing the files an export writes (:data:`EXPORT_FILES`
+            and every ``.py``); other files stay.
+        max_position_embeddings: as :func:`hf_config`.
+        length_report: an ``--eval-lengths`` JSON (``fairseq-eval-lm ... --report-json``) whose perplexity table
+            the model card shows; None: the card says how to measure it.
 
     Returns:
         The exported model (fp32, eval mode), its weights equal to the checkpoint's.
 
     Raises:
-        FileNotFoundError: no checkpoint or data-bin. FileExistsError: ``out`` is not empty and not ``force``.
-        ValueError: as :func:`hf_config`; a checkpoint that is not a lex_lm.
+        FileNotFoundError: no checkpoint, data-bin or length report. FileExistsError: ``out`` is not empty and
+            not ``force``. ValueError: as :func:`hf_config`; a checkpoint that is not a lex_lm; a length report
+            without results. ``remote_code.RemoteCodeError``: the package's inference modules import something an
+            export cannot carry.
     """
     from ..hub_interface import from_pretrained
 
@@ -123,21 +143,28 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     options = options or AttentionOptions()
     if out.exists() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --force.")
+    if length_report is not None and not Path(length_report).is_file():
+        raise FileNotFoundError(f"no length report {length_report}: give the JSON of fairseq-eval-lm --report-json.")
+    code = remote_code()  # before anything is written: a failure leaves ``out`` as it was
     hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
     if not hasattr(hub.models[0].decoder, "stack_features"):
         raise ValueError(f"{checkpoint} is not a lex_lm checkpoint (arch {hub.cfg.model._name}); only lex_lm exports.")
     model = hub.models[0]
     model.decoder.check_spec(hub.spec_for(options))  # refuse now what the scheme could not run
-    config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options)
+    config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings)
     config.auto_map = dict(AUTO_MAP)
-    model = from_fairseq(hub.models[0], config)  # before anything is written: a failure leaves ``out`` as it was
+    model = from_fairseq(hub.models[0], config)
+    card = model_card(config, str(model.spec), checkpoint, length_report)
     scaling_file = options.rope_scaling_file
     if scaling_file:  # carried inside the export, named relative to it
         model.config.attention["rope_scaling_file"] = "rope_scaling.json"
     model.config.name_or_path = str(out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in EXPORT_FILES:  # an earlier export's files (only with --force: ``out`` is empty otherwise)
-        (out / name).unlink(missing_ok=True)
+    if force:  # an earlier export's files (``out`` is empty otherwise)
+        for name in EXPORT_FILES:
+            (out / name).unlink(missing_ok=True)
+        for stale in out.glob("*.py"):
+            stale.unlink()
     if scaling_file:
         shutil.copyfile(scaling_file, out / "rope_scaling.json")
     model.generation_config.suppress_tokens = [hub.tgt_dict.pad()]  # lex generate never samples <pad>
@@ -147,14 +174,17 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     spm_file = data / (meta.get("bpe_model") or BPE_MODEL) if meta.get("bpe") == "sentencepiece" else None
     if meta.get("bpe") is None:
         logger.warning("%s has no %s: the tokenizer keeps Moses words (no SentencePiece)", data, META_FILE)
-    tokenizer = LexTokenizer(str(data / "dict.txt"), str(spm_file) if spm_file else None, meta.get("lang", "en"))
+    tokenizer = LexTokenizer(str(data / "dict.txt"), str(spm_file) if spm_file else None, meta.get("lang", "en"),
+                             bpe="sentencepiece" if spm_file else None)
     tokenizer.save_pretrained(out)
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    tok_config["auto_map"] = {"AutoTokenizer": ["tokenization_lex.LexTokenizer", None]}
+    tok_config["auto_map"] = dict(TOKENIZER_AUTO_MAP)
     tok_config["tokenizer_class"] = "LexTokenizer"
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-    for name, (cls, module) in REMOTE_CODE.items():
-        (out / name).write_text(f'"""{cls} of lex_plugin (pip install lex_plugin: torch and torchscale; fairseq is not '
-                                f'needed to load)."""\n\nfrom {module} import {cls}  # noqa: F401\n')
+    for name, text in code.items():
+        (out / name).write_text(text, encoding="utf-8")
+    (out / "README.md").write_text(card, encoding="utf-8")
+    for path in out.iterdir():  # (safetensors writes 0600)
+        if path.is_file():
+            os.chmod(path, 0o644)
     return model
-
