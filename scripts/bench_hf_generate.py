@@ -7,8 +7,9 @@ same weights, and against a transformers ``LlamaForCausalLM`` of the same size w
 For each (engine, context N), in a fresh process: a random lex_lm (``--arch``, l = ``--training-length``,
 vocabulary 8192, tied embeddings) is built; ``lex`` runs ``evaluation.sampling.continue_ids`` (what
 ``lex generate`` and ``LexHubInterface.continue_tokens`` run: one parallel pass over the prompt, then one token
-per step through the key/value cache), ``hf`` runs ``LexForCausalLM.generate`` on the same weights (greedy,
-``LexCache``), ``llama`` runs ``LlamaForCausalLM.generate`` (hidden size, layers, heads and FFN width of the
+per step through the key/value cache), ``hf`` runs ``generate()`` of the same weights written as a self-contained
+export and loaded with ``AutoModelForCausalLM.from_pretrained(trust_remote_code=True)`` (the export's own copy of
+the code; greedy, ``LexCache``), ``llama`` runs ``LlamaForCausalLM.generate`` (hidden size, layers, heads and FFN width of the
 lex model, SDPA attention, DynamicCache). Each engine generates 1 + ``--steps`` tokens after the same N-token
 prompt, ``--repeats`` times after a warm-up call; the end of every step is time-stamped (lex: when the model
 returns; transformers: a logits processor, called once per step), and ms/token is the median over the repeats
@@ -65,10 +66,18 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
 
     args = ap.Namespace(arch=arch, tokens_per_sample=training_length, share_decoder_input_output_embed=True)
     ARCH_CONFIG_REGISTRY[arch](args)
-    if engine == "hf":
-        from lex_plugin.export.hf import from_fairseq, hf_config
+    if engine == "hf":  # the self-contained export, loaded as its users load it (its own copy of the package's code)
+        import tempfile
 
-        hf = from_fairseq(model, hf_config(args, d, training_length, options))
+        from transformers import AutoModelForCausalLM
+
+        from lex_plugin.export.hf import from_fairseq, hf_config, save_model
+
+        directory = tempfile.mkdtemp(prefix="bench_hf_")
+        save_model(from_fairseq(model, hf_config(args, d, training_length, options)), Path(directory))
+        hf = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+        if type(hf).__module__.startswith("lex_plugin"):
+            raise RuntimeError("the hf engine must run the export's code, not the package's")
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 

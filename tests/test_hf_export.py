@@ -170,6 +170,7 @@ tok_again = AutoTokenizer.from_pretrained(saved, trust_remote_code=True)
 with torch.no_grad():
     out["reload_logits"] = (again(ids, use_cache=False).logits - model(ids, use_cache=False).logits).abs().max().item()
 out["reload_ids"] = tok_again(gen["prompt"]).input_ids == out["prompt_ids"]
+out["saved_modes"] = sorted({os.stat(os.path.join(saved, f)).st_mode & 0o777 for f in os.listdir(saved)})
 out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in REFUSED)
 torch.save(out, job["out"])
 """
@@ -234,6 +235,13 @@ def test_export_runs_with_transformers_alone(exports, test_tokens, data_bin, tmp
     assert got["cached_vs_uncached"] <= 1e-4
     assert got["base_vs_head"] <= 1e-5
     assert got["reload_logits"] <= 1e-6 and got["reload_ids"]
+    assert got["saved_modes"] == [0o666 & ~_umask()]  # the weights too (safetensors writes 0600)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_exported_files_are_the_package_sources(exports):
@@ -360,7 +368,7 @@ def test_lm_eval_rolling_loglikelihood_equals_lex_score(exports, data_bin, tmp_p
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["lex_wikitext2"]
     total = results["loglikelihood,none"]
 
-    from lex_plugin.data.prepare import split_wikitext
+    from lex_plugin.data.text import split_wikitext
 
     pages = split_wikitext((shared_data() / "wikitext-2" / "test.txt").read_text(encoding="utf-8"))[:3]
     for i, page in enumerate(pages):

@@ -20,7 +20,6 @@ breaks joined), so each paragraph ends with ``</s>``; one empty line between doc
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from .text import BPE_MODEL, DICT_FILE, META_FILE, moses_tokenize, paragraphs
+from .text import BPE_MODEL, DICT_FILE, META_FILE, moses_tokenize, paragraphs, split_wikitext
 
 logger = logging.getLogger(__name__)
 
@@ -114,22 +113,6 @@ def read_split(split_dir: Path) -> List[Tuple[str, str]]:
         if not text.strip():
             raise PrepareError(f"{path} is empty; remove it or give it text.")
         docs.append((path.name, text.lstrip("\ufeff")))
-    return docs
-
-
-_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
-
-
-def split_wikitext(text: str) -> List[str]:
-    """WikiText (raw or tokenized) articles: a new document at each top-level `` = Title = `` line."""
-    docs, current = [], []
-    for line in text.splitlines():
-        if _WIKITEXT_TITLE.match(line) and any(l.strip() for l in current):
-            docs.append("\n".join(current))
-            current = []
-        current.append(line)
-    if any(l.strip() for l in current):
-        docs.append("\n".join(current))
     return docs
 
 

@@ -4,9 +4,10 @@ data-bin's files. Needs only sacremoses (imported when first used); the data-bin
 (:mod:`.prepare`) builds on it.
 """
 
+import re
 from typing import List
 
-__all__ = ["BPE_MODEL", "DICT_FILE", "META_FILE", "moses_tokenize", "paragraphs"]
+__all__ = ["BPE_MODEL", "DICT_FILE", "META_FILE", "moses_tokenize", "paragraphs", "split_wikitext"]
 
 META_FILE = "lex_prepare.json"  # how a data-bin's text was processed (Moses language, BPE)
 DICT_FILE = "dict.txt"  # fairseq's dictionary
@@ -43,3 +44,19 @@ def moses_tokenize(text: str, lang: str = "en") -> str:
     escaping (the sacremoses CLI always escapes: ``&`` would become ``&amp;``)."""
     normalizer, tokenizer = _moses(lang)
     return tokenizer.tokenize(normalizer.normalize(text), escape=False, return_str=True)
+
+
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+def split_wikitext(text: str) -> List[str]:
+    """WikiText (raw or tokenized) articles: a new document at each top-level `` = Title = `` line."""
+    docs, current = [], []
+    for line in text.splitlines():
+        if _WIKITEXT_TITLE.match(line) and any(l.strip() for l in current):
+            docs.append("\n".join(current))
+            current = []
+        current.append(line)
+    if any(l.strip() for l in current):
+        docs.append("\n".join(current))
+    return docs

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
+from typing import Dict, Optional
 
 from ..data.text import BPE_MODEL, META_FILE
 from ..hf.configuration import LexConfig
@@ -26,7 +26,7 @@ from ..modules.attention.spec import AttentionOptions
 from .model_card import model_card
 from .remote_code import remote_code
 
-__all__ = ["AUTO_MAP", "MAX_POSITIONS_PER_L", "export_hf", "from_fairseq", "hf_config"]
+__all__ = ["AUTO_MAP", "MAX_POSITIONS_PER_L", "export_hf", "from_fairseq", "hf_config", "save_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,6 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     model = hub.models[0]
     model.decoder.check_spec(hub.spec_for(options))  # refuse now what the scheme could not run
     config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings)
-    config.auto_map = dict(AUTO_MAP)
     model = from_fairseq(hub.models[0], config)
     card = model_card(config, str(model.spec), checkpoint, length_report)
     scaling_file = options.rope_scaling_file
@@ -168,7 +167,7 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     if scaling_file:
         shutil.copyfile(scaling_file, out / "rope_scaling.json")
     model.generation_config.suppress_tokens = [hub.tgt_dict.pad()]  # lex generate never samples <pad>
-    model.save_pretrained(out, safe_serialization=True)
+    save_model(model, out, code)
 
     meta = json.loads((data / META_FILE).read_text()) if (data / META_FILE).is_file() else {}
     spm_file = data / (meta.get("bpe_model") or BPE_MODEL) if meta.get("bpe") == "sentencepiece" else None
@@ -181,10 +180,29 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     tok_config["auto_map"] = dict(TOKENIZER_AUTO_MAP)
     tok_config["tokenizer_class"] = "LexTokenizer"
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    (out / "README.md").write_text(card, encoding="utf-8")
+    _readable(out)
+    return model
+
+
+def save_model(model: LexForCausalLM, out: Path, code: Optional[Dict[str, str]] = None) -> None:
+    """Write ``model`` (config with ``auto_map``, weights, generation config) and the remote code into ``out``:
+    a directory ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` loads without this package
+    (no tokenizer: :func:`export_hf` adds it). ``code``: :func:`~.remote_code.remote_code`'s files (None: made now).
+
+    Raises:
+        ``remote_code.RemoteCodeError``: as :func:`~.remote_code.remote_code`.
+    """
+    code = remote_code() if code is None else code
+    out = Path(out)
+    model.config.auto_map = dict(AUTO_MAP)
+    model.save_pretrained(out, safe_serialization=True)
     for name, text in code.items():
         (out / name).write_text(text, encoding="utf-8")
-    (out / "README.md").write_text(card, encoding="utf-8")
-    for path in out.iterdir():  # (safetensors writes 0600)
+    _readable(out)
+
+
+def _readable(out: Path) -> None:
+    for path in out.iterdir():  # every file 0644 (safetensors writes 0600)
         if path.is_file():
             os.chmod(path, 0o644)
-    return model

@@ -11,6 +11,7 @@ The default attention spec is the config's ``attention`` (``AttentionOptions`` f
 takes another per call, as the fairseq decoder does.
 """
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -198,6 +199,7 @@ class LexPreTrainedModel(PreTrainedModel):
     config_class = LexConfig
     base_model_prefix = "decoder"
     _no_split_modules = ["LexDecoderLayer"]
+    _tied_weights_keys = TIED_WEIGHTS  # (both hold the output projection: the weights' names are fairseq's)
     supports_gradient_checkpointing = True
 
     def __init__(self, config: LexConfig):
@@ -207,6 +209,16 @@ class LexPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         pass  # every module initialises itself as fairseq's does; from_pretrained then loads the weights
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, then the weight files made readable as the other files are
+        (safetensors writes them mode 0600 whatever the umask)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in Path(save_directory).glob("*.safetensors*"):
+            os.chmod(path, 0o666 & ~umask)
+        return out
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.decoder.embed_tokens
@@ -224,7 +236,7 @@ class LexPreTrainedModel(PreTrainedModel):
         """(features (B, T, C), [embedding output, each layer's output], cache or None): the checks and the
         run shared by both heads (arguments as in :meth:`LexForCausalLM.forward`)."""
         if inputs_embeds is not None or input_ids is None:
-            raise ValueError("LexForCausalLM takes input_ids (fairseq dictionary ids), not inputs_embeds.")
+            raise ValueError(f"{type(self).__name__} takes input_ids (fairseq dictionary ids), not inputs_embeds.")
         if output_attentions:
             raise ValueError("output_attentions is not offered: under BCA, windows and position maps attention runs in "
                              "chunks whose (T, S) weights are never formed. The package's analysis tools read each "
@@ -300,8 +312,6 @@ class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
     Raises:
         ValueError: as :class:`LexCore`.
     """
-
-    _tied_weights_keys = TIED_WEIGHTS
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.decoder.output_projection

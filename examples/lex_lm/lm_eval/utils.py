@@ -1,24 +1,30 @@
-"""The local WikiText-2 task of lex_wikitext2.yaml: documents from the shared file, metrics as lm-eval's wikitext."""
+"""The local WikiText-2 task of lex_wikitext2.yaml: articles of the shared file, metrics as lm-eval's wikitext.
 
-import os
+Runs where only an export's users' packages are installed (no lex_plugin): the articles are cut by the
+repository's own ``lex_plugin/data/text.py``, loaded from this checkout by its path (it needs only the standard
+library), so lm-eval and ``lex prepare --documents wikitext`` cut them alike.
+"""
+
+import importlib.util
 import re
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "wikitext-2" / "test.txt"
+REPO = Path(__file__).resolve().parents[3]
 
 
-def load_wikitext2(path=None, **unused):
-    """{"test": Dataset of {"page": article}}: the articles of WikiText-2's test file (metadata ``path``, else
-    $LEX_WIKITEXT2, else ../shared/data/wikitext-2/test.txt), cut as ``lex prepare --documents wikitext`` cuts them."""
+def _text_module():
+    spec = importlib.util.spec_from_file_location("lex_text", REPO / "lex_plugin" / "data" / "text.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def articles(dataset):
+    """The file (one row, ``text``: ``sample_by: document``) -> one row per article (``page``)."""
     import datasets
 
-    from lex_plugin.data.prepare import split_wikitext
-
-    path = Path(path or os.environ.get("LEX_WIKITEXT2") or DEFAULT)
-    if not path.is_file():
-        raise FileNotFoundError(f"no WikiText-2 test file at {path}: pass --metadata '{{\"path\": \"...\"}}' or set LEX_WIKITEXT2.")
-    pages = split_wikitext(path.read_text(encoding="utf-8"))
-    return datasets.DatasetDict({"test": datasets.Dataset.from_list([{"page": p} for p in pages])})
+    split = _text_module().split_wikitext
+    return datasets.Dataset.from_list([{"page": page} for row in dataset for page in split(row["text"])])
 
 
 def process_results(doc, results):
