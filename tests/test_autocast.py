@@ -191,3 +191,32 @@ def test_fairseq_train_eval_and_lex_commands_under_autocast(data_bin, trained, t
     with pytest.raises(AssertionError, match="drop --fp16 / --memory-efficient-fp16 / --bf16"):
         run_cli(["fairseq-train", *args, "--save-dir", str(tmp_path / "half"), "--bf16-autocast", "--memory-efficient-fp16",
                  "--max-update", "1"], env=env)
+
+
+@pytest.mark.parametrize("mode", ["bca", "bca_sinks", "sliding_sinks", "rerope"])
+@pytest.mark.parametrize("scheme", ["xpos", "alibi"])
+def test_attention_under_autocast_is_bf16_attention_bitwise(mode, scheme):
+    """The contract of the attention core under bf16 autocast: it equals, bitwise and in bf16, the same attention
+    run without autocast on bf16 queries, keys and values (a model of that dtype): rotation, biases and softmax
+    statistics are computed as the bf16 model computes them, never in autocast's own precision."""
+    from lex_plugin.modules.attention import AttentionOptions, attend, dense_query_limit, plan
+    from lex_plugin.modules.positions import ALiBi, XPos
+
+    B, H, D, T = 2, 4, 16, 4 * L + 5
+    options = {"bca": AttentionOptions("bca"), "bca_sinks": AttentionOptions("bca", sink_tokens=4),
+               "sliding_sinks": AttentionOptions("sliding", "l", sink_tokens=3), "rerope": AttentionOptions("rerope")}[mode]
+    spec = options.spec(L, T)
+    pos = XPos(D) if scheme == "xpos" else ALiBi(H)
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+
+    def run(q, k, v):
+        chunks = plan(spec.window, 0, T, 0, has_bias=True, padded=False, batch_heads=B * H,
+                      local_positions=pos.translation_invariant, dense_queries=dense_query_limit(pos, torch.bfloat16, None))
+        return attend(q, k, v, chunks, spec, pos, 0, 0)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = run(q, k, v)
+    expected = run(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()

@@ -148,7 +148,7 @@ def _hf(kind, s, l, d=64, base=10000.0, seq_len=None, **extra):
 
 
 @pytest.mark.parametrize("kind,s,length", [("default", 1.0, 256), ("linear", 4.0, 1024), ("dynamic", 4.0, 256),
-                                           ("dynamic", 4.0, 4096), ("dynamic", 2.0, 8192), ("llama3", 8.0, 4096),
+                                           ("dynamic", 4.0, 96), ("dynamic", 4.0, 4096), ("dynamic", 2.0, 8192), ("llama3", 8.0, 4096),
                                            ("longrope", 4.0, 256), ("longrope", 4.0, 1024)])
 def test_scalings_equal_hugging_face_transformers(kind, s, length, tmp_path):
     """Inverse frequencies and attention factor equal transformers' ``modeling_rope_utils`` (1e-6 relative)
@@ -173,6 +173,8 @@ def test_scalings_equal_hugging_face_transformers(kind, s, length, tmp_path):
         ours, factor = scaling.angles(theta, d, base), scaling.attention_scale
     assert torch.allclose(ours, hf, rtol=1e-6, atol=0)
     assert factor == pytest.approx(hf_factor, rel=1e-6)
+    if kind == "dynamic" and length <= l:  # below l dynamic NTK is the trained model (transformers clamps too)
+        assert torch.allclose(ours, theta, rtol=1e-12, atol=0)
 
 
 def test_yarn_follows_the_paper_and_differs_from_transformers_as_documented():

@@ -142,14 +142,17 @@ def test_eval_lm_length_table_with_sinks_and_lm_infinite(data_bin, trained, tmp_
 
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("scheme", ["xpos", "alibi"])
-def test_sinks_with_padded_keys_match_naive_attention(window, scheme):
+@pytest.mark.parametrize("padded", [2, L_TRAIN + 8], ids=["sinks-padded", "past-the-first-window"])
+def test_sinks_with_padded_keys_match_naive_attention(window, scheme, padded):
     """Left-padded rows: padded keys are hidden from the window's keys and from the sinks alike (a padded
-    query still sees itself), under the virtual distances of each method."""
+    query still sees itself), under the virtual distances of each method; with the padding reaching past the
+    first window (batched windows then hold padded keys), and the real rows unchanged when the padded keys and
+    values are replaced."""
     torch.manual_seed(1)
     B, H, D, L = 2, 4, 16, 3 * L_TRAIN + 5
     q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
     pad = torch.zeros(B, L, dtype=torch.bool)
-    pad[1, :2] = True  # two of the sink positions are padding in the second row
+    pad[1, :padded] = True
     pos = XPos(D) if scheme == "xpos" else ALiBi(H)
     got = run_attention(q, k, v, window, pos, key_padding_mask=pad)
     dist, visible = distances(window, L)
@@ -157,6 +160,11 @@ def test_sinks_with_padded_keys_match_naive_attention(window, scheme):
     expected = naive(q, k, v, dist, allowed, pos)
     real = ~pad
     assert (got.double() - expected).abs().permute(0, 2, 1, 3)[real].max() < 2e-5
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, :padded] = 100 * torch.randn(H, padded, D)
+    v2[1, :, :padded] = 100 * torch.randn(H, padded, D)
+    again = run_attention(q, k2, v2, window, pos, key_padding_mask=pad)
+    assert (again - got).abs().permute(0, 2, 1, 3)[real].max() < 1e-5
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
