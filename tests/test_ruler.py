@@ -6,7 +6,7 @@ import json
 import math
 import re
 import sys
-from collections import Counter
+from collections import Counter, deque
 
 import pytest
 import torch
@@ -140,6 +140,38 @@ def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
     assert len(results) == 7 * 2 * 2 + 2  # fwe: one row per length
     assert all(r.accuracy == 1.0 and r.found == r.items > 0 for r in results), [(r.task, r.accuracy) for r in results if r.accuracy < 1]
     assert all(r.greedy == r.queries >= r.trials for r in results)
+
+
+@pytest.mark.parametrize("writes", ["a distractor", "one answer"])
+def test_greedy_counts_a_written_answer_never_a_written_distractor(hub, filler, monkeypatch, writes):
+    """Stub scorers that rank the answers first: one whose greedy continuation writes one distractor (greedy must
+    stay 0), one that writes the first answer of each query only (every query counts, also those with several
+    answers: 'writes an answer whole'). niah_multivalue asks for several values per query."""
+    answer_counts = deque()  # each query's number of answers, in the order the probe scores them (one spec)
+    make_sample_real = probe_module.make_sample
+
+    def make(*args, **kwargs):
+        sample = make_sample_real(*args, **kwargs)
+        answer_counts.extend(len(q.answers) for q in sample.queries)
+        return sample
+
+    def stub(model, prompt, candidates, spec, eos, pad):  # candidates: [*answers, *distractors]
+        answers = answer_counts.popleft()
+        scores = torch.tensor([0.0] * answers + [-1.0] * (len(candidates) - answers), dtype=torch.float64)
+        flags = torch.zeros(len(candidates), dtype=torch.bool)
+        flags[answers if writes == "a distractor" else 0] = True
+        return CandidateScores(scores, flags)
+
+    monkeypatch.setattr(probe_module, "make_sample", make)
+    monkeypatch.setattr(probe_module, "score_candidates", stub)
+    results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "niah_multivalue"],
+                             [4 * TRAIN_LEN], [0.5], [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2,
+                             progress=False, unk=hub.src_dict.unk())
+    assert not answer_counts and all(r.accuracy == 1.0 for r in results)
+    assert any(r.items > r.queries for r in results)  # a task with several answers per query was scored
+    for r in results:
+        assert r.queries >= r.trials > 0
+        assert r.greedy == (0 if writes == "a distractor" else r.queries), (r.task, r.greedy, r.queries)
 
 
 def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
