@@ -613,3 +613,39 @@ def test_tokenizer_names_a_missing_file_first(exports, tmp_path):
     (directory / "dict.txt").unlink()
     with pytest.raises(ValueError, match="needs dict.txt"):
         LexTokenizer.from_pretrained(str(directory))
+
+
+def test_a_model_built_on_the_meta_device_equals_the_export(exports, test_tokens):
+    """transformers 5 builds a model under ``torch.device("meta")`` and then loads its weights: every scheme's
+    position tables (plain tensors, not weights) must still be made on the CPU, so that the model built that way
+    and given the weights computes the export's logits."""
+    from lex_plugin.hf import LexForCausalLM
+
+    for name, (_, model, _, _) in exports.items():
+        with torch.device("meta"):
+            built = LexForCausalLM(model.config)
+        built = built.to_empty(device="cpu").eval()
+        built.load_state_dict(model.state_dict())
+        n = L if name == "learned" else 2 * L
+        with torch.no_grad():
+            torch.testing.assert_close(built(test_tokens[:, :n], use_cache=False).logits,
+                                       model(test_tokens[:, :n], use_cache=False).logits, rtol=0, atol=0, msg=name)
+
+
+def test_the_cache_under_either_name(exports, test_tokens):
+    """transformers 5 passes the cache as ``cache``, 4.x as ``past_key_values``: either is taken (both at once is
+    refused), and generation's inputs name it as the installed version does."""
+    from lex_plugin.hf.modeling import CACHE_FIELD
+
+    _, model, _, _ = exports["rope"]
+    ids = test_tokens[:, :20]
+    with torch.no_grad():
+        cache = LexCache()
+        model(ids[:, :12], cache=cache)
+        step = model(ids[:, 12:13], cache=cache).logits[0, -1]
+        full = model(ids[:, :13], use_cache=False).logits[0, -1]
+    torch.testing.assert_close(step, full, rtol=0, atol=1e-4)
+    inputs = model.prepare_inputs_for_generation(ids[:, :14], cache=cache)
+    assert inputs[CACHE_FIELD] is cache and inputs["input_ids"].shape == (1, 1)
+    with pytest.raises(ValueError, match="give the cache once"):
+        model(ids[:, 13:14], cache=cache, past_key_values=cache)

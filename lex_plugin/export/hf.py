@@ -44,11 +44,8 @@ MAX_POSITIONS_PER_L = 16
 def _attention_fields(options: AttentionOptions) -> dict:
     """The options that differ from their defaults (a readable ``config.json``: ``{"mode": "bca"}``)."""
     default = AttentionOptions()
-    fields = {name: getattr(options, name) for name in AttentionOptions.__dataclass_fields__
-              if getattr(options, name) != getattr(default, name)}
-    if isinstance(fields.get("sliding_window"), str) and fields["sliding_window"].isdigit():
-        fields["sliding_window"] = int(fields["sliding_window"])  # W as a number ("l" stays a word)
-    return fields
+    return {name: getattr(options, name) for name in AttentionOptions.__dataclass_fields__
+            if getattr(options, name) != getattr(default, name)}
 
 
 def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Optional[AttentionOptions] = None,
@@ -77,9 +74,9 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     # the scheme's own options, resolved (the task's config may carry others' values, e.g. max_target_positions)
     own = SimpleNamespace(**{o.name: getattr(decoder, o.name, None) for o in get_scheme(decoder.pos_emb).options})
     position_options = scheme_option_values(decoder.pos_emb, own)
+    table = None  # the rows of a learned position table, the one scheme with a length limit
     if decoder.pos_emb == "learned":  # the table's size as built (--random-positions may make it larger than l)
-        position_options["max_target_positions"] = _learned_size(decoder)
-    table = position_options.get("max_target_positions") if decoder.pos_emb == "learned" else None
+        table = position_options["max_target_positions"] = _learned_size(decoder)
     if max_position_embeddings is None:
         max_position_embeddings = table or (MAX_POSITIONS_PER_L * training_length if training_length else 2048)
     if max_position_embeddings < 1 or (table and max_position_embeddings > table):
@@ -199,10 +196,9 @@ def save_model(model: LexForCausalLM, out: Path, code: Optional[Dict[str, str]] 
     model.save_pretrained(out, safe_serialization=True)
     for name, text in code.items():
         (out / name).write_text(text, encoding="utf-8")
-    _readable(out)
 
 
 def _readable(out: Path) -> None:
-    for path in out.iterdir():  # every file 0644 (safetensors writes 0600)
+    for path in out.iterdir():  # every file 0644, whatever the umask
         if path.is_file():
             os.chmod(path, 0o644)

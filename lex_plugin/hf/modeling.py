@@ -114,10 +114,16 @@ class LexCore(DecoderStack, nn.Module):
     # transformers' switch: ``gradient_checkpointing_enable()`` sets it and ``_gradient_checkpointing_func``
     gradient_checkpointing = False
 
+    @property
+    def checkpointing(self) -> bool:
+        """Whether this pass recomputes each layer in the backward pass: gradient checkpointing on, training,
+        gradients enabled."""
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
     def run_layer(self, layer: nn.Module, x: Tensor, *args) -> Tensor:
-        """One layer; under gradient checkpointing (training, no cache) its activations are recomputed in the
+        """One layer; under gradient checkpointing (:attr:`checkpointing`) its activations are recomputed in the
         backward pass instead of kept (``torch.utils.checkpoint`` through transformers' function)."""
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        if self.checkpointing:
             return self._gradient_checkpointing_func(layer.__call__, x, *args)
         return layer(x, *args)
 
@@ -212,12 +218,11 @@ class LexPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, then the weight files made readable as the other files are
-        (safetensors writes them mode 0600 whatever the umask)."""
+        (safetensors writes them mode 0600 whatever the umask): the mode of the config.json written beside them."""
         out = super().save_pretrained(save_directory, *args, **kwargs)
-        umask = os.umask(0)
-        os.umask(umask)
+        mode = (Path(save_directory) / "config.json").stat().st_mode & 0o777  # (written under the umask)
         for path in Path(save_directory).glob("*.safetensors*"):
-            os.chmod(path, 0o666 & ~umask)
+            os.chmod(path, mode)
         return out
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -244,7 +249,7 @@ class LexPreTrainedModel(PreTrainedModel):
         if past_key_values is not None and not isinstance(past_key_values, LexCache):
             raise TypeError(f"past_key_values must be a LexCache (or None), got {type(past_key_values).__name__}: the "
                             "layers keep the package's own key/value cache.")
-        if self.decoder.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        if self.decoder.checkpointing:
             if past_key_values is not None:
                 raise ValueError("gradient checkpointing recomputes each layer in the backward pass, which would write "
                                  "the cache twice: train without past_key_values.")

@@ -83,30 +83,42 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
 
 def plot_budgets(budgets, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int,
                  tokens_per_update: int, out: Path, title: str) -> None:
-    """Write the PNG ``out``: ppl(L) / ppl(l) (log) against training tokens (log), one panel per window and one
-    line per run and evaluation length L of 4l, 16l and the longest (solid, dashed, dotted), from
-    ``budgets`` ({run: {updates: {window: {length: ppl}}}}: the snapshots of each run)."""
+    """Write the PNG ``out``: ppl(L) / ppl(l) (log) against training tokens (log, ticks at the snapshots, in
+    millions), one panel per window; a run's colour, an evaluation length L's line style (4l, 16l and the longest:
+    solid, dashed, dotted), explained once in a legend below the panels, off the data. ``budgets``: {run: {updates:
+    {window: {length: ppl}}}}, the snapshots of each run."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
     from ...plotting import figure, log_axes
 
     shown = [L for L in dict.fromkeys([4 * l, 16 * l, max(lengths)]) if L in lengths and L > l]
     styles = dict(zip(shown, ("-", "--", ":")))
+    colors = {}
+    ticks = set()
     with figure(out, 1, len(windows), (5.2 * len(windows), 4.4), dpi=110, sharey=True, squeeze=False) as (fig, axes):
         for ax, window in zip(axes[0], windows):
             for name in runs:
                 snaps = sorted(budgets.get(name, {}).items())
-                color = None
                 for L in shown:
                     points = [(u * tokens_per_update, s[window][L] / s[window][l]) for u, s in snaps
                               if window in s and L in s[window] and l in s[window]]
                     if points:
-                        line, = ax.plot(*zip(*points), marker="o", linestyle=styles[L], color=color,
-                                        label=f"{LABELS.get(name, name)}, {L // l}l")
-                        color = line.get_color()
+                        line, = ax.plot(*zip(*points), marker="o", linestyle=styles[L], color=colors.get(name))
+                        colors.setdefault(name, line.get_color())
+                        ticks.update(x for x, _ in points)
             ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
             log_axes(ax, x_base=10)
+            ax.xaxis.set_major_locator(FixedLocator(sorted(ticks)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1e6:.3g}M"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(WINDOW_LABEL[window], fontsize=10)
             ax.set_xlabel("training tokens")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
         axes[0][0].set_ylabel("ppl(L) / ppl(l)")
+        handles = [Line2D([], [], color=c, marker="o") for c in colors.values()]
+        handles += [Line2D([], [], color="black", linestyle=styles[L]) for L in shown]
+        labels = [LABELS.get(name, name) for name in colors] + [f"L = {L // l}l" for L in shown]
         fig.suptitle(title)
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
+                   frameon=False)
