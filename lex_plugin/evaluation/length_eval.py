@@ -17,6 +17,7 @@ perplexity 2 ** loss.
 """
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -27,7 +28,8 @@ from tqdm import tqdm
 
 from ..modules.attention.spec import AttentionSpec
 
-__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "evaluate_lengths", "evaluate_fixed_target", "format_table"]
+__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "evaluate_lengths", "evaluate_fixed_target",
+           "format_table", "progress_bar"]
 
 
 class _Scored:
@@ -70,14 +72,36 @@ class LengthResult(_Scored):
     nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
+    key_tokens: Optional[int] = None  # LongPPL's key tokens scored (None: not asked for)
+    key_nll: float = 0.0
+
+    @property
+    def longppl(self) -> Optional[float]:
+        """LongPPL (:mod:`.longppl`): exp of the mean loss over the key tokens; None without key tokens."""
+        return math.exp(self.key_nll / self.key_tokens) if self.key_tokens else None
 
     def to_dict(self) -> dict:
-        """JSON-ready fields, with loss and ppl for the pass and each bucket."""
+        """JSON-ready fields, with loss and ppl for the pass and each bucket (and LongPPL when asked for)."""
         out = asdict(self)
         out["loss"], out["ppl"] = self.loss, self.ppl
+        if self.key_tokens is None:
+            del out["key_tokens"], out["key_nll"]
+        else:
+            out["longppl"] = self.longppl
         for b, src in zip(out["buckets"], self.buckets):
             b["loss"], b["ppl"] = src.loss, src.ppl
         return out
+
+
+def progress_bar(total_or_items, desc: str, unit: str, enabled: bool = True) -> tqdm:
+    """A tqdm bar on stderr: live on a terminal, one line every 30 s in a log file (never silent for
+    minutes, as fairseq's own passes are not); ``enabled=False`` hides it. ``total_or_items``: a count, or
+    an iterable to wrap."""
+    interactive = sys.stderr.isatty()
+    items = None if isinstance(total_or_items, int) else total_or_items
+    total = total_or_items if items is None else len(items)
+    return tqdm(items, total=total, desc=desc, unit=unit, disable=not enabled, leave=interactive,
+                mininterval=0.5 if interactive else 30.0, file=sys.stderr, dynamic_ncols=interactive)
 
 
 def bucket_edges(length: int, training_length: Optional[int]) -> List[int]:
@@ -162,6 +186,7 @@ def evaluate_lengths(
     training_length: Optional[int] = None,
     device: Optional[torch.device] = None,
     progress: bool = True,
+    key_tokens: Optional[Tensor] = None,
 ) -> List[LengthResult]:
     """Score ``stream`` (1-D int64, the whole split) cut into each of ``lengths``.
 
@@ -173,19 +198,24 @@ def evaluate_lengths(
             sliding windows run samples block by block through the bounded key/value cache (memory flat in L).
         max_tokens: batch size bound: max(1, max_tokens // L) samples per forward.
         training_length: l, for the position buckets.
+        key_tokens: (T,) bool, LongPPL's key tokens of the stream (:func:`.longppl.find_key_tokens`): each
+            result also sums the loss over them (``key_tokens``, ``key_nll``, ``longppl``).
+        progress: a progress bar per length (on stderr, every 30 s when it is not a terminal).
 
     Returns:
         One ``LengthResult`` per length; ``tokens`` == T for every length.
     """
+    if key_tokens is not None and key_tokens.shape != stream.shape:
+        raise ValueError(f"key_tokens must mark the stream's {stream.numel()} tokens, got shape {tuple(key_tokens.shape)}.")
     device = device or next(model.parameters()).device
     results = []
     for length in lengths:
         edges = bucket_edges(length, training_length)
         result = LengthResult(str(spec), length, buckets=[Bucket(a, b) for a, b in zip(edges[:-1], edges[1:])],
-                              attention=spec.fields())
+                              attention=spec.fields(), key_tokens=None if key_tokens is None else 0)
         batch_size = max(1, max_tokens // length)
         total = -(-stream.numel() // length)
-        bar = tqdm(total=total, desc=f"{spec} L={length}", unit="sample", disable=not progress or None, leave=False)
+        bar = progress_bar(total, f"{spec} L={length}", "sample", progress)
         for batch in _batches(_samples(stream, length, eos), batch_size):
             source = _pad_batch([s for _, s, _ in batch], length, pad).to(device)
             target = _pad_batch([t for _, _, t in batch], length, pad).to(device)
@@ -197,6 +227,10 @@ def evaluate_lengths(
                 result_slice = slice(b.start, b.end)
                 b.tokens += int(real[:, result_slice].sum())
                 b.nll += float(nll[:, result_slice].sum())
+            if key_tokens is not None:
+                key = _pad_batch([key_tokens[s : s + t.numel()] for s, _, t in batch], length, False).to(device)
+                result.key_tokens += int(key.sum())
+                result.key_nll += float(nll[key].sum())
             bar.update(len(batch))
         bar.close()
         results.append(result)
@@ -240,8 +274,8 @@ def evaluate_fixed_target(
     for length in lengths:
         result = LengthResult(str(spec), length, protocol="fixed_target", attention=spec.fields())
         batch_size = max(1, max_tokens // length)
-        for batch in tqdm(list(_batches(ends, batch_size)), desc=f"fixed-target {spec} L={length}",
-                          disable=not progress or None, leave=False):
+        batches = list(_batches(ends, batch_size))
+        for batch in progress_bar(batches, f"fixed-target {spec} L={length}", "batch", progress):
             source = torch.stack([stream[e - length - 1 : e - 1] for e in batch]).to(device)
             target = torch.stack([stream[e - length : e] for e in batch]).to(device)
             nll = _token_nll(model, source, target, pad, spec)[:, -target_tokens:].double()
@@ -252,12 +286,17 @@ def evaluate_fixed_target(
 
 
 def format_table(results: Sequence[LengthResult], training_length: Optional[int] = None) -> str:
-    """Markdown table: window, length (and its ratio to l), tokens scored, loss (bits), ppl; then the
-    position buckets of each stream pass."""
-    lines = ["| protocol | window | length | x l | tokens | loss (bits) | ppl |", "|---|---|---|---|---|---|---|"]
+    """Markdown table: window, length (and its ratio to l), tokens scored, loss (bits), ppl (and the key
+    tokens and LongPPL when any result has them); then the position buckets of each stream pass."""
+    longppl = any(r.key_tokens is not None for r in results)
+    lines = ["| protocol | window | length | x l | tokens | loss (bits) | ppl |" + (" key tokens | LongPPL |" if longppl else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if longppl else "")]
     for r in results:
         ratio = f"{r.length / training_length:g}" if training_length else "-"
-        lines.append(f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |")
+        line = f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |"
+        if longppl:
+            line += f" {r.key_tokens or 0:,} | {'-' if r.longppl is None else f'{r.longppl:.2f}'} |"
+        lines.append(line)
     return "\n".join(lines + bucket_table(("window", "length"), [((r.window, r.length), r.buckets) for r in results]))
 
 

@@ -11,7 +11,10 @@
   mode, prints a table (and the per-position buckets), and writes ``--report-json``
   (:meth:`LexLanguageModelingTask.length_report`, the task's evaluation entry point; fairseq-eval-lm
   reaches it through ``eval_lm_dataloader``, its last task hook before scoring). fairseq's own pass at
-  ``--tokens-per-sample`` follows, as usual.
+  ``--tokens-per-sample`` follows, as usual, unless ``--length-report-only``; each pass shows a progress bar.
+* ``--longppl`` adds LongPPL (:mod:`~lex_plugin.evaluation.longppl`) to every row: perplexity over the key
+  tokens that an evaluator (``--key-token-model``, default the checkpoint itself, under full attention)
+  finds on samples of the longest length; the same tokens for every window and length.
 * ``--sink-tokens k`` adds attention sinks to the bca / sliding modes (StreamingLLM); ``--lm-infinite``
   (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lm_infinite`` in
   ``--eval-windows``.
@@ -124,6 +127,30 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     fixed_target_samples: int = field(default=64, metadata={"help": "number of samples (stretches of the split whose "
                                                                     "last tokens are scored) of the fixed-target protocol"})
     report_json: Optional[str] = field(default=None, metadata={"help": "write the --eval-lengths results as JSON here"})
+    length_report_only: bool = field(
+        default=False,
+        metadata={"help": "the --eval-lengths report is the whole job: skip fairseq's own pass over the split at "
+                          "--tokens-per-sample that follows it"},
+    )
+    longppl: bool = field(
+        default=False,
+        metadata={"help": "add LongPPL (Fang et al. 2025) to --eval-lengths: perplexity over the key tokens, those the "
+                          "evaluator predicts better by > alpha nats with the long context (samples of the longest "
+                          "--eval-lengths) than truncated, at long-context loss < beta; the same tokens for every row"},
+    )
+    key_token_model: Optional[str] = field(
+        default=None,
+        metadata={"help": "checkpoint of the --longppl evaluator (same dictionary), under full attention; default: "
+                          "the evaluated checkpoint under full attention"},
+    )
+    longppl_alpha: Optional[float] = field(default=None, metadata={"help": "--longppl: key tokens gain more than alpha "
+                                                                           "nats from the long context (default 2)"})
+    longppl_beta: Optional[float] = field(default=None, metadata={"help": "--longppl: key tokens have a long-context "
+                                                                          "loss below beta nats (default 2)"})
+    longppl_trunc_len: Optional[int] = field(default=None, metadata={"help": "--longppl: K, the shortest truncated "
+                                                                             "context in tokens (default 3l/4)"})
+    longppl_sliding_window: Optional[int] = field(default=None, metadata={"help": "--longppl: S, targets sharing one "
+                                                                                  "truncated context (default l/4)"})
     answer_only_loss: bool = field(
         default=False,
         metadata={"help": "fine-tuning on a probe's data-bin (lex passkey-data / ruler-data): the loss on each row's "
@@ -147,6 +174,27 @@ LexLanguageModelingConfig = make_dataclass(
 LexLanguageModelingConfig.__module__ = __name__  # (make_dataclass says "types": pickling would fail)
 
 
+def _key_token_rule(args, eval_lengths: bool):
+    """The ``--longppl`` rule from the task's flags, None without ``--longppl``.
+
+    Raises:
+        ValueError: a ``--longppl-*`` / ``--key-token-model`` flag without ``--longppl``, or ``--longppl`` without
+            ``--eval-lengths``.
+    """
+    from ..evaluation.longppl import KeyTokenRule
+
+    given = {name: getattr(args, f"longppl_{name}") for name in ("alpha", "beta", "trunc_len", "sliding_window")}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not args.longppl:
+        stray = [f"--longppl-{n.replace('_', '-')}" for n in given] + (["--key-token-model"] if args.key_token_model else [])
+        if stray:
+            raise ValueError(f"{', '.join(stray)} set(s) LongPPL's key tokens; add --longppl (with --eval-lengths).")
+        return None
+    if not eval_lengths:
+        raise ValueError("--longppl is a column of the --eval-lengths report; give --eval-lengths.")
+    return KeyTokenRule(**given)
+
+
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
 class LexLanguageModelingTask(LanguageModelingTask):
     """fairseq ``language_modeling`` with BCA / sliding-window evaluation and length-stratified reports."""
@@ -156,6 +204,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
         self.attention_options = AttentionOptions.from_flags(args)
         self.attention_options.check_modes(self.modes)
         self.eval_lengths = parse_int_list(args.eval_lengths, "--eval-lengths")
+        self.key_token_rule = _key_token_rule(args, bool(self.eval_lengths))
+        if args.length_report_only and not self.eval_lengths:
+            raise ValueError("--length-report-only skips fairseq's pass after the --eval-lengths report; give --eval-lengths.")
         self._models = []
 
     @property
@@ -204,6 +255,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
                 )
         if self.eval_lengths:
             self.length_report(max_tokens=max_tokens)
+            if self.args.length_report_only:
+                logger.info("--length-report-only: fairseq's pass over the split at --tokens-per-sample skipped")
+                raise SystemExit(0)
         return super().eval_lm_dataloader(dataset, max_tokens=max_tokens, batch_size=batch_size, max_positions=max_positions, **kwargs)
 
     def length_report(self, model=None, split: Optional[str] = None, max_tokens: int = 36000) -> dict:
@@ -236,6 +290,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
             raise ValueError(f"--eval-tokens must be >= 0, got {self.args.eval_tokens}.")
         if self.args.eval_tokens:
             stream = stream[: self.args.eval_tokens]
+        key_tokens, longppl = None, None
+        if self.key_token_rule is not None:
+            key_tokens, longppl = self._key_tokens(model, stream, l, max_tokens)
         modes = self.modes
         results = []
         scaled = self.args.rope_scaling is not None
@@ -243,8 +300,8 @@ class LexLanguageModelingTask(LanguageModelingTask):
             options = self.attention_options.for_mode(mode)
             for lengths in ([[L] for L in self.eval_lengths] if scaled else [self.eval_lengths]):  # auto: s per length
                 spec = options.spec(l, lengths[0])
-                rows = evaluate_lengths(model, stream, lengths, spec, self.dictionary.eos(),
-                                        self.dictionary.pad(), max_tokens=max_tokens, training_length=l)
+                rows = evaluate_lengths(model, stream, lengths, spec, self.dictionary.eos(), self.dictionary.pad(),
+                                        max_tokens=max_tokens, training_length=l, key_tokens=key_tokens)
                 if self.args.fixed_target_tokens:
                     rows += evaluate_fixed_target(model, stream, lengths, spec, self.dictionary.pad(),
                                                   self.args.fixed_target_tokens, self.args.fixed_target_samples, max_tokens,
@@ -259,11 +316,44 @@ class LexLanguageModelingTask(LanguageModelingTask):
         print(f"\nLength-stratified evaluation of {split} ({stream.numel():,} tokens), training length l = {l}\n{table}\n", flush=True)
         report = {"split": split, "split_tokens": stream.numel(), "training_length": l,
                   "data": self.args.data, "results": [r.to_dict() for r in results]}
+        if longppl is not None:
+            report["longppl"] = longppl
         if self.args.report_json:
             Path(self.args.report_json).parent.mkdir(parents=True, exist_ok=True)
             Path(self.args.report_json).write_text(json.dumps(report, indent=2))
             logger.info("report written to %s", self.args.report_json)
         return report
+
+    def _key_tokens(self, model, stream, training_length, max_tokens):
+        """LongPPL's key tokens of ``stream`` (:func:`~lex_plugin.evaluation.longppl.find_key_tokens`) on samples
+        of the longest ``--eval-lengths``, by ``--key-token-model`` or ``model``, under full attention.
+
+        Returns:
+            ((T,) bool key-token mask, the report's ``longppl`` entry: evaluator, length, rule, key tokens).
+
+        Raises:
+            ValueError: an evaluator whose dictionary differs from the data-bin's.
+        """
+        from ..evaluation.longppl import find_key_tokens
+        from ..modules.attention.spec import FULL_SPEC
+
+        evaluator, name = model, "the evaluated checkpoint"
+        if self.args.key_token_model:
+            from ..hub_interface import from_pretrained
+
+            path = Path(self.args.key_token_model)
+            hub = from_pretrained(path.parent, path.name, self.args.data.split(":")[0])
+            if hub.src_dict.symbols != self.dictionary.symbols:
+                raise ValueError(f"--key-token-model {path} has another dictionary than {self.args.data}; LongPPL compares "
+                                 "the same tokens, so the evaluator must share the data-bin's dictionary.")
+            evaluator, name = hub.models[0].to(next(model.parameters()).device), str(path)
+        rule = self.key_token_rule.resolve(getattr(evaluator, "training_length", None) or training_length)
+        length = max(self.eval_lengths)
+        logger.info("LongPPL: key tokens by %s under full attention on samples of %d tokens, %s", name, length, rule)
+        key = find_key_tokens(evaluator, stream, length, FULL_SPEC, self.dictionary.eos(), self.dictionary.pad(), rule,
+                              max_tokens=max_tokens)
+        logger.info("LongPPL: %d key tokens of %d", int(key.sum()), stream.numel())
+        return key, {"evaluator": name, "window": "full", "length": length, **rule.to_dict(), "key_tokens": int(key.sum())}
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         """fairseq's loader; remembers the split so the length report scores the same one. With

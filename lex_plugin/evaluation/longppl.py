@@ -1,0 +1,139 @@
+"""LongPPL: perplexity over the tokens whose prediction needs the long context.
+
+Fang et al., "What is Wrong with Perplexity for Long-context Language Modeling?" (ICLR 2025, arXiv
+2410.23771), section 3. A flat perplexity curve says little about the far context: BCA is flat because it
+never reads past l. LongPPL averages only over *key tokens*, found by an evaluator model that predicts
+them much better with the long context than with a short one.
+
+Notation (one sample, as :mod:`.length_eval` cuts the stream):
+
+* ``seq``: the sample's first source token then its L targets, (L + 1,); target p is ``seq[p + 1]``.
+* ``long[p]``: the evaluator's loss (nats) of target p given all of ``seq[: p + 1]``.
+* ``short[p]``: its loss given a truncated context, sliding as the authors' package does (``longppl``
+  0.3, ``find_key_token``): with K = ``trunc_len`` and S = ``sliding_window``, ``seq[j]`` (j >= K) is read
+  from ``seq[c : j]``, c = S * floor((j - K) / S), a context of K .. K + S - 1 tokens; targets with
+  j < K have no short context and are never key tokens.
+* key token: ``short[p] - long[p] > alpha`` (the long-short difference, LSD) and ``long[p] < beta``
+  (the long-context likelihood LCL = -long[p] > -beta; the package's ``beta = -2`` is this rule's -beta).
+
+LongPPL of a model = exp(mean of its loss over the key tokens): the units of ppl (2 ** bits = e ** nats).
+
+Defaults: alpha = beta = 2 nats as the paper; K = 3l/4 and S = l/4, so every short window holds at
+most l tokens (K + S = l) and the evaluator never reads past its training length there (the paper's
+K = 4096, S = 1024 were far inside its models' windows).
+"""
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..modules.attention.spec import AttentionSpec
+from .length_eval import _batches, _pad_batch, _token_nll
+
+__all__ = ["KeyTokenRule", "short_context_nll", "key_token_mask", "find_key_tokens"]
+
+
+@dataclass(frozen=True)
+class KeyTokenRule:
+    """The key-token rule of LongPPL.
+
+    Attributes:
+        alpha: nats; the short-context loss must exceed the long-context loss by more than alpha.
+        beta: nats; the long-context loss must be below beta.
+        trunc_len: K, the shortest truncated context (tokens); None: 3l/4.
+        sliding_window: S, targets sharing one truncated context; None: l/4.
+
+    Raises:
+        ValueError (:meth:`resolve`): beta <= 0, K or S < 1, or no training length to take defaults from.
+    """
+
+    alpha: float = 2.0
+    beta: float = 2.0
+    trunc_len: Optional[int] = None
+    sliding_window: Optional[int] = None
+
+    def resolve(self, training_length: Optional[int]) -> "KeyTokenRule":
+        """The rule with K and S filled from the training length l (3l/4 and l/4), checked."""
+        l = training_length
+        if (self.trunc_len is None or self.sliding_window is None) and not l:
+            raise ValueError("LongPPL's truncated context defaults to 3l/4 (sliding by l/4) and this model has no "
+                             "training length: pass --training-length or --longppl-trunc-len and --longppl-sliding-window.")
+        k = self.trunc_len if self.trunc_len is not None else max(1, 3 * l // 4)
+        s = self.sliding_window if self.sliding_window is not None else max(1, l - k)
+        if k < 1 or s < 1:
+            raise ValueError(f"--longppl-trunc-len and --longppl-sliding-window must be >= 1, got {k} and {s}.")
+        if not self.beta > 0:
+            raise ValueError(f"--longppl-beta bounds a loss in nats (key tokens have long-context loss < beta); "
+                             f"it must be > 0, got {self.beta}.")
+        return replace(self, trunc_len=int(k), sliding_window=int(s))
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields."""
+        return {"alpha": self.alpha, "beta": self.beta, "trunc_len": self.trunc_len, "sliding_window": self.sliding_window}
+
+
+@torch.no_grad()
+def short_context_nll(model, seq: Tensor, spec: AttentionSpec, rule: KeyTokenRule, pad: int,
+                      max_tokens: int = 32768) -> Tensor:
+    """Loss of every target of ``seq`` given its truncated context (see the module notation).
+
+    Args:
+        model: the evaluator, a lex_lm model in eval mode.
+        seq: (n,) int64, the first source token then the targets.
+        spec: the evaluator's attention (full, as a rule).
+        rule: a resolved :class:`KeyTokenRule` (K, S set).
+        max_tokens: batch bound: max(1, max_tokens // (K + S)) windows per forward.
+
+    Returns:
+        (n - 1,) float64 losses in nats of ``seq[1:]``; NaN for ``seq[1 : K]`` (no short context).
+    """
+    k, s = rule.trunc_len, rule.sliding_window
+    n = seq.numel()
+    out = torch.full((n - 1,), math.nan, dtype=torch.float64, device=seq.device)
+    windows = [(c, min(c + k + s, n)) for c in range(0, n - k, s)]
+    for batch in _batches(windows, max(1, max_tokens // (k + s))):
+        width = max(end - c for c, end in batch) - 1
+        source = _pad_batch([seq[c : end - 1] for c, end in batch], width, pad)
+        target = _pad_batch([seq[c + 1 : end] for c, end in batch], width, pad)
+        nll = _token_nll(model, source, target, pad, spec).double()
+        for row, (c, end) in enumerate(batch):
+            out[c + k - 1 : end - 1] = nll[row, k - 1 : end - c - 1]
+    return out
+
+
+def key_token_mask(long_nll: Tensor, short_nll: Tensor, rule: KeyTokenRule) -> Tensor:
+    """(n,) bool: short - long > alpha and long < beta (NaN short: False). Losses in nats, same shape."""
+    return (short_nll - long_nll > rule.alpha) & (long_nll < rule.beta)
+
+
+@torch.no_grad()
+def find_key_tokens(model, stream: Tensor, length: int, spec: AttentionSpec, eos: int, pad: int,
+                    rule: KeyTokenRule, max_tokens: int = 32768, long_nll: Optional[Tensor] = None) -> Tensor:
+    """The key tokens of ``stream`` cut into samples of ``length`` (as :func:`~.length_eval.evaluate_lengths`
+    cuts it), found by the evaluator ``model`` under ``spec``.
+
+    Args:
+        stream: (T,) int64 token ids; a document is one sample (``length`` >= T).
+        rule: a resolved :class:`KeyTokenRule`.
+        long_nll: (T,) the evaluator's long-context losses when the caller has them (a document scored
+            through the cache); computed here otherwise.
+
+    Returns:
+        (T,) bool on ``stream``'s device: True at key tokens.
+    """
+    device = next(model.parameters()).device
+    key = torch.zeros(stream.numel(), dtype=torch.bool)
+    for start in range(0, stream.numel(), length):
+        target = stream[start : start + length].to(device)
+        first = stream.new_tensor([eos]) if start == 0 else stream[start - 1 : start]
+        seq = torch.cat([first.to(device), target])
+        if long_nll is None:
+            long = _token_nll(model, seq[None, :-1], target[None], pad, spec)[0].double()
+        else:
+            long = long_nll[start : start + target.numel()].to(device).double()
+        short = short_context_nll(model, seq, spec, rule, pad, max_tokens)
+        key[start : start + target.numel()] = key_token_mask(long, short, rule).cpu()
+    return key.to(stream.device)
