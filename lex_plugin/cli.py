@@ -398,23 +398,44 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, json_out, plo
               help="the data-bin the model was trained on (its spm.model, dict.txt and lex_prepare.json encode the text)")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_window_options
+@click.option("--longppl", is_flag=True, help="also LongPPL (Fang et al. 2025): perplexity over the key tokens, those the "
+              "evaluator predicts better by > alpha nats with the whole document than truncated, at loss < beta")
+@click.option("--key-token-model", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="--longppl evaluator checkpoint (same data-bin), under full attention [default: --path]")
+@click.option("--longppl-alpha", type=float, default=None, help="--longppl: gain from the long context, nats [default: 2]")
+@click.option("--longppl-beta", type=float, default=None, help="--longppl: long-context loss bound, nats [default: 2]")
+@click.option("--longppl-trunc-len", type=click.IntRange(min=1), default=None,
+              help="--longppl: K, the shortest truncated context [default: 3l/4]")
+@click.option("--longppl-sliding-window", type=click.IntRange(min=1), default=None,
+              help="--longppl: S, targets sharing one truncated context [default: l/4]")
 @_JSON
-def score_cmd(checkpoint, data, files, json_out, **window):
+def score_cmd(checkpoint, data, files, json_out, longppl, key_token_model, longppl_alpha, longppl_beta, longppl_trunc_len,
+              longppl_sliding_window, **window):
     """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
-    ([0, l), [l, 2l), [2l, 4l) ...), under any window. No binarising: the text is encoded as lex prepare
-    encodes a corpus; long documents run through the key/value cache, never truncated."""
+    ([0, l), [l, 2l), [2l, 4l) ...), under any window, and with --longppl the LongPPL of each document. No
+    binarising: the text is encoded as lex prepare encodes a corpus; long documents run through the key/value
+    cache, never truncated."""
     from .analysis.report import write_json
     from .evaluation.documents import format_scores
+    from .evaluation.longppl import KeyTokenRule
 
     try:
+        given = {"alpha": longppl_alpha, "beta": longppl_beta, "trunc_len": longppl_trunc_len,
+                 "sliding_window": longppl_sliding_window}
+        given = {name: value for name, value in given.items() if value is not None}
+        if not longppl and (given or key_token_model):
+            stray = [f"--longppl-{n.replace('_', '-')}" for n in given] + (["--key-token-model"] if key_token_model else [])
+            raise ValueError(f"{', '.join(stray)} set(s) LongPPL's key tokens; add --longppl.")
         hub = _hub(checkpoint, data, window)
+        evaluator = _hub(key_token_model, data, {}) if key_token_model else None
+        rule = KeyTokenRule(**given) if longppl else None
         scores = []
         for path in files:
             try:
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"{path} is not UTF-8; convert it (e.g. iconv -f latin1 -t utf-8).") from None
-            scores.append(hub.score_document(text, name=path.name))
+            scores.append(hub.score_document(text, name=path.name, key_token_rule=rule, evaluator=evaluator))
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     tokens = sum(s.tokens for s in scores)
@@ -427,6 +448,9 @@ def score_cmd(checkpoint, data, files, json_out, **window):
               "rope_scaling": None if hub.spec.rope_scaling is None else str(hub.spec.rope_scaling),
               "training_length": hub.training_length, "tokens": tokens, "ppl": overall,
               "documents": [s.to_dict() for s in scores]}
+    if rule is not None:
+        report["longppl"] = {"evaluator": str(key_token_model or checkpoint), "window": "full",
+                             **rule.resolve((evaluator or hub).training_length or hub.training_length).to_dict()}
     write_json(report, json_out)
     if json_out:
         click.echo(f"JSON -> {json_out}")

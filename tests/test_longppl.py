@@ -177,3 +177,35 @@ def test_longppl_flags_refused_without_their_owner(flags, message):
 def test_length_report_only_needs_eval_lengths(data_bin, trained):
     proc = _eval_lm(data_bin, trained[0], "--length-report-only", check=False)
     assert proc.returncode != 0 and "give --eval-lengths" in proc.stderr
+
+
+def test_lex_score_longppl_on_a_document(data_bin, trained, pg_slice, tmp_path):
+    """``lex score --longppl``: the key tokens of the whole document by the library's rule, LongPPL the score's
+    loss over them; the same key tokens under BCA, a LongPPL of its own."""
+    from lex_plugin.evaluation.documents import document_nll, encode_document
+    from lex_plugin.evaluation.longppl import document_key_tokens
+    from lex_plugin.hub_interface import from_pretrained
+
+    ckpt, _ = trained
+    book = sorted((pg_slice / "test").glob("*.txt"))[0]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(book.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    rule = ["--longppl", "--longppl-alpha", ALPHA, "--longppl-beta", BETA]
+    reports = {}
+    for name, window in (("full", []), ("bca", ["--bca"])):
+        out = tmp_path / f"{name}.json"
+        proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
+                        str(doc), *map(str, rule), *window, "--json", str(out)])
+        assert "key tokens | LongPPL" in proc.stdout
+        reports[name] = json.loads(out.read_text())
+    hub = from_pretrained(ckpt.parent, ckpt.name, data_bin)
+    tokens = encode_document(hub, doc.read_text(encoding="utf-8"))
+    d = hub.src_dict
+    key = document_key_tokens(hub.models[0], tokens, d.eos(), d.pad(), KeyTokenRule(ALPHA, BETA).resolve(TRAIN_LEN))
+    nll = document_nll(hub.models[0], tokens, FULL_SPEC, d.eos())
+    full, bca = reports["full"]["documents"][0], reports["bca"]["documents"][0]
+    assert full["tokens"] == tokens.numel() > 4 * TRAIN_LEN
+    assert 0 < full["key_tokens"] == bca["key_tokens"] == int(key.sum())
+    assert full["longppl"] == pytest.approx(math.exp(float(nll[key].mean())), rel=1e-6)
+    assert bca["longppl"] != pytest.approx(full["longppl"], rel=1e-6)
+    assert reports["bca"]["longppl"]["trunc_len"] == 3 * TRAIN_LEN // 4

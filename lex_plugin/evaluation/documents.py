@@ -22,7 +22,7 @@ from ..data.text import paragraphs
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges, bucket_table
 
-__all__ = ["DocumentScore", "encode_document", "score_tokens", "format_scores"]
+__all__ = ["DocumentScore", "encode_document", "document_nll", "score_tokens", "format_scores"]
 
 FULL_BLOCK = 1024  # positions per forward under full attention (the cache holds all earlier ones)
 
@@ -36,13 +36,18 @@ class DocumentScore(_Scored):
     tokens: int = 0
     nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
+    key_tokens: Optional[int] = None  # LongPPL's key tokens (None: not asked for)
+    key_nll: float = 0.0
 
     def to_dict(self) -> dict:
-        """JSON-ready fields, with loss and ppl for the document and each bucket."""
-        return {
+        """JSON-ready fields, with loss and ppl for the document and each bucket (and LongPPL when asked for)."""
+        out = {
             "name": self.name, "window": self.window, "tokens": self.tokens, "loss": self.loss, "ppl": self.ppl,
             "buckets": [dict(start=b.start, end=b.end, tokens=b.tokens, loss=b.loss, ppl=b.ppl) for b in self.buckets],
         }
+        if self.key_tokens is not None:
+            out.update(key_tokens=self.key_tokens, longppl=self.longppl)
+        return out
 
 
 def encode_document(hub, text: str) -> Tensor:
@@ -63,21 +68,10 @@ def encode_document(hub, text: str) -> Tensor:
 
 
 @torch.no_grad()
-def score_tokens(
-    model,
-    tokens: Tensor,
-    spec: AttentionSpec,
-    eos: int,
-    name: str = "",
-    training_length: Optional[int] = None,
-) -> DocumentScore:
-    """Score a whole document of ``tokens`` (T,) with ``model`` under ``window``.
-
-    The document is fed in blocks (the window's stride, or ``FULL_BLOCK`` under full attention) through
-    the key/value cache; the logits of one block at a time exist, never T x V.
-
-    Returns:
-        A :class:`DocumentScore` with T scored tokens and buckets at multiples of ``training_length``.
+def document_nll(model, tokens: Tensor, spec: AttentionSpec, eos: int, name: str = "") -> Tensor:
+    """(T,) float64 loss in nats of every token of a document (T,) under ``spec``, the whole document as
+    context: fed in blocks (the window's stride, or ``FULL_BLOCK`` under full attention) through the
+    key/value cache, so the logits of one block at a time exist, never T x V.
 
     Raises:
         ValueError: T exceeds ``model.max_positions()`` (say which model and how long), or T = 0.
@@ -94,22 +88,58 @@ def score_tokens(
     device = next(model.parameters()).device
     target = tokens.to(device)[None]
     source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
-    window = spec.window
-    block = window.feed_block or FULL_BLOCK
-    nll = torch.cat([
+    block = spec.window.feed_block or FULL_BLOCK
+    return torch.cat([
         F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
         for a, b, out in blockwise_forward(model, source, block, spec=spec)
     ])
+
+
+def score_tokens(
+    model,
+    tokens: Tensor,
+    spec: AttentionSpec,
+    eos: int,
+    name: str = "",
+    training_length: Optional[int] = None,
+    key_tokens: Optional[Tensor] = None,
+) -> DocumentScore:
+    """Score a whole document of ``tokens`` (T,) with ``model`` under ``spec`` (:func:`document_nll`).
+
+    Args:
+        key_tokens: (T,) bool, LongPPL's key tokens of the document (:func:`.longppl.document_key_tokens`):
+            the score also sums the loss over them (``key_tokens``, ``key_nll``, ``longppl``).
+
+    Returns:
+        A :class:`DocumentScore` with T scored tokens and buckets at multiples of ``training_length``.
+
+    Raises:
+        ValueError: as :func:`document_nll`; key tokens of another length.
+    """
+    nll = document_nll(model, tokens, spec, eos, name)
+    length = tokens.numel()
     edges = bucket_edges(length, training_length)
     buckets = [Bucket(a, b, b - a, float(nll[a:b].sum())) for a, b in zip(edges[:-1], edges[1:])]
-    return DocumentScore(name, str(spec), length, float(nll.sum()), buckets)
+    score = DocumentScore(name, str(spec), length, float(nll.sum()), buckets)
+    if key_tokens is not None:
+        if key_tokens.shape != tokens.shape:
+            raise ValueError(f"key_tokens must mark the document's {length} tokens, got shape {tuple(key_tokens.shape)}.")
+        key = key_tokens.to(nll.device)
+        score.key_tokens, score.key_nll = int(key.sum()), float(nll[key].sum())
+    return score
 
 
 def format_scores(scores: Sequence[DocumentScore], training_length: Optional[int] = None) -> str:
-    """Markdown tables: one row per document (tokens, loss in bits, ppl), then the loss per position
+    """Markdown tables: one row per document (tokens, loss in bits, ppl; key tokens and LongPPL when scored),
+    then the loss per position
     bucket of each document (rows only where a document reaches past l)."""
-    lines = ["| document | window | tokens | x l | loss (bits) | ppl |", "|---|---|---|---|---|---|"]
+    longppl = any(s.key_tokens is not None for s in scores)
+    lines = ["| document | window | tokens | x l | loss (bits) | ppl |" + (" key tokens | LongPPL |" if longppl else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if longppl else "")]
     for s in scores:
         ratio = f"{s.tokens / training_length:.3g}" if training_length else "-"
-        lines.append(f"| {s.name} | {s.window} | {s.tokens:,} | {ratio} | {s.loss:.4f} | {s.ppl:.2f} |")
+        line = f"| {s.name} | {s.window} | {s.tokens:,} | {ratio} | {s.loss:.4f} | {s.ppl:.2f} |"
+        if longppl:
+            line += f" {s.key_tokens or 0:,} | {'-' if s.longppl is None else f'{s.longppl:.2f}'} |"
+        lines.append(line)
     return "\n".join(lines + bucket_table(("document", "window"), [((s.name, s.window), s.buckets) for s in scores]))

@@ -48,6 +48,13 @@ class _Scored:
         """Perplexity, 2 ** loss."""
         return 2.0 ** self.loss
 
+    @property
+    def longppl(self) -> Optional[float]:
+        """LongPPL (:mod:`.longppl`): exp of the mean loss over the ``key_tokens`` (summed in ``key_nll``,
+        nats); None when none were scored or none were asked for."""
+        key_tokens = getattr(self, "key_tokens", None)
+        return math.exp(self.key_nll / key_tokens) if key_tokens else None
+
 
 @dataclass
 class Bucket(_Scored):
@@ -74,11 +81,6 @@ class LengthResult(_Scored):
     attention: dict = field(default_factory=dict)
     key_tokens: Optional[int] = None  # LongPPL's key tokens scored (None: not asked for)
     key_nll: float = 0.0
-
-    @property
-    def longppl(self) -> Optional[float]:
-        """LongPPL (:mod:`.longppl`): exp of the mean loss over the key tokens; None without key tokens."""
-        return math.exp(self.key_nll / self.key_tokens) if self.key_tokens else None
 
     def to_dict(self) -> dict:
         """JSON-ready fields, with loss and ppl for the pass and each bucket (and LongPPL when asked for)."""

@@ -30,10 +30,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..modules.attention.spec import AttentionSpec
+from ..modules.attention.spec import FULL_SPEC, AttentionSpec
+from .documents import document_nll
 from .length_eval import _batches, _pad_batch, _token_nll
 
-__all__ = ["KeyTokenRule", "short_context_nll", "key_token_mask", "find_key_tokens"]
+__all__ = ["KeyTokenRule", "short_context_nll", "key_token_mask", "find_key_tokens", "document_key_tokens"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,15 @@ def find_key_tokens(model, stream: Tensor, length: int, spec: AttentionSpec, eos
         short = short_context_nll(model, seq, spec, rule, pad, max_tokens)
         key[start : start + target.numel()] = key_token_mask(long, short, rule).cpu()
     return key.to(stream.device)
+
+
+def document_key_tokens(model, tokens: Tensor, eos: int, pad: int, rule: KeyTokenRule, max_tokens: int = 32768) -> Tensor:
+    """The key tokens of one document (T,) (the whole document is the long context, read through the
+    key/value cache as :func:`~.documents.document_nll` reads it), found by the evaluator ``model`` under full
+    attention; the first source token is ``</s>``, as :func:`~.documents.score_tokens` scores it.
+
+    Returns:
+        (T,) bool on ``tokens``' device.
+    """
+    long = document_nll(model, tokens, FULL_SPEC, eos)
+    return find_key_tokens(model, tokens, tokens.numel(), FULL_SPEC, eos, pad, rule, max_tokens, long_nll=long)
