@@ -567,10 +567,11 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
 @main.command("ruler")
 @_CKPT
 @_DATA
-@click.option("--tasks", default="niah_single_1,niah_single_2,niah_multikey_1,niah_multikey_2,niah_multivalue,niah_multiquery,vt,fwe",
-              show_default=True, help="comma-separated RULER task names")
+@click.option("--tasks", default="niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,"
+              "niah_multivalue,niah_multiquery,vt,fwe,cwe", show_default=True,
+              help="comma-separated RULER task names (a task too long for a length is skipped there, '-' in the tables)")
 @click.option("--lengths", default=None, help="comma-separated prompt lengths in tokens (default l, 2l, 4l, 8l)")
-@click.option("--depths", default="0.1,0.5,0.9", show_default=True, help="relative needle depths in [0, 1] (fwe has none)")
+@click.option("--depths", default="0.1,0.5,0.9", show_default=True, help="relative needle depths in [0, 1] (fwe, cwe have none)")
 @click.option("--windows", default="full,bca", show_default=True,
               help="comma-separated attention modes: full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
 @click.option("--trials", type=click.IntRange(min=1), default=4, show_default=True, help="prompts per cell")
@@ -579,18 +580,23 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
 @click.option("--hops", type=click.IntRange(min=1), default=2, show_default=True, help="vt: assignments after the first")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the book haystacks come from")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=0.856, show_default=True,
+              help="effective length: the task average must exceed this at every length up to it (RULER's 85.6%)")
+@click.option("--relative-threshold", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="effective length also at this fraction of the window's own average at the shortest length")
 @_probe_options
 @_JSON
 @_PLOT
-def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distractors, hops, seed, split, json_out, plot_out,
-              **flags):
-    """RULER-lite (RULER's synthetic tasks for small models): needles in noise or book text, several keys, values
-    and queries, variable tracking and frequent-word extraction; each answer scored against K same-typed
-    distractors by the model's log-probability. Accuracy per (task, window, length, depth): table, JSON, one heat
-    map per task (--plot OUT.png writes OUT_TASK.png)."""
+def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distractors, hops, seed, split, threshold,
+              relative_threshold, json_out, plot_out, **flags):
+    """RULER-lite (RULER's synthetic tasks for small models): needles in noise or book text (numbers, UUIDs),
+    several keys, values and queries, variable tracking, frequent- and common-word extraction. Each query is
+    scored by greedy exact match (RULER's string_match_all on what greedy decoding writes) and by ranking each
+    answer against K same-typed distractors. Per (task, window, length, depth): tables, each window's effective
+    length and weighted averages, JSON, one heat map per task (--plot OUT.png writes OUT_TASK.png)."""
     from .analysis.report import write_json
     from .data.stream import split_stream
-    from .evaluation.ruler import format_ruler, plot_ruler, ruler_accuracy
+    from .evaluation.ruler import effective_length, format_ruler, plot_ruler, ruler_accuracy
     from .hub_interface import from_pretrained
 
     try:
@@ -609,9 +615,13 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
                                  hub.src_dict.pad(), trials, distractors, hops, seed, unk=hub.src_dict.unk())
     except ValueError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(format_ruler(results, l))
+    click.echo(format_ruler(results, l, threshold, relative_threshold))
+    summary = [{"window": w, "measure": m, "relative": rel, **effective_length(results, w, m, threshold, rel)}
+               for w in dict.fromkeys(r.window for r in results) for m in ("greedy", "ranking")
+               for rel in (None, relative_threshold)]
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
-              "distractors": distractors, "hops": hops, "seed": seed, "results": [r.to_dict() for r in results]}
+              "distractors": distractors, "hops": hops, "seed": seed, "threshold": threshold,
+              "relative_threshold": relative_threshold, "summary": summary, "results": [r.to_dict() for r in results]}
     if plot_out:  # the plot first: the JSON is what a resumed run takes as done
         plot_ruler(results, plot_out, l)
     write_json(report, json_out)

@@ -15,12 +15,16 @@ from conftest import TRAIN_LEN, run_cli
 from lex_plugin import LexLanguageModel
 from lex_plugin.data.stream import split_stream
 from lex_plugin.evaluation.passkey import CandidateScores
-from lex_plugin.evaluation.ruler import TASKS, finetune_samples, make_sample, ruler_accuracy, sentence_stops
+from lex_plugin.evaluation.ruler import (TASKS, RulerResult, effective_length, finetune_samples, make_sample,
+                                        ruler_accuracy, sentence_stops)
 from lex_plugin.evaluation.ruler import probe as probe_module
 from lex_plugin.evaluation.ruler.tasks import FWE_INTRO, NOISE
 
 LAYERS = 4  # lex_lm_tiny
 NEEDLE_RE = r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\."
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+NEEDLE_UUID_RE = rf"One of the special magic uuids for ([a-z]+-[a-z]+|{UUID}) is: ({UUID})\."
+LENGTH = {"niah_multikey_3": 16 * TRAIN_LEN, "cwe": 16 * TRAIN_LEN}  # (this small BPE spells a UUID in ~30 tokens)
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +49,25 @@ def test_each_generator_keeps_its_invariants(hub, filler, task):
     """At 4l and depths 0, 0.5, 1: the prompt fits the length; every needle is whole; the answers are in the text
     as often as the task says; the distractors are distinct and none is an answer; the same seed gives the same
     prompt."""
+    length = LENGTH.get(task, 4 * TRAIN_LEN)
     for depth in (0.0, 0.5, 1.0):
-        s = _sample(hub, filler, task, 4 * TRAIN_LEN, depth)
-        assert all(s.context.numel() + q.question.numel() <= 4 * TRAIN_LEN for q in s.queries)
-        assert s.tokens > 4 * TRAIN_LEN - 40  # filled, short of the length by at most a haystack sentence
+        s = _sample(hub, filler, task, length, depth)
+        assert all(s.context.numel() + q.question.numel() <= length for q in s.queries)
+        assert s.tokens > length - 40  # filled, short of the length by at most a haystack sentence
         text = hub.decode(s.context)
         for query in s.queries:
             answers = [hub.decode(a) for a in query.answers]
             wrong = [hub.decode(d) for d in query.distractors]
             assert len(wrong) == 9 and len(set(wrong)) == 9 and not set(wrong) & set(answers)
         if task.startswith("niah"):
+            needle = NEEDLE_UUID_RE if task.endswith("_3") else NEEDLE_RE
             for start, end in s.needles:
-                assert re.fullmatch(NEEDLE_RE, hub.decode(s.context[start:end]))
-            found = re.findall(NEEDLE_RE, text)
-            if task != "niah_multikey_2":
+                assert re.fullmatch(needle, hub.decode(s.context[start:end]))
+            found = re.findall(needle, text)
+            if task not in ("niah_multikey_2", "niah_multikey_3"):
                 assert len(found) == len(s.needles) == (1 if task.startswith("niah_single") else 4), text
             for query in s.queries:
-                key = re.search(r"for ([a-z]+-[a-z]+) mentioned", hub.decode(query.question)).group(1)
+                key = re.search(rf"for ([a-z]+-[a-z]+|{UUID}) mentioned", hub.decode(query.question)).group(1)
                 values = [v for k, v in found if k == key]
                 assert sorted(values) == sorted(hub.decode(a) for a in query.answers)
                 assert len(values) == (4 if task == "niah_multivalue" else 1)
@@ -71,12 +77,20 @@ def test_each_generator_keeps_its_invariants(hub, filler, task):
             value = re.search(r"the value (\d{7})", hub.decode(s.queries[0].question)).group(1)
             assert f"VAR {chain[0]} is {value}." in text
             assert all(f"VAR {b} is VAR {a}." in text for a, b in zip(chain, chain[1:]))
+        elif task == "cwe":  # 10 words at least 5 times each, every other word 3 times; the distractors among those
+            entries = re.findall(r"(\d+)\. ([a-z]+)", text)
+            assert [int(n) for n, _ in entries] == list(range(1, len(entries) + 1))  # RULER's numbered list
+            counts = Counter(w for _, w in entries)
+            common = [hub.decode(a) for a in s.queries[0].answers]
+            assert len(common) == 10 and len({counts[w] for w in common}) == 1 and counts[common[0]] >= 5
+            assert all(counts[w] == 3 for w in counts if w not in common)
+            assert all(counts[hub.decode(d)] == 3 for d in s.queries[0].distractors)
         else:  # fwe: the three answers are strictly more frequent than every distractor
             counts = Counter(text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split())
             top = [hub.decode(a) for a in s.queries[0].answers]
             assert min(counts[w] for w in top) > max(counts[hub.decode(d)] for d in s.queries[0].distractors)
             assert top == [w for w, _ in counts.most_common(3)]  # unique: the generator redraws ties at the third place
-        again = _sample(hub, filler, task, 4 * TRAIN_LEN, depth)
+        again = _sample(hub, filler, task, length, depth)
         assert torch.equal(again.context, s.context) and all(
             torch.equal(a.question, b.question) for a, b in zip(again.queries, s.queries))
 
@@ -105,48 +119,80 @@ def test_text_the_vocabulary_cannot_spell_is_refused(hub, filler):
 
     with pytest.raises(ValueError, match="unknown token"):
         make_sample("vt", encode, 4 * TRAIN_LEN, 0.5, torch.Generator().manual_seed(0), unk=hub.src_dict.unk())
+    def no_hex(text):  # a vocabulary that cannot spell the letters of a UUID, or any letter
+        ids = hub.encode_fragment(text)
+        return ids.masked_fill(torch.tensor([any(c in "abcdef" for c in hub.src_dict[i]) for i in ids.tolist()],
+                                            dtype=torch.bool), hub.src_dict.unk())
+
+    for task in ("niah_single_3", "niah_multikey_3", "cwe"):
+        with pytest.raises(ValueError, match="unknown token"):
+            make_sample(task, no_hex, 16 * TRAIN_LEN, 0.5, torch.Generator().manual_seed(0), filler,
+                        sentence_stops(hub.encode_fragment), unk=hub.src_dict.unk())
     with pytest.raises(ValueError, match="unknown RULER task"):
         make_sample("qa_1", hub.encode_fragment, 256, 0.5, torch.Generator())
     with pytest.raises(ValueError, match="too short"):
         make_sample("niah_multiquery", hub.encode_fragment, 60, 0.5, torch.Generator(), filler)
 
 
+def _answers(hub, prompt):
+    """What a reader of the prompt's text who knows every task answers."""
+    text = hub.decode(prompt)
+    question = text[text.rfind("?") - 200:]
+    if "magic uuid" in question:
+        key = re.findall(rf"for ([a-z]+-[a-z]+|{UUID}) mentioned", question)[-1]
+        return [v for k, v in re.findall(NEEDLE_UUID_RE, text) if k == key]
+    if "magic number" in question:
+        key = re.findall(r"for ([a-z]+-[a-z]+) mentioned", question)[-1]
+        return [v for k, v in re.findall(NEEDLE_RE, text) if k == key]
+    if "most common words" in question:
+        return [w for w, _ in Counter(re.findall(r"\d+\. ([a-z]+)", text)).most_common(10)]
+    if "variables" in question:
+        value = re.findall(r"the value (\d{7})", question)[-1]
+        right, edges = set(), re.findall(r"VAR ([A-Z]{5}) is (VAR )?([A-Z]{5}|\d{7})\.", text)
+        right |= {a for a, _, b in edges if b == value}
+        for _ in range(10):
+            right |= {a for a, _, b in edges if b in right}
+        return sorted(right)
+    coded = text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split("What are")[0].split()
+    return [w for w, _ in Counter(coded).most_common(3)]
+
+
 def _oracle(hub):
-    """score_candidates as a reader of the prompt's text that knows every task: 0 for what the text answers, -1 else."""
+    """score_candidates and greedy_answer of that reader: 0 for what the text answers, -1 else; it writes them all."""
     def score(model, prompt, candidates, spec, eos, pad):
-        text = hub.decode(prompt)
-        question = text[text.rfind("?") - 200:]
-        if "magic number" in question:
-            key = re.findall(r"for ([a-z]+-[a-z]+) mentioned", question)[-1]
-            right = {v for k, v in re.findall(NEEDLE_RE, text) if k == key}
-        elif "variables" in question:
-            value = re.findall(r"the value (\d{7})", question)[-1]
-            right, edges = set(), re.findall(r"VAR ([A-Z]{5}) is (VAR )?([A-Z]{5}|\d{7})\.", text)
-            right |= {a for a, _, b in edges if b == value}
-            for _ in range(10):
-                right |= {a for a, _, b in edges if b in right}
-        else:
-            coded = text.split(hub.decode(hub.encode_fragment(FWE_INTRO)))[-1].split("What are")[0].split()
-            right = {w for w, _ in Counter(coded).most_common(3)}
+        right = set(_answers(hub, prompt))
         scores = torch.tensor([0.0 if hub.decode(c) in right else -1.0 for c in candidates], dtype=torch.float64)
-        return CandidateScores(scores, scores.eq(0))  # it writes what it knows
-    return score
+        return CandidateScores(scores, scores.eq(0))
+
+    def write(model, prompt, answer_tokens, spec, eos, pad):
+        return hub.encode_fragment(", ".join(_answers(hub, prompt)) + ".")
+    return score, write
 
 
 def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
-    monkeypatch.setattr(probe_module, "score_candidates", _oracle(hub))
-    results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, TASKS, [4 * TRAIN_LEN, 8 * TRAIN_LEN], [0.2, 0.8],
+    score, write = _oracle(hub)
+    monkeypatch.setattr(probe_module, "score_candidates", score)
+    monkeypatch.setattr(probe_module, "greedy_answer", write)
+    lengths = [4 * TRAIN_LEN, 16 * TRAIN_LEN]
+    results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, TASKS, lengths, [0.2, 0.8],
                              [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2, progress=False, unk=hub.src_dict.unk())
-    assert len(results) == 7 * 2 * 2 + 2  # fwe: one row per length
-    assert all(r.accuracy == 1.0 and r.found == r.items > 0 for r in results), [(r.task, r.accuracy) for r in results if r.accuracy < 1]
-    assert all(r.greedy == r.queries >= r.trials for r in results)
+    assert len(results) == 9 * 2 * 2 + 2 * 2  # fwe, cwe: one row per length
+    skipped = {(r.task, r.length) for r in results if r.skipped}
+    assert skipped == {("niah_multikey_3", 4 * TRAIN_LEN), ("cwe", 4 * TRAIN_LEN)}  # too short there: '-'
+    ran = [r for r in results if not r.skipped]
+    assert all(r.accuracy == 1.0 and r.found == r.items > 0 for r in ran), [(r.task, r.accuracy) for r in ran if r.accuracy < 1]
+    assert all(r.greedy == r.queries >= r.trials for r in ran), [(r.task, r.greedy, r.queries) for r in ran]
+    assert all(r.trials == r.queries == 0 for r in results if r.skipped)
+    for measure in ("greedy", "ranking"):
+        summary = effective_length(results, str(hub.spec), measure)
+        assert summary["averages"] == {L: 1.0 for L in lengths} and summary["effective_length"] == 16 * TRAIN_LEN
 
 
 @pytest.mark.parametrize("writes", ["a distractor", "one answer"])
 def test_greedy_counts_a_written_answer_never_a_written_distractor(hub, filler, monkeypatch, writes):
-    """Stub scorers that rank the answers first: one whose greedy continuation writes one distractor (greedy must
-    stay 0), one that writes the first answer of each query only (every query counts, also those with several
-    answers: 'writes an answer whole'). niah_multivalue asks for several values per query."""
+    """Stub scorers that rank the answers first, with greedy decoding that writes one distractor (greedy must stay
+    0), or the first answer of each query only (string_match_all: 1 for a one-answer query, 1/4 for
+    niah_multivalue's four)."""
     answer_counts = deque()  # each query's number of answers, in the order the probe scores them (one spec)
     make_sample_real = probe_module.make_sample
 
@@ -155,23 +201,29 @@ def test_greedy_counts_a_written_answer_never_a_written_distractor(hub, filler, 
         answer_counts.extend(len(q.answers) for q in sample.queries)
         return sample
 
+    written = deque()
+
     def stub(model, prompt, candidates, spec, eos, pad):  # candidates: [*answers, *distractors]
         answers = answer_counts.popleft()
         scores = torch.tensor([0.0] * answers + [-1.0] * (len(candidates) - answers), dtype=torch.float64)
-        flags = torch.zeros(len(candidates), dtype=torch.bool)
-        flags[answers if writes == "a distractor" else 0] = True
-        return CandidateScores(scores, flags)
+        written.append(candidates[answers if writes == "a distractor" else 0])
+        return CandidateScores(scores, torch.zeros(len(candidates), dtype=torch.bool))
+
+    def write(model, prompt, answer_tokens, spec, eos, pad):  # called after the query's stub, with its candidates
+        return torch.cat([hub.encode_fragment("It is"), written.popleft(), hub.encode_fragment(".")])
 
     monkeypatch.setattr(probe_module, "make_sample", make)
     monkeypatch.setattr(probe_module, "score_candidates", stub)
+    monkeypatch.setattr(probe_module, "greedy_answer", write)
     results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "niah_multivalue"],
                              [4 * TRAIN_LEN], [0.5], [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2,
                              progress=False, unk=hub.src_dict.unk())
-    assert not answer_counts and all(r.accuracy == 1.0 for r in results)
+    assert not answer_counts and not written and all(r.accuracy == 1.0 for r in results)
     assert any(r.items > r.queries for r in results)  # a task with several answers per query was scored
     for r in results:
         assert r.queries >= r.trials > 0
-        assert r.greedy == (0 if writes == "a distractor" else r.queries), (r.task, r.greedy, r.queries)
+        expected = 0 if writes == "a distractor" else r.queries / (4 if r.task == "niah_multivalue" else 1)
+        assert r.greedy == pytest.approx(expected), (r.task, r.greedy, r.queries)
 
 
 def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
@@ -203,9 +255,12 @@ def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
     report = json.loads(out.read_text())
     assert len(report["results"]) == 3 * 2 * 2 and all(0 < r["tokens"] <= r["length"] for r in report["results"])
     assert all(r["prompt_tokens"] == [r["tokens"]] for r in report["results"])  # one trial: its prompt's count
-    assert "Greedy: fraction of queries" in proc.stdout
+    assert proc.stdout.index("greedy exact match") < proc.stdout.index("RULER-lite ranking")  # greedy first
     assert all(r["queries"] >= 1 and 0 <= r["greedy"] <= r["queries"] and r["greedy_rate"] == r["greedy"] / r["queries"]
                for r in report["results"])
+    summary = {(s["window"], s["measure"], s["relative"]) for s in report["summary"]}
+    assert summary == {(w, m, rel) for w in ("full", "bca(32)") for m in ("greedy", "ranking") for rel in (None, 0.9)}
+    assert "| full | greedy |" in proc.stdout and "effective (85.6%)" in proc.stdout
     assert all((tmp_path / f"ruler_{t}.png").stat().st_size > 5000 for t in ("niah_single_2", "vt", "fwe"))
 
     dest = tmp_path / "ruler-bin"
@@ -231,3 +286,23 @@ def test_finetuning_samples_end_with_their_answers(hub, filler):
     value = re.findall(NEEDLE_RE, first)[0][1]
     assert first.endswith(f"mentioned in the provided text is {value}.")
     assert hub.decode(rows[0].tokens[-rows[0].answer:]) == f"{value}."  # the row's answer: the value and its stop
+
+
+def test_effective_length_and_weighted_averages_by_hand():
+    """Two tasks, four lengths: the task average per length, RULER's weighted averages (weights 1..4 rising or
+    falling with the length's rank) and the effective length, absolute and relative to the shortest length."""
+    scores = {"a": [1.0, 0.9, 0.6, 0.9], "b": [0.8, 0.9, 0.8, 0.1]}  # averages 0.9, 0.9, 0.7, 0.5
+    results = [RulerResult(task, "full", L, 0.5, trials=2, score=2 * v, queries=2, greedy=2 * v / 2)
+               for task, values in scores.items() for L, v in zip((64, 128, 256, 512), values)]
+    ranking = effective_length(results, "full", "ranking", threshold=0.856)
+    assert ranking["averages"] == pytest.approx({64: 0.9, 128: 0.9, 256: 0.7, 512: 0.5})
+    assert ranking["wavg_inc"] == pytest.approx((0.9 + 2 * 0.9 + 3 * 0.7 + 4 * 0.5) / 10)
+    assert ranking["wavg_dec"] == pytest.approx((4 * 0.9 + 3 * 0.9 + 2 * 0.7 + 0.5) / 10)
+    assert ranking["effective_length"] == 128
+    relative = effective_length(results, "full", "ranking", relative=0.75)  # bar 0.675: 256 passes, 512 does not
+    assert relative["threshold"] == pytest.approx(0.675) and relative["effective_length"] == 256
+    assert effective_length(results, "full", "ranking", threshold=0.95)["effective_length"] is None
+    greedy = effective_length(results, "full", "greedy", threshold=0.3)  # half of each ranking score
+    assert greedy["averages"][64] == pytest.approx(0.45) and greedy["effective_length"] == 256
+    with pytest.raises(ValueError, match="unknown RULER measure"):
+        effective_length(results, "full", "exact")

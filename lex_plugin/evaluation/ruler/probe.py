@@ -8,27 +8,39 @@ continue it as one batch. An answer counts as found when its log-probability is 
 ``string_match_all`` in kind), a cell the mean over trials.
 
 Ranking K + 1 candidates is a lenient test: a 7-digit value usually differs from its distractors in its first
-token, so a model that copies only that token ranks the answer first. Each cell also counts the queries whose
-greedy continuation writes one of their answers whole (:class:`~lex_plugin.evaluation.passkey.CandidateScores`):
-what RULER's string match of a generated answer asks, without letting the model run on.
+token, so a model that copies only that token ranks the answer first. The first measure is therefore RULER's own:
+greedy decoding writes as many tokens as the answer text has, plus 4 (:func:`greedy_answer`), and a query scores
+the fraction of its answers whose tokens appear in what it wrote (``string_match_all``, on token ids).
+
+Summaries per window (:func:`effective_length`): RULER's effective length, the longest length up to which
+every length's task average exceeds a threshold (RULER's 85.6%, or a fraction of the model's own average at
+the shortest length), and RULER's length-weighted averages (weights rising, ``wAvg (inc)``, or falling,
+``wAvg (dec)``, linearly with the length's rank).
 """
 
+import logging
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
+from ..length_eval import progress_bar
 from ..passkey import score_candidates
-from .tasks import TASKS, make_sample
+from ..sampling import continue_ids
+from .tasks import DEPTHLESS, TASKS, make_sample
+
+logger = logging.getLogger(__name__)
 
 ANSWER_ROOM = 48  # tokens kept free for a fine-tuning sample's answer text (4 values, 3 names or words)
+GREEDY_SLACK = 4  # tokens greedy decoding may write beyond the answer text's length
+RULER_THRESHOLD = 0.856  # RULER's effective-length threshold (Llama-2-7B's average at 4K)
 
-__all__ = ["RulerResult", "finetune_samples", "format_ruler", "plot_ruler", "ruler_accuracy", "sentence_stops"]
+__all__ = ["RulerResult", "effective_length", "finetune_samples", "format_ruler", "greedy_answer", "plot_ruler",
+           "ruler_accuracy", "sentence_stops"]
 
 
 def sentence_stops(encode) -> List[int]:
@@ -44,9 +56,10 @@ def sentence_stops(encode) -> List[int]:
 @dataclass
 class RulerResult:
     """One (task, window, length, depth) cell: ``trials`` prompts, ``score`` the sum of the trials' fractions of
-    answers found, ``items`` / ``found`` the answers scored / found, ``tokens`` the longest prompt read,
-    ``prompt_tokens`` each trial's prompt (context and longest question) in tokens, ``queries`` / ``greedy`` the
-    questions asked / those whose greedy continuation writes one of their answers whole."""
+    answers ranked first, ``items`` / ``found`` the answers scored / ranked first, ``tokens`` the longest prompt
+    read, ``prompt_tokens`` each trial's prompt (context and longest question) in tokens, ``queries`` the questions
+    asked, ``greedy`` the sum over queries of the fraction of their answers that greedy decoding wrote
+    (``string_match_all``). ``trials`` = 0: the task does not fit this length (``skipped`` says why)."""
 
     task: str
     window: str
@@ -62,6 +75,7 @@ class RulerResult:
     greedy: int = 0
     prompt_tokens: List[int] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
+    skipped: Optional[str] = None
 
     @property
     def accuracy(self) -> float:
@@ -69,6 +83,7 @@ class RulerResult:
 
     @property
     def greedy_rate(self) -> float:
+        """string_match_all: the mean over queries of the fraction of answers greedy decoding wrote."""
         return self.greedy / max(self.queries, 1)
 
     def to_dict(self) -> dict:
@@ -76,6 +91,19 @@ class RulerResult:
         out["accuracy"] = self.accuracy
         out["greedy_rate"] = self.greedy_rate
         return out
+
+
+def _contains(seq: List[int], part: List[int]) -> bool:
+    n = len(part)
+    return any(seq[i : i + n] == part for i in range(len(seq) - n + 1))
+
+
+def greedy_answer(model, prompt: Tensor, answer_tokens: int, spec: AttentionSpec, eos: int, pad: int) -> Tensor:
+    """What greedy decoding writes after ``prompt`` (``</s>`` put first): ``answer_tokens`` + GREEDY_SLACK ids, on the
+    CPU, through the key/value cache (:func:`~lex_plugin.evaluation.sampling.continue_ids`)."""
+    device = next(model.parameters()).device
+    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)
+    return continue_ids(model, source, answer_tokens + GREEDY_SLACK, eos, pad, temperature=0.0, spec=spec)
 
 
 def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
@@ -96,23 +124,34 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
     if unknown:
         raise ValueError(f"unknown RULER tasks {', '.join(unknown)}; choose from {', '.join(TASKS)}.")
     stops = sentence_stops(encode)
-    cells = [(t, L, d) for t in tasks for L in lengths for d in ([None] if t == "fwe" else depths)]
+    cells = [(t, L, d) for t in tasks for L in lengths for d in ([None] if t in DEPTHLESS else depths)]
     results = []
-    bar = tqdm(total=len(cells) * trials * len(specs), desc="ruler", unit="prompt", disable=not progress or None)
+    bar = progress_bar(len(cells) * trials * len(specs), "ruler", "prompt", progress)
     for task, length, depth in cells:
         cell = {str(s): RulerResult(task, str(s), length, depth, distractors, attention=s.fields()) for s in specs}
         for trial in range(trials):
             g = torch.Generator().manual_seed(zlib.crc32(repr((seed, task, length, depth, trial)).encode()))
-            sample = make_sample(task, encode, length, depth, g, filler, stops, distractors, hops, unk)
+            try:
+                sample = make_sample(task, encode, length, depth, g, filler, stops, distractors, hops, unk)
+            except ValueError as err:
+                if trial or "too short" not in str(err):
+                    raise
+                logger.warning("RULER %s at length %d skipped: %s", task, length, err)
+                for result in cell.values():
+                    result.skipped = str(err)
+                bar.update(trials * len(specs))
+                break
             for spec in specs:
-                found = items = greedy = 0
+                found = items = 0
+                greedy = 0.0
                 for query in sample.queries:
-                    scores, writes = score_candidates(model, torch.cat([sample.context, query.question]),
-                                                      [*query.answers, *query.distractors], spec, eos, pad)
+                    prompt = torch.cat([sample.context, query.question])
+                    scores, _ = score_candidates(model, prompt, [*query.answers, *query.distractors], spec, eos, pad)
                     best_wrong = scores[len(query.answers):].max()
                     found += int((scores[:len(query.answers)] > best_wrong).sum())
                     items += len(query.answers)
-                    greedy += int(writes[:len(query.answers)].any())
+                    written = greedy_answer(model, prompt, encode(query.answer_text).numel(), spec, eos, pad).tolist()
+                    greedy += sum(_contains(written, a.tolist()) for a in query.answers) / len(query.answers)
                 result = cell[str(spec)]
                 result.queries += len(sample.queries)
                 result.greedy += greedy
@@ -165,26 +204,81 @@ def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, m
     return out
 
 
-def _mean(rows: Sequence[RulerResult]) -> float:
-    return sum(r.score for r in rows) / max(sum(r.trials for r in rows), 1)
+def _mean(rows: Sequence[RulerResult]) -> Optional[float]:
+    trials = sum(r.trials for r in rows)
+    return sum(r.score for r in rows) / trials if trials else None
 
 
 def _greedy(rows: Sequence[RulerResult]) -> Optional[float]:
-    asked = sum(r.queries for r in rows)  # 0 in reports written before greedy was counted: shown as "-"
+    asked = sum(r.queries for r in rows)  # 0 in reports written before greedy was counted, or a skipped cell: "-"
     return sum(r.greedy for r in rows) / asked if asked else None
 
 
-def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] = None) -> str:
-    """Markdown: the accuracy summary (rows task x window, columns lengths, cells the mean over depths), then
-    the same table of greedy rates (the fraction of queries whose greedy continuation writes an answer)."""
+MEASURES = {"greedy": _greedy, "ranking": _mean}  # RULER's string_match_all first
+
+
+def _task_average(results: Sequence[RulerResult], window: str, length: int, measure) -> Optional[float]:
+    """The mean over tasks of a task's mean over depths (None when no task ran at this length)."""
+    values = []
+    for task in dict.fromkeys(r.task for r in results):
+        v = measure([r for r in results if r.task == task and r.window == window and r.length == length])
+        if v is not None:
+            values.append(v)
+    return sum(values) / len(values) if values else None
+
+
+def effective_length(results: Sequence[RulerResult], window: str, measure: str = "greedy",
+                     threshold: float = RULER_THRESHOLD, relative: Optional[float] = None) -> dict:
+    """RULER's summary of one window (Hsieh et al. 2024, section 4): the task average at each length, its
+    length-weighted averages, and the effective length.
+
+    Args:
+        measure: ``greedy`` (string_match_all) or ``ranking``.
+        threshold: the effective length's bar (RULER: 0.856); with ``relative``, the bar is instead ``relative``
+            times the window's own average at the shortest length.
+
+    Returns:
+        {"averages": {L: avg or None}, "wavg_inc", "wavg_dec" (weights 1..n rising / falling with the length's
+        rank, over the lengths with an average), "threshold" (the bar used), "effective_length": the longest L
+        such that the average exceeds the bar at every length up to L, or None when the shortest does not}.
+
+    Raises:
+        ValueError: an unknown measure or window.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"unknown RULER measure {measure!r}; choose from {', '.join(MEASURES)}.")
+    lengths = sorted({r.length for r in results if r.window == window})
+    if not lengths:
+        raise ValueError(f"no RULER results for window {window!r}.")
+    averages = {L: _task_average(results, window, L, MEASURES[measure]) for L in lengths}
+    known = [(L, v) for L, v in averages.items() if v is not None]
+    n = len(known)
+    inc = sum((i + 1) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
+    dec = sum((n - i) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
+    bar = threshold if relative is None else (relative * known[0][1] if known else None)
+    effective = None
+    for L, v in averages.items():
+        if v is None or bar is None or not v > bar:
+            break
+        effective = L
+    return {"averages": averages, "wavg_inc": inc, "wavg_dec": dec, "threshold": bar, "effective_length": effective}
+
+
+def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] = None,
+                 threshold: float = RULER_THRESHOLD, relative: float = 0.9) -> str:
+    """Markdown: the greedy table (string_match_all: rows task x window, columns lengths, cells the mean over
+    depths), the same for ranking, then per window and measure the task average, RULER's weighted averages and
+    the effective length at ``threshold`` and at ``relative`` x the window's own average at the shortest length."""
     lengths = sorted({r.length for r in results})
     name = (lambda L: f"{L} ({L / training_length:g}l)") if training_length else str
     chance = 1 / (1 + results[0].distractors) if results else 0
+    titles = {"greedy": "RULER-lite greedy exact match (string_match_all: the fraction of each query's answers that greedy "
+                        "decoding writes; mean over queries and depths)",
+              "ranking": f"RULER-lite ranking (an answer counts when it outscores all distractors; chance {chance:.2f} per "
+                         "answer; mean over depths; the longest prompt of each cell is in the JSON's tokens)"}
     lines = []
-    for title, value in ((f"RULER-lite accuracy (mean over depths; chance {chance:.2f} per answer; the longest prompt "
-                          "of each cell is in the JSON's tokens)", _mean),
-                         ("Greedy: fraction of queries whose greedy continuation writes an answer whole (all depths)", _greedy)):
-        lines += [*([""] if lines else []), title, "| task | window | " + " | ".join(map(name, lengths)) + " |",
+    for measure, value in MEASURES.items():
+        lines += [*([""] if lines else []), titles[measure], "| task | window | " + " | ".join(map(name, lengths)) + " |",
                   "|---|---|" + "---:|" * len(lengths)]
         for task in dict.fromkeys(r.task for r in results):
             for window in dict.fromkeys(r.window for r in results if r.task == task):
@@ -194,44 +288,62 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
                     v = value(rows) if rows else None
                     cells.append("-" if v is None else f"{v:.2f}")
                 lines.append(f"| {task} | {window} | " + " | ".join(cells) + " |")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines += ["", f"Task average per window, RULER's weighted averages and effective length (the longest length up to "
+                  f"which every task average exceeds {threshold:.1%}, or {relative:g} x the window's own average at "
+                  f"{name(lengths[0]) if lengths else '-'})",
+              "| window | measure | " + " | ".join(map(name, lengths)) + " | wAvg (inc) | wAvg (dec) | effective "
+              f"({threshold:.1%}) | effective ({relative:g} x own) |", "|---|---|" + "---:|" * (len(lengths) + 4)]
+    for window in dict.fromkeys(r.window for r in results):
+        for measure in MEASURES:
+            absolute = effective_length(results, window, measure, threshold)
+            own = effective_length(results, window, measure, threshold, relative)
+            lines.append(f"| {window} | {measure} | " + " | ".join(fmt(absolute["averages"].get(L)) for L in lengths)
+                         + f" | {fmt(absolute['wavg_inc'])} | {fmt(absolute['wavg_dec'])} | "
+                         f"{absolute['effective_length'] or '-'} | {own['effective_length'] or '-'} |")
     return "\n".join(lines)
 
 
 def plot_ruler(results: Sequence[RulerResult], out, training_length: Optional[int] = None) -> None:
-    """One PNG per task (``out`` with ``_TASK`` before the suffix): heat maps depth x length, one panel per window
-    (``fwe``: one row).
+    """One PNG per task (``out`` with ``_TASK`` before the suffix): heat maps depth x length, one column of panels
+    per window, greedy exact match (string_match_all) in the top row and ranking below (``fwe``, ``cwe``: one row
+    of cells); a length the task does not fit is blank.
 
     Raises:
         ValueError: no results.
     """
     if not results:
         raise ValueError("no RULER results to plot.")
+    import math
     from pathlib import Path
 
     from ...plotting import figure
 
+    values = {"greedy": lambda r: r.greedy_rate if r.queries else math.nan,
+              "ranking": lambda r: r.accuracy if r.trials else math.nan}
     out = Path(out)
     for task in dict.fromkeys(r.task for r in results):
         rows = [r for r in results if r.task == task]
         windows = list(dict.fromkeys(r.window for r in rows))
         path = out.with_name(f"{out.stem}_{task}{out.suffix}")
-        with figure(path, 1, len(windows), (3.2 * len(windows) + 1.2, 3.4), squeeze=False, constrained_layout=True) as (fig, axes):
+        with figure(path, 2, len(windows), (3.2 * len(windows) + 1.2, 6.2), squeeze=False, constrained_layout=True) as (fig, axes):
             image = None
-            for ax, window in zip(axes[0], windows):
-                mine = [r for r in rows if r.window == window]
-                lengths = sorted({r.length for r in mine})
-                depths = sorted({r.depth for r in mine}, key=lambda d: -1 if d is None else d)
-                cell = {(r.length, r.depth): r.accuracy for r in mine}
-                grid = [[cell[(L, d)] for L in lengths] for d in depths]
-                image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-                ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
-                ax.set_yticks(range(len(depths)), ["all" if d is None else f"{d:g}" for d in depths])
-                for i, line in enumerate(grid):
-                    for j, value in enumerate(line):
-                        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
-                ax.set_title(window, fontsize=9)
-                ax.set_xlabel("context length")
-            axes[0][0].set_ylabel("depth")
-            fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-            fig.suptitle(f"RULER-lite {task}: {max(r.trials for r in rows)} trials per cell, chance "
-                         f"{1 / (1 + rows[0].distractors):.2f} per answer", fontsize=10)
+            for m, (measure, value_of) in enumerate(values.items()):
+                for ax, window in zip(axes[m], windows):
+                    mine = [r for r in rows if r.window == window]
+                    lengths = sorted({r.length for r in mine})
+                    depths = sorted({r.depth for r in mine}, key=lambda d: -1 if d is None else d)
+                    cell = {(r.length, r.depth): value_of(r) for r in mine}
+                    grid = [[cell[(L, d)] for L in lengths] for d in depths]
+                    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+                    ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
+                    ax.set_yticks(range(len(depths)), ["all" if d is None else f"{d:g}" for d in depths])
+                    for i, line in enumerate(grid):
+                        for j, value in enumerate(line):
+                            ax.text(j, i, "-" if math.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7)
+                    ax.set_title(f"{window}: {measure}", fontsize=9)
+                    ax.set_xlabel("context length")
+                axes[m][0].set_ylabel("depth")
+            fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="score")
+            fig.suptitle(f"RULER-lite {task}: {max(r.trials for r in rows)} trials per cell; greedy = string_match_all, "
+                         f"ranking chance {1 / (1 + rows[0].distractors):.2f} per answer", fontsize=10)

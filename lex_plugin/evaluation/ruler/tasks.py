@@ -6,21 +6,33 @@ Tasks (RULER's names, so results compare in kind):
 
 * ``niah_single_1``: one needle ``One of the special magic numbers for {key} is: {value}.`` in RULER's repeated
   noise sentences; ``niah_single_2``: the same in book text (the data-bin's own split);
+* ``niah_single_3``: one needle in book text whose value is a UUID (``... special magic uuid for {key} is:
+  {uuid}.``), keys words;
 * ``niah_multikey_1``: 4 needles with distinct keys in book text, one queried (the queried one at the depth);
-  ``niah_multikey_2``: the haystack made only of needles, one queried;
+  ``niah_multikey_2``: the haystack made only of needles, one queried; ``niah_multikey_3``: the same with
+  UUID keys and UUID values;
 * ``niah_multivalue``: 4 needles with one key and 4 values, each value scored;
 * ``niah_multiquery``: 4 needles with distinct keys, all 4 queried, one question each;
 * ``vt``: variable tracking: ``VAR {X1} is {value}.``, then ``VAR {X2} is VAR {X1}.`` ... (``hops`` assignments
   after the first, default 2; RULER's ``=`` is rare in books, so written ``is``) in noise; every variable of the
   chain scored;
 * ``fwe``: frequent coded words: random three-letter words drawn with Zipf frequencies (alpha = 2); the 3 most
-  frequent scored against the less frequent words of the same text (no depth: one row per length).
+  frequent scored against the less frequent words of the same text (no depth: one row per length);
+* ``cwe``: common words extraction: a numbered list of words in which 10 common words appear ``freq_cw``
+  times each and every other word 3 times (RULER's num_cw = 10, freq_ucw = 3), uncommon words added until the
+  list fills the length; the 10 scored against the list's uncommon words (no depth). RULER's freq_cw = 30 needs
+  300 list entries; here freq_cw is 30 where the common words fill at most half the list, and lower (down to
+  5) at shorter lengths. RULER draws English words; here the words are pronounceable 5-letter non-words
+  (consonant-vowel-consonant-vowel-consonant), as many as any length needs, with no frequency prior from the
+  books, each spelled without the unknown token.
 
 Keys are adjective-noun words (RULER's ``words`` keys), values 7-digit numbers, variable names 5 upper-case
-letters, as RULER's. Needles and chain assignments are whole sentences inserted at sentence boundaries of the
+letters, as RULER's; UUIDs are RULER's ``uuid4`` form (8-4-4-4-12 lower-case hexadecimal digits), drawn from the
+sample's generator. Needles and chain assignments are whole sentences inserted at sentence boundaries of the
 haystack, the first (or the queried) one at the boundary nearest the requested depth: no needle is ever cut.
 Distractors: for niah tasks the other needles' values in the text that do not answer the query, then random
-7-digit numbers; for ``vt`` random names; for ``fwe`` the text's words ranked below 3. None equals an answer.
+values of the same type; for ``vt`` random names; for ``fwe`` the text's words ranked below 3; for ``cwe`` the
+list's uncommon words. None equals an answer.
 
 RULER asks the multi-query task once for all keys and scores free generation (``string_match_all``); here each
 answer is scored on its own against the distractors, and the trial's score is the fraction found.
@@ -33,7 +45,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["NOISE", "Query", "RulerSample", "TASKS", "make_sample"]
+__all__ = ["DEPTHLESS", "NOISE", "Query", "RulerSample", "TASKS", "make_sample"]
 
 Encode = Callable[[str], Tensor]
 
@@ -61,6 +73,14 @@ ADJECTIVES = ("ancient bitter calm damp eager faint gentle hollow icy jolly keen
               "rapid silent tender upper vivid wild young zealous brave cheap dusty empty fresh grand humble").split()
 NOUNS = ("anchor basket candle desert engine feather garden harbor island jacket kettle ladder meadow needle orchard "
          "pencil quarry river saddle tunnel valley wagon yard zipper bridge castle dragon forest glacier hammer").split()
+NEEDLE_UUID = "One of the special magic uuids for {key} is: {value}."
+QUESTION_UUID = ("What is the special magic uuid for {key} mentioned in the provided text? "
+                 "The special magic uuid for {key} mentioned in the provided text is")
+CWE_INTRO = ("Below is a numbered list of words. In these words, some appear more often than others. "
+             "Memorize the ones that appear most often.")
+CWE_QUESTION = ("What are the 10 most common words in the above list? "
+                "The top 10 words that appear most often in the list are")
+CWE_COMMON, CWE_FREQ, CWE_FREQ_UNCOMMON, CWE_FREQ_LEAST = 10, 30, 3, 5
 NEEDLES = 4  # RULER's num_needle_k / num_needle_v / num_needle_q for the multi tasks
 FWE_TOP = 3
 FWE_ALPHA = 2.0
@@ -99,6 +119,15 @@ class RulerSample:
 def _number(g: torch.Generator, taken: set) -> str:
     while True:
         value = str(int(torch.randint(10**6, 10**7, (1,), generator=g)))
+        if value not in taken:
+            taken.add(value)
+            return value
+
+
+def _uuid(g: torch.Generator, taken: set) -> str:
+    while True:
+        digits = "".join("0123456789abcdef"[int(i)] for i in torch.randint(16, (32,), generator=g))
+        value = f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{'89ab'[int(digits[16], 16) % 4]}{digits[17:20]}-{digits[20:]}"
         if value not in taken:
             taken.add(value)
             return value
@@ -174,20 +203,21 @@ def _book(filler: Tensor, n: int, g: torch.Generator, stops: Sequence[int]) -> _
     return _Haystack(tokens, ends)
 
 
-def _needle_haystack(encode: Encode, n: int, g: torch.Generator, keys: set, values: set) -> _Haystack:
+def _needle_haystack(encode: Encode, n: int, g: torch.Generator, keys: set, values: set, uuids: bool = False) -> _Haystack:
     parts, ends, total = [], [], 0
     while total < n:
-        s = encode(NEEDLE.format(key=_key(g, keys), value=_number(g, values)))
+        s = encode(NEEDLE_UUID.format(key=_uuid(g, keys), value=_uuid(g, values)) if uuids else
+                   NEEDLE.format(key=_key(g, keys), value=_number(g, values)))
         parts.append(s)
         total += s.numel()
         ends.append(total)
     return _Haystack(torch.cat(parts)[:n], [e for e in ends if e <= n])
 
 
-def _values_in(distractor_values: Sequence[str], count: int, g: torch.Generator, taken: set) -> List[str]:
+def _values_in(distractor_values: Sequence[str], count: int, g: torch.Generator, taken: set, draw=None) -> List[str]:
     out = list(distractor_values)[:count]
     while len(out) < count:
-        out.append(_number(g, taken))
+        out.append((draw or _number)(g, taken))
     return out
 
 
@@ -206,26 +236,30 @@ def _niah(task: str, encode: Encode, length: int, depth: float, g: torch.Generat
           stops: Sequence[int], distractors: int) -> RulerSample:
     keys, values = set(), set()
     n_needles = 1 if task.startswith("niah_single") else NEEDLES
+    uuid_values, uuid_keys = task in ("niah_single_3", "niah_multikey_3"), task == "niah_multikey_3"
+    value_of = _uuid if uuid_values else _number
+    key_of = _uuid if uuid_keys else _key
+    needle, question = (NEEDLE_UUID, QUESTION_UUID) if uuid_values else (NEEDLE, QUESTION)
     if task == "niah_multivalue":
-        key = _key(g, keys)
-        needles = [(key, _number(g, values)) for _ in range(n_needles)]
+        key = key_of(g, keys)
+        needles = [(key, value_of(g, values)) for _ in range(n_needles)]
     else:
-        needles = [(_key(g, keys), _number(g, values)) for _ in range(n_needles)]
+        needles = [(key_of(g, keys), value_of(g, values)) for _ in range(n_needles)]
     if task == "niah_multivalue":
         asked = [(needles[0][0], [v for _, v in needles])]
         question_texts = [QUESTION_ALL.format(key=needles[0][0])]
     elif task == "niah_multiquery":
         asked = [(k, [v]) for k, v in needles]
-        question_texts = [QUESTION.format(key=k) for k, _ in needles]
+        question_texts = [question.format(key=k) for k, _ in needles]
     else:
         asked = [(needles[0][0], [needles[0][1]])]
-        question_texts = [QUESTION.format(key=needles[0][0])]
+        question_texts = [question.format(key=needles[0][0])]
     intro, questions, pieces, fill = _frame(encode, NIAH_INTRO, length, question_texts,
-                                            [NEEDLE.format(key=k, value=v) for k, v in needles])
+                                            [needle.format(key=k, value=v) for k, v in needles])
     if task == "niah_single_1":
         hay = _noise(encode, fill)
-    elif task == "niah_multikey_2":
-        hay = _needle_haystack(encode, fill, g, keys, values)
+    elif task in ("niah_multikey_2", "niah_multikey_3"):
+        hay = _needle_haystack(encode, fill, g, keys, values, uuids=uuid_keys)
     else:
         if filler is None:
             raise ValueError(f"{task} hides its needles in book text: give the filler stream (the data-bin's split).")
@@ -239,7 +273,7 @@ def _niah(task: str, encode: Encode, length: int, depth: float, g: torch.Generat
     queries = []
     for (key, answers), question in zip(asked, questions):
         others = [v for v in in_text if v not in answers]  # the text's other values first: key-value binding
-        wrong = _values_in(others, distractors, g, values)
+        wrong = _values_in(others, distractors, g, values, value_of)
         queries.append(Query(question, [encode(a) for a in answers],
                              [encode(w) for w in wrong], ", ".join(answers) + "."))
     return RulerSample(task, context, queries, spans, depth)
@@ -299,8 +333,68 @@ def _fwe(encode: Encode, length: int, g: torch.Generator, distractors: int) -> R
     return RulerSample("fwe", context, [query], [], None)
 
 
-TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue", "niah_multiquery",
-         "vt", "fwe")
+def _pseudo_word(g: torch.Generator, taken: set) -> str:
+    """A pronounceable 5-letter non-word (consonant-vowel-consonant-vowel-consonant), not drawn before."""
+    consonants, vowels = "bcdfghjklmnprstvz", "aeiou"
+    while True:
+        word = "".join(pool[int(torch.randint(len(pool), (1,), generator=g))]
+                       for pool in (consonants, vowels, consonants, vowels, consonants))
+        if word not in taken:
+            taken.add(word)
+            return word
+
+
+def _cwe(encode: Encode, length: int, g: torch.Generator, distractors: int, unk: Optional[int]) -> RulerSample:
+    taken: set = set()
+
+    def word() -> Tuple[str, Tensor]:
+        for _ in range(1000):
+            w = _pseudo_word(g, taken)
+            ids = encode(w)
+            if unk is None or not bool((ids == unk).any()):
+                return w, ids
+        raise ValueError("the vocabulary spells part of a cwe prompt as the unknown token: 1,000 drawn words all "
+                         "needed it; this model cannot read the task's text.")
+
+    intro, questions, _, fill = _frame(encode, CWE_INTRO, length, [CWE_QUESTION], [])
+    common = [word() for _ in range(CWE_COMMON)]
+    number_cost = [0]  # number_cost[n]: tokens of the labels "1." .. "n."
+    entry = sum(ids.numel() for _, ids in common) / CWE_COMMON + encode(f"{CWE_FREQ * CWE_COMMON}.").numel()
+    freq = min(CWE_FREQ, int(fill // entry) // 2 // CWE_COMMON)  # the common words fill at most half the list
+    if freq < CWE_FREQ_LEAST:
+        raise ValueError(f"a cwe prompt needs {CWE_COMMON} common words {CWE_FREQ_LEAST} times each and {distractors} "
+                         f"uncommon words {CWE_FREQ_UNCOMMON} times each; length {length} is too short.")
+
+    def cost(entries: int, word_tokens: int) -> int:
+        while len(number_cost) <= entries:
+            number_cost.append(number_cost[-1] + encode(f"{len(number_cost)}.").numel())
+        return number_cost[entries] + word_tokens
+
+    words = [w for w in common for _ in range(freq)]
+    word_tokens = freq * sum(ids.numel() for _, ids in common)
+    uncommon = []
+    while True:  # uncommon words, 3 times each, while the list fits
+        w, ids = word()
+        more = CWE_FREQ_UNCOMMON * ids.numel()
+        if cost(len(words) + CWE_FREQ_UNCOMMON, word_tokens + more) > fill:
+            break
+        uncommon.append((w, ids))
+        words += [(w, ids)] * CWE_FREQ_UNCOMMON
+        word_tokens += more
+    if len(uncommon) < distractors:
+        raise ValueError(f"a cwe prompt needs {CWE_COMMON} common words {CWE_FREQ_LEAST} times each and {distractors} "
+                         f"uncommon words {CWE_FREQ_UNCOMMON} times each; length {length} is too short.")
+    words = [words[i] for i in torch.randperm(len(words), generator=g).tolist()]
+    parts = [piece for n, (_, ids) in enumerate(words) for piece in (encode(f"{n + 1}."), ids)]  # RULER's numbered list
+    context = torch.cat([intro, *parts])
+    query = Query(questions[0], [ids for _, ids in common], [ids for _, ids in uncommon[:distractors]],
+                  ", ".join(w for w, _ in common) + ".")
+    return RulerSample("cwe", context, [query], [], None)
+
+
+TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+         "niah_multivalue", "niah_multiquery", "vt", "fwe", "cwe")
+DEPTHLESS = ("fwe", "cwe")  # one row per length
 
 
 def make_sample(task: str, encode: Encode, length: int, depth: Optional[float], g: torch.Generator,
@@ -313,10 +407,10 @@ def make_sample(task: str, encode: Encode, length: int, depth: Optional[float], 
         encode: text -> (n,) int64 ids without end-of-sentence (``LexHubInterface.encode_fragment``).
         length: the prompt length L in tokens.
         depth: relative position in [0, 1] of the (queried) needle or the chain's first assignment; ignored by
-            ``fwe``.
+            ``fwe`` and ``cwe``.
         g: the generator every draw uses (deterministic by its seed).
-        filler: (T,) int64 book text for the book haystacks (``niah_single_2``, ``niah_multikey_1``,
-            ``niah_multivalue``, ``niah_multiquery``).
+        filler: (T,) int64 book text for the book haystacks (``niah_single_2``, ``niah_single_3``,
+            ``niah_multikey_1``, ``niah_multivalue``, ``niah_multiquery``).
         stops: token ids that end a sentence in ``filler`` (needles go after them).
         distractors: K same-typed distractors per query (chance 1 / (K + 1)).
         hops: ``vt``'s assignments after the first.
@@ -332,7 +426,7 @@ def make_sample(task: str, encode: Encode, length: int, depth: Optional[float], 
     """
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; choose from {', '.join(TASKS)}.")
-    if task != "fwe" and (depth is None or not 0.0 <= depth <= 1.0):
+    if task not in DEPTHLESS and (depth is None or not 0.0 <= depth <= 1.0):
         raise ValueError(f"depths are fractions of the context in [0, 1], got {depth}.")
     if distractors < 1:
         raise ValueError(f"candidate scoring needs at least one distractor, got {distractors}.")
@@ -342,6 +436,8 @@ def make_sample(task: str, encode: Encode, length: int, depth: Optional[float], 
         sample = _vt(encode, length, depth, g, distractors, hops)
     elif task == "fwe":
         sample = _fwe(encode, length, g, distractors)
+    elif task == "cwe":
+        sample = _cwe(encode, length, g, distractors, unk)
     else:
         sample = _niah(task, encode, length, depth, g, filler, stops, distractors)
     if unk is not None:
