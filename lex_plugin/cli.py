@@ -656,6 +656,79 @@ def ruler_data_cmd(checkpoint, data, dest, tasks, samples, max_length, hops, spl
     _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "RULER-lite samples", "haystacks")
 
 
+@main.command("babilong")
+@_CKPT
+@_DATA
+@click.option("--tasks", default="qa1,qa2,qa3,qa4,qa5", show_default=True, help="comma-separated bAbI tasks")
+@click.option("--lengths", default=None, help="comma-separated prompt lengths in tokens (default l, 2l, 4l, 8l, 16l)")
+@click.option("--windows", default="full,bca", show_default=True,
+              help="comma-separated attention modes: full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
+@click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True, help="stories per cell")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--split", default="test", show_default=True, help="split of the data-bin the book text comes from")
+@_probe_options
+@_JSON
+@_PLOT
+def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split, json_out, plot_out, **flags):
+    """BABILong-lite: bAbI stories (qa1-qa5: one, two, three supporting facts; two- and three-argument relations)
+    scattered through book text at each length, then the question; scored by greedy exact match of the answer
+    word and by ranking it against the task's other answers. Table, JSON, heat map. Fine-tune first on
+    lex babilong-data rows (a model trained on books has never seen a question)."""
+    from .analysis.report import write_json
+    from .data.stream import split_stream
+    from .evaluation.babilong import babilong_accuracy, format_babilong, plot_babilong
+    from .hub_interface import from_pretrained
+
+    try:
+        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
+        l = flags["training_length"] or hub.training_length
+        if lengths is None and l is None:
+            raise ValueError("the checkpoint records no training length; give --lengths.")
+        sizes = parse_int_list(lengths, "--lengths") if lengths else [l * k for k in (1, 2, 4, 8, 16)]
+        modes, names = parse_name_list(windows, "--windows"), parse_name_list(tasks, "--tasks")
+        if not sizes or not modes or not names:
+            raise ValueError("--tasks, --lengths and --windows each need at least one value.")
+        specs = _probe_specs(hub, flags, modes, max(sizes))
+        results = babilong_accuracy(hub.models[0], hub.encode_fragment, split_stream(data, split, hub.src_dict), names,
+                                    sizes, specs, hub.src_dict.eos(), hub.src_dict.pad(), trials, seed,
+                                    unk=hub.src_dict.unk())
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(format_babilong(results, l))
+    report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
+              "seed": seed, "results": [r.to_dict() for r in results]}
+    if plot_out:  # the plot first: the JSON is what a resumed run takes as done
+        plot_babilong(results, plot_out, l)
+    write_json(report, json_out)
+    for label, path in (("JSON", json_out), ("plot", plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
+@main.command("babilong-data")
+@_CKPT
+@_DATA
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--tasks", default="qa1,qa2,qa3,qa4,qa5", show_default=True, help="the tasks mixed, in turn")
+@click.option("--samples", type=click.IntRange(min=1), default=8000, show_default=True, help="stories followed by an answer")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="longest sample (prompt and answer) in tokens (default l - 1: one row of --sample-break-mode eos)")
+@click.option("--split", default="train", show_default=True, help="split the book text comes from (keep the probe's test text unseen)")
+@click.option("--seed", type=int, default=1, show_default=True)
+def babilong_data_cmd(checkpoint, data, dest, tasks, samples, max_length, split, seed):
+    """A fine-tuning data-bin DEST in the BABILong-lite format (the tasks mixed, each story in book text followed by
+    its question and answer; at most l - 1 tokens): DEST/train.{bin,idx,answers.npy} plus DATA's dictionary and
+    encoder files. Fine-tune with fairseq-train --sample-break-mode eos --answer-only-loss --finetune-from-model
+    CKPT, then run lex babilong on DATA."""
+    from .evaluation.babilong import finetune_samples
+
+    def rows(hub, filler, max_length):
+        return finetune_samples(hub.encode_fragment, filler, parse_name_list(tasks, "--tasks"), samples, max_length, seed,
+                                unk=hub.src_dict.unk())
+
+    _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "BABILong-lite samples", "book text")
+
+
 @main.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("save_dir", type=click.Path(file_okay=False, path_type=Path))
