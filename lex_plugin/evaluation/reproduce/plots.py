@@ -47,37 +47,46 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
 
 
 def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
-    """Write the PNG ``out``: ppl(L_max) / ppl(l) (x) against passkey accuracy at 8l (y), one point per window or
-    method and checkpoint (``tables.flat_and_retrieving`` rows with a passkey result), the flat and retrieving
-    thresholds as lines. Returns False (and writes nothing) when no row has a passkey result."""
+    """Write the PNG ``out``: a ranked dot chart, one row per window or method and checkpoint with a passkey result
+    (``tables.flat_and_retrieving`` rows), its name as the row's label; left panel ppl(L_max) / ppl(l), right panel
+    passkey accuracy at 8l with its 95% Wilson interval, the flat and retrieving thresholds as lines, the colour the
+    checkpoint. Rows ranked by accuracy, then by flatness: every label has a line of its own, however many
+    methods. Returns False (and writes nothing) when no row has a passkey result."""
     from ...plotting import figure
     from .tables import FLAT_RATIO, RETRIEVAL
 
-    points = [r for r in rows if r["passkey"] is not None]
+    points = sorted((r for r in rows if r["passkey"] is not None), key=lambda r: (r["passkey"], -r["ratio"]))
     if not points:
         return False
-    span = (max(r["ratio"] for r in points) - min(r["ratio"] for r in points)) or 1.0
-    with figure(out, 1, 1, (7.5, 5.5), dpi=110) as (fig, ax):
-        for run in dict.fromkeys(r["run"] for r in points):
-            mine = [r for r in points if r["run"] == run]
-            ax.scatter([r["ratio"] for r in mine], [r["passkey"] for r in mine], label=LABELS.get(run, run))
-        # a label takes the highest line (10 points apart) that no label of a close point (same accuracy, within a
-        # quarter of the x range) holds
-        placed = []  # (row, line)
-        for r in sorted(points, key=lambda r: (r["passkey"], r["ratio"])):
-            taken = {line for p, line in placed
-                     if abs(p["passkey"] - r["passkey"]) < 0.03 and abs(p["ratio"] - r["ratio"]) < 0.25 * span}
-            line = min(set(range(len(taken) + 1)) - taken)
-            ax.annotate(WINDOW_LABEL.get(r["method"], r["method"]), (r["ratio"], r["passkey"]), fontsize=7,
-                        xytext=(3, 3 - 10 * line), textcoords="offset points")
-            placed.append((r, line))
-        ax.axvline(FLAT_RATIO, color="grey", linestyle=":", linewidth=1)
-        ax.axhline(RETRIEVAL, color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
-        ax.set_ylabel("passkey accuracy at 8l  (retrieves: above the line)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.suptitle("flat and retrieving? one point per window or method")
+    runs = list(dict.fromkeys(r["run"] for r in points))
+    colours = {run: f"C{i}" for i, run in enumerate(runs)}
+    labels = [f"{WINDOW_LABEL.get(r['method'], r['method'])} ({LABELS.get(r['run'], r['run'])})" for r in points]
+    height = 1.6 + 0.24 * len(points)
+    with figure(out, 1, 2, (10.5, height), dpi=110, sharey=True, constrained_layout=True) as (fig, (flat, found)):
+        ys = range(len(points))
+        for ax in (flat, found):
+            ax.grid(axis="x", alpha=0.3)
+            for y in ys:
+                ax.axhline(y, color="grey", linewidth=0.3, alpha=0.4)
+        for y, r in zip(ys, points):
+            flat.plot(r["ratio"], y, "o", color=colours[r["run"]])
+            low, high = r["interval"] or (r["passkey"], r["passkey"])
+            found.errorbar(r["passkey"], y, xerr=[[r["passkey"] - low], [high - r["passkey"]]], fmt="o",
+                           color=colours[r["run"]], capsize=2, linewidth=1)
+        from matplotlib.ticker import MaxNLocator
+
+        flat.xaxis.set_major_locator(MaxNLocator(4))  # ratios differ in the third decimal: few, wide tick labels
+        flat.set_yticks(list(ys), labels, fontsize=8)
+        flat.set_ylim(-0.7, len(points) - 0.3)
+        flat.axvline(FLAT_RATIO, color="grey", linestyle=":", linewidth=1)
+        found.axvline(RETRIEVAL, color="grey", linestyle=":", linewidth=1)
+        flat.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
+        found.set_xlabel("passkey accuracy at 8l, 95% interval  (retrieves: right of the line)")
+        found.set_xlim(-0.03, 1.03)
+        handles = [flat.plot([], [], "o", color=colours[run])[0] for run in runs]
+        fig.legend(handles, [LABELS.get(run, run) for run in runs], loc="outside lower center", ncol=len(runs), fontsize=8,
+                   frameon=False)
+        fig.suptitle("flat and retrieving? one row per window or method, ranked by passkey accuracy")
     return True
 
 

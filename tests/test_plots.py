@@ -1,0 +1,95 @@
+"""Every plot a reader compares is readable: rendered with many rows, no two of its text boxes (tick labels,
+titles, axis labels, legend entries, cell values) overlap."""
+
+import itertools
+import math
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the package draws, kept open (``plotting.figure`` closes each after saving it)."""
+    kept = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    yield kept
+    for fig in kept:
+        close(fig)
+
+
+def _overlaps(fig):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    hidden = set()  # tick labels outside their axis' view: matplotlib does not draw them
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                if not low - 1e-9 * abs(high - low) <= tick.get_loc() <= high + 1e-9 * abs(high - low):
+                    hidden |= {id(tick.label1), id(tick.label2)}
+    shown = [t for t in fig.findobj(Text) if id(t) not in hidden
+             and t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in shown]
+    boxes = [(text, box) for text, box in boxes if box.width > 0 and box.height > 0]
+    return [(a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+            if box_a.x0 < box_b.x1 - 0.5 and box_b.x0 < box_a.x1 - 0.5 and box_a.y0 < box_b.y1 - 0.5 and box_b.y0 < box_a.y1 - 0.5]
+
+
+def test_the_overlap_check_sees_overlapping_labels(figures, tmp_path):
+    from lex_plugin.plotting import figure
+
+    with figure(tmp_path / "bad.png") as (fig, ax):  # the old layout's failure: labels of close points
+        ax.plot([1, 1.01], [0.5, 0.5], "o")
+        ax.set_xlim(0.9, 1.6)
+        ax.annotate("rerope (xPos)", (1, 0.5))
+        ax.annotate("leaky rerope (xPos)", (1.01, 0.5))
+    assert _overlaps(figures[-1])
+
+
+def _flat_rows(n):
+    runs = ["xpos", "rope", "alibi"]
+    return [{"run": runs[i % 3], "method": f"method_{i}", "ratio": 1.0 + 0.001 * (i % 4), "passkey": 0.1 * (i % 2),
+             "interval": (0.0, 0.3)} for i in range(n)]
+
+
+def test_flat_and_retrieving_has_a_line_per_label(figures, tmp_path):
+    """40 points at four ratios and two accuracies: the old scatter put their labels on top of each other."""
+    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
+
+    assert plot_flat_and_retrieving(_flat_rows(40), 256, 4096, tmp_path / "flat.png")
+    assert not _overlaps(figures[-1])
+    labels = [t.get_text() for t in figures[-1].axes[0].get_yticklabels()]
+    assert len(labels) == 40 and len(set(labels)) == 40
+
+
+def test_probe_heat_maps_and_length_plots(figures, tmp_path):
+    from lex_plugin.evaluation.babilong import BabilongResult, plot_babilong
+    from lex_plugin.evaluation.passkey import PasskeyResult, plot_passkey
+    from lex_plugin.evaluation.reproduce.plots import plot_ppl
+    from lex_plugin.evaluation.ruler import RulerResult, plot_ruler
+
+    lengths = [256 * 2 ** k for k in range(5)]
+    windows = ["full", "bca(128)", "sliding(256)", "rerope(w=256)"]
+    ruler = [RulerResult(t, w, L, d, trials=4, score=2.5, queries=4, greedy=1.25)
+             for t in ("niah_single_3", "vt") for w in windows for L in lengths for d in (0.1, 0.5, 0.9)]
+    ruler += [RulerResult("cwe", w, L, None, trials=0 if L == 256 else 4, score=1.0, queries=0 if L == 256 else 4)
+              for w in windows for L in lengths]
+    plot_ruler(ruler, tmp_path / "ruler.png", 256)
+    babilong = [BabilongResult(t, w, L, trials=20, greedy=7, ranked=13, candidates=6)
+                for t in ("qa1", "qa2", "qa3", "qa4", "qa5") for w in windows for L in lengths]
+    plot_babilong(babilong, tmp_path / "babilong.png", 256)
+    passkey = [PasskeyResult(w, L, d, trials=10, retrieved=7) for w in windows for L in lengths for d in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    plot_passkey(passkey, tmp_path / "passkey.png", 256)
+    ppl = {run: {w: {L: 100 + math.log(L) for L in lengths} for w in ("full", "bca", "sliding")} for run in
+           ("xpos", "rope", "alibi", "sinusoidal", "sandwich", "none")}
+    plot_ppl(ppl, list(ppl), ["full", "bca", "sliding"], 256, tmp_path / "ppl.png", "perplexity against length")
+    assert len(figures) == 3 + 1 + 1 + 1  # ruler: one per task
+    for fig in figures:
+        assert not _overlaps(fig), (fig.texts and fig.texts[0].get_text(), _overlaps(fig)[:3])
