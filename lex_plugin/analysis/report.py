@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from tqdm import tqdm
 
 from ..data.stream import split_stream  # re-exported: callers import it from here
+from ..evaluation.length_eval import progress_bar
 from ..modules.attention.spec import AttentionOptions, AttentionSpec
 from .receptive_field import cumulative_gradient, effective_receptive_field, theoretical_receptive_field
 from .resolution import attention_resolution, expectation_curve, score_by_distance
@@ -67,7 +67,7 @@ def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], spec:
     for length in lengths:
         segments = _segments(stream, length, texts)
         sums = counts = None
-        for i in tqdm(range(0, len(segments), batch_size), desc=f"resolution L={length}", disable=not progress or None, leave=False):
+        for i in progress_bar(range(0, len(segments), batch_size), f"resolution L={length}", "batch", progress):
             batch = torch.stack(segments[i:i + batch_size]).to(device)
             s, c = score_by_distance(model, batch, spec)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
@@ -129,7 +129,7 @@ def receptive_field_report(model, stream: torch.Tensor, length: int, spec: Atten
     texts = _segments(stream, length + 1, segments)
     device = next(model.parameters()).device
     s = torch.zeros(length, dtype=torch.float64)
-    for text in tqdm(texts, desc=f"receptive field L={length}", disable=not progress or None, leave=False):
+    for text in progress_bar(texts, f"receptive field L={length}", "text", progress):
         s += cumulative_gradient(model, text.to(device), spec)["s"].cpu()
     s /= len(texts)
     c = s.cumsum(0)

@@ -26,11 +26,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from ..data.finetune import FinetuneRow
 from ..modules.attention.spec import AttentionSpec
-from .length_eval import blockwise_forward
+from .length_eval import blockwise_forward, progress_bar
 
 __all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
            "plot_passkey", "score_candidates"]
@@ -242,7 +241,7 @@ def passkey_accuracy(
     g = torch.Generator().manual_seed(seed)
     results = []
     cells = [(L, d) for L in lengths for d in depths]
-    bar = tqdm(total=len(cells) * trials * len(specs), desc="passkey", unit="prompt", disable=not progress or None)
+    bar = progress_bar(len(cells) * trials * len(specs), "passkey", "prompt", progress)
     for length, depth in cells:
         cell = {str(w): PasskeyResult(str(w), length, depth, distractors, attention=w.fields()) for w in specs}
         for _ in range(trials):
