@@ -3,6 +3,7 @@ out one context at a time, and through fairseq-eval-lm --longppl on the real-tex
 
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -209,3 +210,17 @@ def test_lex_score_longppl_on_a_document(data_bin, trained, pg_slice, tmp_path):
     assert full["longppl"] == pytest.approx(math.exp(float(nll[key].mean())), rel=1e-6)
     assert bca["longppl"] != pytest.approx(full["longppl"], rel=1e-6)
     assert reports["bca"]["longppl"]["trunc_len"] == 3 * TRAIN_LEN // 4
+
+
+def test_crosscheck_with_the_authors_package(data_bin, trained, pg_slice, tmp_path):
+    """scripts/crosscheck_longppl.py: the longppl package on the Hugging Face export finds the same key tokens and
+    the same LongPPL (1e-4) as lex score on one document."""
+    pytest.importorskip("longppl")
+    book = sorted((pg_slice / "test").glob("*.txt"))[0]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(book.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    proc = run_cli([sys.executable, str(REPO / "scripts" / "crosscheck_longppl.py"), "--path", str(trained[0]), "--data",
+                    str(data_bin), str(doc), "--alpha", str(ALPHA), "--beta", str(BETA)])
+    assert "same key tokens: True; LongPPL within 1e-4: True" in proc.stdout
+    counts = re.findall(r"\| (?:lex score --longppl|longppl package \(compute_longppl\)) \| ([\d,]+) \|", proc.stdout)
+    assert len(counts) == 2 and counts[0] == counts[1] and int(counts[0].replace(",", "")) > 0
