@@ -148,6 +148,8 @@ def test_eval_lm_longppl_column(data_bin, trained, tmp_path):
     assert rows[1]["attention"]["mode"] == "full" and rows[1]["longppl"] == pytest.approx(full_long.longppl, rel=1e-5)
     assert "key tokens | LongPPL" in proc.stdout
     assert "Loss (base 2)" not in proc.stdout + proc.stderr  # --length-report-only: fairseq's pass skipped
+    for window in ("full", "bca(32)"):  # a progress bar per window and length, its last line in a log file too
+        assert re.search(rf"{re.escape(window)} L={4 * TRAIN_LEN}: 100%", proc.stderr), proc.stderr[-2000:]
 
     # the same checkpoint as --key-token-model: the same key tokens, the same LongPPL
     again = tmp_path / "again.json"

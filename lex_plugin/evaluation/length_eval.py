@@ -96,13 +96,13 @@ class LengthResult(_Scored):
 
 
 def progress_bar(total_or_items, desc: str, unit: str, enabled: bool = True) -> tqdm:
-    """A tqdm bar on stderr: live on a terminal, one line every 30 s in a log file (never silent for
-    minutes, as fairseq's own passes are not); ``enabled=False`` hides it. ``total_or_items``: a count, or
-    an iterable to wrap."""
+    """A tqdm bar on stderr: live on a terminal (and gone when done), in a log file one line at the start, one
+    every 30 s and the final one (never silent for minutes, as fairseq's own passes are not); ``enabled=False``
+    hides it. ``total_or_items``: a count, or an iterable to wrap."""
     interactive = sys.stderr.isatty()
     items = None if isinstance(total_or_items, int) else total_or_items
     total = total_or_items if items is None else len(items)
-    return tqdm(items, total=total, desc=desc, unit=unit, disable=not enabled, leave=interactive,
+    return tqdm(items, total=total, desc=desc, unit=unit, disable=not enabled, leave=not interactive,
                 mininterval=0.5 if interactive else 30.0, file=sys.stderr, dynamic_ncols=interactive)
 
 
