@@ -80,6 +80,16 @@ def _scaling_options(fn):
     return fn
 
 
+def _key_token_options(fn):
+    """LongPPL's rule flags (``--longppl-alpha`` ..., declared once in ``evaluation.longppl.KEY_TOKEN_FLAGS``)."""
+    from .evaluation.longppl import KEY_TOKEN_FLAGS
+
+    for name, kind, text in reversed(KEY_TOKEN_FLAGS):
+        fn = click.option(f"--longppl-{name.replace('_', '-')}", f"longppl_{name}", default=None,
+                          type=click.IntRange(min=1) if kind is int else kind, help=text)(fn)
+    return fn
+
+
 def _probe_options(fn):
     """The flags of a probe that compares modes (--windows): every window flag but the mode selectors."""
     for option in (_precision_options, _scaling_options, _map_options, _sink_options, _length_options):
@@ -402,33 +412,21 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, json_out, plo
               "evaluator predicts better by > alpha nats with the whole document than truncated, at loss < beta")
 @click.option("--key-token-model", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="--longppl evaluator checkpoint (same data-bin), under full attention [default: --path]")
-@click.option("--longppl-alpha", type=float, default=None, help="--longppl: gain from the long context, nats [default: 2]")
-@click.option("--longppl-beta", type=float, default=None, help="--longppl: long-context loss bound, nats [default: 2]")
-@click.option("--longppl-trunc-len", type=click.IntRange(min=1), default=None,
-              help="--longppl: K, the shortest truncated context [default: 3l/4]")
-@click.option("--longppl-sliding-window", type=click.IntRange(min=1), default=None,
-              help="--longppl: S, targets sharing one truncated context [default: l/4]")
+@_key_token_options
 @_JSON
-def score_cmd(checkpoint, data, files, json_out, longppl, key_token_model, longppl_alpha, longppl_beta, longppl_trunc_len,
-              longppl_sliding_window, **window):
+def score_cmd(checkpoint, data, files, json_out, longppl, key_token_model, **flags):
     """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
     ([0, l), [l, 2l), [2l, 4l) ...), under any window, and with --longppl the LongPPL of each document. No
     binarising: the text is encoded as lex prepare encodes a corpus; long documents run through the key/value
     cache, never truncated."""
     from .analysis.report import write_json
     from .evaluation.documents import format_scores
-    from .evaluation.longppl import KeyTokenRule
+    from .evaluation.longppl import key_token_rule
 
     try:
-        given = {"alpha": longppl_alpha, "beta": longppl_beta, "trunc_len": longppl_trunc_len,
-                 "sliding_window": longppl_sliding_window}
-        given = {name: value for name, value in given.items() if value is not None}
-        if not longppl and (given or key_token_model):
-            stray = [f"--longppl-{n.replace('_', '-')}" for n in given] + (["--key-token-model"] if key_token_model else [])
-            raise ValueError(f"{', '.join(stray)} set(s) LongPPL's key tokens; add --longppl.")
-        hub = _hub(checkpoint, data, window)
+        rule = key_token_rule(longppl, key_token_model, **{k: flags.pop(k) for k in list(flags) if k.startswith("longppl_")})
+        hub = _hub(checkpoint, data, flags)
         evaluator = _hub(key_token_model, data, {}) if key_token_model else None
-        rule = KeyTokenRule(**given) if longppl else None
         scores = []
         for path in files:
             try:

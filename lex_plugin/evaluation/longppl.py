@@ -34,7 +34,16 @@ from ..modules.attention.spec import FULL_SPEC, AttentionSpec
 from .documents import document_nll
 from .length_eval import _batches, _pad_batch, _token_nll
 
-__all__ = ["KeyTokenRule", "short_context_nll", "key_token_mask", "find_key_tokens", "document_key_tokens"]
+__all__ = ["KEY_TOKEN_FLAGS", "KeyTokenRule", "key_token_rule", "short_context_nll", "key_token_mask", "find_key_tokens",
+           "document_key_tokens"]
+
+# the rule's flags, declared once: (KeyTokenRule field, type, help); --longppl-NAME in fairseq-eval-lm and lex score
+KEY_TOKEN_FLAGS = (
+    ("alpha", float, "--longppl: key tokens gain more than alpha nats from the long context (default 2)"),
+    ("beta", float, "--longppl: key tokens have a long-context loss below beta nats (default 2)"),
+    ("trunc_len", int, "--longppl: K, the shortest truncated context in tokens (default 3l/4)"),
+    ("sliding_window", int, "--longppl: S, targets sharing one truncated context (default l/4)"),
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,23 @@ class KeyTokenRule:
     def to_dict(self) -> dict:
         """JSON-ready fields."""
         return {"alpha": self.alpha, "beta": self.beta, "trunc_len": self.trunc_len, "sliding_window": self.sliding_window}
+
+
+def key_token_rule(longppl: bool, key_token_model=None, **flags) -> Optional[KeyTokenRule]:
+    """The rule of the ``--longppl`` flags (``flags``: ``longppl_alpha`` ... as :data:`KEY_TOKEN_FLAGS` names them,
+    None where not given), None without ``--longppl``.
+
+    Raises:
+        ValueError: a ``--longppl-*`` flag or ``--key-token-model`` given without ``--longppl``.
+    """
+    given = {name: flags.get(f"longppl_{name}") for name, _, _ in KEY_TOKEN_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not longppl:
+        stray = [f"--longppl-{n.replace('_', '-')}" for n in given] + (["--key-token-model"] if key_token_model else [])
+        if stray:
+            raise ValueError(f"{', '.join(stray)} set(s) LongPPL's key tokens; add --longppl.")
+        return None
+    return KeyTokenRule(**given)
 
 
 @torch.no_grad()

@@ -45,6 +45,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
+from ..evaluation.longppl import KEY_TOKEN_FLAGS, key_token_rule
 from ..modules.attention.spec import AttentionOptions
 from ..modules.attention.position_map import MAP_OPTIONS
 from ..modules.attention.window import LM_INFINITE_N_GLOBAL
@@ -143,14 +144,6 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         metadata={"help": "checkpoint of the --longppl evaluator (same dictionary), under full attention; default: "
                           "the evaluated checkpoint under full attention"},
     )
-    longppl_alpha: Optional[float] = field(default=None, metadata={"help": "--longppl: key tokens gain more than alpha "
-                                                                           "nats from the long context (default 2)"})
-    longppl_beta: Optional[float] = field(default=None, metadata={"help": "--longppl: key tokens have a long-context "
-                                                                          "loss below beta nats (default 2)"})
-    longppl_trunc_len: Optional[int] = field(default=None, metadata={"help": "--longppl: K, the shortest truncated "
-                                                                             "context in tokens (default 3l/4)"})
-    longppl_sliding_window: Optional[int] = field(default=None, metadata={"help": "--longppl: S, targets sharing one "
-                                                                                  "truncated context (default l/4)"})
     answer_only_loss: bool = field(
         default=False,
         metadata={"help": "fine-tuning on a probe's data-bin (lex passkey-data / ruler-data): the loss on each row's "
@@ -165,34 +158,31 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     )
 
 
-# the position maps' own options (--rerope-window ...), from their declaration (None: the method's default)
+# the position maps' own options (--rerope-window ...) and LongPPL's rule (--longppl-alpha ...), from their
+# declarations (None: the default)
 LexLanguageModelingConfig = make_dataclass(
     "LexLanguageModelingConfig",
-    [(o.name, Optional[o.type], field(default=None, metadata={"help": o.help})) for o in MAP_OPTIONS.values()],
+    [(o.name, Optional[o.type], field(default=None, metadata={"help": o.help})) for o in MAP_OPTIONS.values()]
+    + [(f"longppl_{name}", Optional[kind], field(default=None, metadata={"help": text}))
+       for name, kind, text in KEY_TOKEN_FLAGS],
     bases=(LexLanguageModelingConfig,),
 )
 LexLanguageModelingConfig.__module__ = __name__  # (make_dataclass says "types": pickling would fail)
 
 
 def _key_token_rule(args, eval_lengths: bool):
-    """The ``--longppl`` rule from the task's flags, None without ``--longppl``.
+    """The ``--longppl`` rule from the task's flags (:func:`~lex_plugin.evaluation.longppl.key_token_rule`), None
+    without ``--longppl``.
 
     Raises:
         ValueError: a ``--longppl-*`` / ``--key-token-model`` flag without ``--longppl``, or ``--longppl`` without
             ``--eval-lengths``.
     """
-    from ..evaluation.longppl import KeyTokenRule
-
-    given = {name: getattr(args, f"longppl_{name}") for name in ("alpha", "beta", "trunc_len", "sliding_window")}
-    given = {name: value for name, value in given.items() if value is not None}
-    if not args.longppl:
-        stray = [f"--longppl-{n.replace('_', '-')}" for n in given] + (["--key-token-model"] if args.key_token_model else [])
-        if stray:
-            raise ValueError(f"{', '.join(stray)} set(s) LongPPL's key tokens; add --longppl (with --eval-lengths).")
-        return None
-    if not eval_lengths:
+    rule = key_token_rule(args.longppl, args.key_token_model,
+                          **{f"longppl_{name}": getattr(args, f"longppl_{name}") for name, _, _ in KEY_TOKEN_FLAGS})
+    if rule is not None and not eval_lengths:
         raise ValueError("--longppl is a column of the --eval-lengths report; give --eval-lengths.")
-    return KeyTokenRule(**given)
+    return rule
 
 
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
