@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Tuple
 
-__all__ = ["figure", "log_axes"]
+__all__ = ["figure", "heat_map", "log_axes"]
 
 
 @contextmanager
@@ -47,3 +47,24 @@ def log_axes(ax, x_base: int = 2, log_y: bool = True) -> None:
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
         ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def heat_map(ax, grid, xlabels, ylabels, fmt: str = "{:.2f}"):
+    """Scores in [0, 1] as a red-yellow-green heat map on ``ax``, each cell's value written in it (``-`` for NaN:
+    a cell not measured), ``xlabels`` / ``ylabels`` under the columns / beside the rows.
+
+    Args:
+        grid: rows x columns of floats (a list of lists).
+
+    Returns:
+        The image, for a colour bar.
+    """
+    import math
+
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+    ax.set_xticks(range(len(xlabels)), xlabels)
+    ax.set_yticks(range(len(ylabels)), ylabels)
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            ax.text(j, i, "-" if math.isnan(value) else fmt.format(value), ha="center", va="center", fontsize=7)
+    return image

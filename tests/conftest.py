@@ -95,6 +95,23 @@ def trained(data_bin, tmp_path_factory):
     return save_dir / "checkpoint_last.pt", losses
 
 
+@pytest.fixture(scope="module")
+def hub(trained, data_bin):
+    """The suite's trained model (``trained``) as a hub over its data-bin: full attention, fp32."""
+    from lex_plugin import LexLanguageModel
+
+    ckpt, _ = trained
+    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
+
+
+@pytest.fixture(scope="module")
+def filler(hub, data_bin):
+    """(T,) the data-bin's test split as one token stream: the probes' book text."""
+    from lex_plugin.data.stream import split_stream
+
+    return split_stream(data_bin, "test", hub.src_dict)
+
+
 @pytest.fixture(scope="session")
 def real_batches(data_bin):
     """(N, 65) consecutive token windows of the real training split (BPE 1000), and its dictionary."""

@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from conftest import TRAIN_LEN, run_cli
-from lex_plugin import LexLanguageModel
-from lex_plugin.data.stream import split_stream
 from lex_plugin.evaluation import babilong as babilong_module
 from lex_plugin.evaluation.babilong import TASKS, babilong_accuracy, finetune_samples, make_sample, make_story
 from lex_plugin.evaluation.passkey import CandidateScores
@@ -73,17 +71,6 @@ def test_every_story_has_exactly_one_answer(task):
         assert {k.split()[2] == "the" for k in kinds} == {True, False}
     if task == "qa5":  # givers, receivers and objects
         assert {k.split()[1] for k in kinds} == {"gave", "received", "did"}
-
-
-@pytest.fixture(scope="module")
-def hub(trained, data_bin):
-    ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
-
-
-@pytest.fixture(scope="module")
-def filler(hub, data_bin):
-    return split_stream(data_bin, "test", hub.src_dict)
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -12,12 +12,6 @@ from lex_plugin.hub_interface import filter_logits
 PROMPT = "It was the best of times, it was the worst of times, and the door opened"
 
 
-@pytest.fixture(scope="module")
-def hub(trained, data_bin):
-    ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
-
-
 def test_text_round_trips_through_the_corpus_tokenization(hub):
     text = "It was the best of times, it was the worst of times."
     tokens = hub.encode(text)

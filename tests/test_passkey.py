@@ -8,27 +8,14 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN_LEN, run_cli
-from lex_plugin import LexLanguageModel
-from lex_plugin.data.stream import split_stream
 from lex_plugin.evaluation.passkey import DIGITS, QUESTION, build_prompt, finetune_samples, score_candidates
 
 LAYERS = 4  # lex_lm_tiny
 
 
 @pytest.fixture(scope="module")
-def hub(trained, data_bin):
-    ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
-
-
-@pytest.fixture(scope="module")
 def encode(hub):
     return hub.encode_fragment
-
-
-@pytest.fixture(scope="module")
-def filler(hub, data_bin):
-    return split_stream(data_bin, "test", hub.src_dict)
 
 
 def _candidates(encode, keys):

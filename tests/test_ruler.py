@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from conftest import TRAIN_LEN, run_cli
-from lex_plugin import LexLanguageModel
-from lex_plugin.data.stream import split_stream
 from lex_plugin.evaluation.passkey import CandidateScores
 from lex_plugin.evaluation.ruler import (TASKS, RulerResult, effective_length, finetune_samples, make_sample,
                                         ruler_accuracy, sentence_stops)
@@ -25,17 +23,6 @@ NEEDLE_RE = r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 NEEDLE_UUID_RE = rf"One of the special magic uuids for ([a-z]+-[a-z]+|{UUID}) is: ({UUID})\."
 LENGTH = {"niah_multikey_3": 16 * TRAIN_LEN, "cwe": 16 * TRAIN_LEN}  # (this small BPE spells a UUID in ~30 tokens)
-
-
-@pytest.fixture(scope="module")
-def hub(trained, data_bin):
-    ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
-
-
-@pytest.fixture(scope="module")
-def filler(hub, data_bin):
-    return split_stream(data_bin, "test", hub.src_dict)
 
 
 def _sample(hub, filler, task, length, depth, seed=0):

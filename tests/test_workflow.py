@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from fairseq.data import Dictionary, data_utils
 
 from conftest import REPO, TRAIN_LEN, build_lex_model, run_cli, shared_data
-from lex_plugin import LexLanguageModel
 from lex_plugin.evaluation.documents import encode_document, score_tokens
 from lex_plugin.modules.attention import AttentionSpec
 
@@ -87,12 +86,6 @@ def test_prepare_like_refuses_what_it_cannot_reuse(held_out, data_bin, tmp_path)
     assert result.exit_code != 0 and "--vocab-size cannot be combined with --like" in result.output
     result = CliRunner().invoke(lex_cli, ["prepare", str(held_out), str(tmp_path / "o4"), "--splits", "test"])
     assert result.exit_code != 0 and "--like" in result.output  # no train split, nothing to learn from
-
-
-@pytest.fixture(scope="module")
-def hub(trained, data_bin):
-    ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
 
 
 def test_raw_text_is_encoded_exactly_as_prepare_binarised_it(hub, held_out, like_bin):

@@ -360,7 +360,7 @@ def plot_babilong(results: Sequence[BabilongResult], out, training_length: Optio
     """
     if not results:
         raise ValueError("no BABILong results to plot.")
-    from ..plotting import figure
+    from ..plotting import figure, heat_map
 
     windows = list(dict.fromkeys(r.window for r in results))
     tasks = list(dict.fromkeys(r.task for r in results))
@@ -373,12 +373,7 @@ def plot_babilong(results: Sequence[BabilongResult], out, training_length: Optio
             for ax, window in zip(axes[m], windows):
                 cell = {(r.task, r.length): value(r) for r in results if r.window == window and r.trials}
                 grid = [[cell.get((t, L), math.nan) for L in lengths] for t in tasks]
-                image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-                ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
-                ax.set_yticks(range(len(tasks)), tasks)
-                for i, line in enumerate(grid):
-                    for j, v in enumerate(line):
-                        ax.text(j, i, "-" if math.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7)
+                image = heat_map(ax, grid, [f"{L / training_length:g}l" if training_length else str(L) for L in lengths], tasks)
                 ax.set_title(f"{window}: {measure}", fontsize=9)
                 ax.set_xlabel("context length")
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="accuracy")

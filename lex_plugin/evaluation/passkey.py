@@ -300,17 +300,15 @@ def plot_passkey(results: Sequence[PasskeyResult], out, training_length: Optiona
 
 
 def _heat_maps(fig, axes, results: Sequence[PasskeyResult], windows: List[str], training_length: Optional[int]) -> None:
+    from ..plotting import heat_map
+
     for ax, window in zip(axes[0], windows):
         rows = [r for r in results if r.window == window]
         lengths, depths = sorted({r.length for r in rows}), sorted({r.depth for r in rows})
         cell = {(r.length, r.depth): r.accuracy for r in rows}
         grid = [[cell[(L, d)] for L in lengths] for d in depths]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-        ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-        for i, row in enumerate(grid):
-            for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7)
+        image = heat_map(ax, grid, [f"{L / training_length:g}l" if training_length else str(L) for L in lengths],
+                         [f"{d:g}" for d in depths], "{:.1f}")
         ax.set_title(window, fontsize=9)
         ax.set_xlabel("context length")
     axes[0][0].set_ylabel("needle depth")

@@ -317,7 +317,7 @@ def plot_ruler(results: Sequence[RulerResult], out, training_length: Optional[in
     import math
     from pathlib import Path
 
-    from ...plotting import figure
+    from ...plotting import figure, heat_map
 
     values = {"greedy": lambda r: r.greedy_rate if r.queries else math.nan,
               "ranking": lambda r: r.accuracy if r.trials else math.nan}
@@ -335,12 +335,8 @@ def plot_ruler(results: Sequence[RulerResult], out, training_length: Optional[in
                     depths = sorted({r.depth for r in mine}, key=lambda d: -1 if d is None else d)
                     cell = {(r.length, r.depth): value_of(r) for r in mine}
                     grid = [[cell[(L, d)] for L in lengths] for d in depths]
-                    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-                    ax.set_xticks(range(len(lengths)), [f"{L / training_length:g}l" if training_length else str(L) for L in lengths])
-                    ax.set_yticks(range(len(depths)), ["all" if d is None else f"{d:g}" for d in depths])
-                    for i, line in enumerate(grid):
-                        for j, value in enumerate(line):
-                            ax.text(j, i, "-" if math.isnan(value) else f"{value:.2f}", ha="center", va="center", fontsize=7)
+                    image = heat_map(ax, grid, [f"{L / training_length:g}l" if training_length else str(L) for L in lengths],
+                                     ["all" if d is None else f"{d:g}" for d in depths])
                     ax.set_title(f"{window}: {measure}", fontsize=9)
                     ax.set_xlabel("context length")
                 axes[m][0].set_ylabel("depth")
