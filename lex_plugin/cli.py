@@ -328,6 +328,19 @@ def _outputs(report, table, json_out, plot_out, plotter):
             click.echo(f"{label} -> {path}")
 
 
+def _probe_outputs(report: dict, json_out, plot_out, draw, plots_shown=None):
+    """A probe's files: the plot first (``draw(plot_out)``; the JSON is what a resumed run, scripts/reproduce.py,
+    takes as done), then the JSON; each path echoed (``plots_shown``: how to name several PNGs)."""
+    from .analysis.report import write_json
+
+    if plot_out:
+        draw(plot_out)
+    write_json(report, json_out)
+    for label, path in (("JSON", json_out), ("plot", plots_shown or plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
 _CKPT = click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
                      help="checkpoint file")
 _DATA = click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
@@ -495,14 +508,7 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l,
               "rope_scaling": None if specs[0].rope_scaling is None else str(specs[0].rope_scaling),
               "results": [r.to_dict() for r in results]}
-    from .analysis.report import write_json
-
-    if plot_out:  # the plot first: the JSON is what a resumed run (scripts/reproduce.py) takes as done
-        plot_passkey(results, plot_out, l)
-    write_json(report, json_out)
-    for label, path in (("JSON", json_out), ("plot", plot_out)):
-        if path:
-            click.echo(f"{label} -> {path}")
+    _probe_outputs(report, json_out, plot_out, lambda out: plot_passkey(results, out, l))
 
 
 def _write_finetune_bin(checkpoint: Path, data: Path, dest: Path, max_length, split: str, make_rows, what: str, source: str):
@@ -592,7 +598,6 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
     scored by greedy exact match (RULER's string_match_all on what greedy decoding writes) and by ranking each
     answer against K same-typed distractors. Per (task, window, length, depth): tables, each window's effective
     length and weighted averages, JSON, one heat map per task (--plot OUT.png writes OUT_TASK.png)."""
-    from .analysis.report import write_json
     from .data.stream import split_stream
     from .evaluation.ruler import effective_length, format_ruler, plot_ruler, ruler_accuracy
     from .hub_interface import from_pretrained
@@ -620,12 +625,8 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
               "distractors": distractors, "hops": hops, "seed": seed, "threshold": threshold,
               "relative_threshold": relative_threshold, "summary": summary, "results": [r.to_dict() for r in results]}
-    if plot_out:  # the plot first: the JSON is what a resumed run takes as done
-        plot_ruler(results, plot_out, l)
-    write_json(report, json_out)
-    for label, path in (("JSON", json_out), ("plots", plot_out and plot_out.with_name(f"{plot_out.stem}_TASK{plot_out.suffix}"))):
-        if path:
-            click.echo(f"{label} -> {path}")
+    _probe_outputs(report, json_out, plot_out, lambda out: plot_ruler(results, out, l),
+                   plot_out and plot_out.with_name(f"{plot_out.stem}_TASK{plot_out.suffix}"))
 
 
 @main.command("ruler-data")
@@ -672,7 +673,6 @@ def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split,
     scattered through book text at each length, then the question; scored by greedy exact match of the answer
     word and by ranking it against the task's other answers. Table, JSON, heat map. Fine-tune first on
     lex babilong-data rows (a model trained on books has never seen a question)."""
-    from .analysis.report import write_json
     from .data.stream import split_stream
     from .evaluation.babilong import babilong_accuracy, format_babilong, plot_babilong
     from .hub_interface import from_pretrained
@@ -695,12 +695,7 @@ def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split,
     click.echo(format_babilong(results, l))
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
               "seed": seed, "results": [r.to_dict() for r in results]}
-    if plot_out:  # the plot first: the JSON is what a resumed run takes as done
-        plot_babilong(results, plot_out, l)
-    write_json(report, json_out)
-    for label, path in (("JSON", json_out), ("plot", plot_out)):
-        if path:
-            click.echo(f"{label} -> {path}")
+    _probe_outputs(report, json_out, plot_out, lambda out: plot_babilong(results, out, l))
 
 
 @main.command("babilong-data")
