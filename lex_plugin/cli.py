@@ -185,13 +185,15 @@ def prepare_cmd(ctx, src, dest, splits, bpe, vocab_size, lang, workers, document
 @click.option("--label", "labels", multiple=True, help="one per report (default: file names)")
 @click.option("--protocol", type=click.Choice(["stream", "fixed_target"]), default="stream", show_default=True)
 @click.option("--title", default=None)
-def plot_cmd(reports, out, labels, protocol, title):
-    """Plot perplexity against length (log x) for one or more --report-json files of
+@click.option("--metric", type=click.Choice(["ppl", "longppl"]), default="ppl", show_default=True,
+              help="longppl: the LongPPL column of reports written with --longppl")
+def plot_cmd(reports, out, labels, protocol, title, metric):
+    """Plot perplexity (or LongPPL) against length (log x) for one or more --report-json files of
     fairseq-eval-lm --task lex_language_modeling."""
     from .evaluation.plot import plot_reports
 
     try:
-        n = plot_reports(reports, out, labels or None, protocol, title)
+        n = plot_reports(reports, out, labels or None, protocol, title, metric)
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         raise click.ClickException(f"cannot plot: {err}") from None
     click.echo(f"{n} lines -> {out}")

@@ -278,8 +278,10 @@ def test_ruler_table_reads_lex_ruler_reports():
                           cell("vt", "full", 2 * L, 0.9, 0.0), cell("fwe", "full", L, None, 1.0)]}
     text = markdown_ruler({"rope": report}, ["xpos", "rope"], L)
     assert text.startswith("RoPE (Roformer):") and "| vt | full | 0.75 | 0.00 |" in text and "| fwe | full | 0.50 | - |" in text
-    greedy = text[text.index("Greedy:"):]  # reports written before greedy was counted: "-", not a rate of 0
-    assert "| vt | full | - | - |" in greedy and "| fwe | full | - | - |" in greedy
+    greedy = text[text.index("greedy exact match"):text.index("RULER-lite ranking")]  # the first table
+    assert "| vt | full | - | - |" in greedy and "| fwe | full | - | - |" in greedy  # no greedy counts: "-", not 0
+    summary = text[text.index("effective length"):]
+    assert "| full | ranking | 0.62 | 0.00 |" in summary  # task average over vt and fwe at l, vt alone at 2l
 
 
 def test_flat_and_retrieving_verdicts(tmp_path):

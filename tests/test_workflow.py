@@ -147,6 +147,7 @@ def test_documents_past_learned_positions_are_refused_not_truncated():
 # ---- fairseq integration: readable output, TensorBoard, hydra, FSDP -----------------------------------
 
 FAIRSEQ_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (INFO|WARNING) \| \S+ \| ")
+PROGRESS_LINE = re.compile(r"^[\w()=,.+]+ L=\d+: +\d+%\|")  # lex_plugin.evaluation.length_eval.progress_bar
 FAIRSCALE_IMPORT = "fairscale/experimental/nn/offload.py"  # warns when fairseq imports it, before the plugin loads
 
 
@@ -159,7 +160,7 @@ def test_eval_lm_output_is_fairseqs_log_and_the_tables_only(data_bin, trained):
                     "--batch-size", "8", "--num-workers", "0", "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}",
                     "--eval-windows", "full,bca", "--eval-tokens", "2000"])
     lines = (proc.stdout + proc.stderr).splitlines()
-    skip_next, unexpected = False, []
+    skip_next, unexpected, bars = False, [], set()
     for line in lines:
         if skip_next:  # the source line Python prints under a warning
             skip_next = False
@@ -169,9 +170,13 @@ def test_eval_lm_output_is_fairseqs_log_and_the_tables_only(data_bin, trained):
             continue
         if not line.strip() or line.startswith("|") or line.startswith("Length-stratified evaluation"):
             continue
+        if PROGRESS_LINE.match(line):  # the length report's progress bars (a line per 30 s in a log file)
+            bars.add(line.split(":")[0])
+            continue
         if not FAIRSEQ_LINE.match(line):
             unexpected.append(line)
     assert not unexpected, "\n".join(unexpected[:20])
+    assert bars == {f"{w} L={L}" for w in ("full", "bca(32)") for L in (TRAIN_LEN, 4 * TRAIN_LEN)}
     assert any("| fairseq_cli.eval_lm | Loss (base 2)" in line for line in lines)
     assert any(line.startswith("| stream | bca(") for line in lines)
 

@@ -1,4 +1,4 @@
-"""Perplexity against evaluation length (LeX paper Figure 1 style) from ``--report-json`` files."""
+"""Perplexity (or LongPPL) against evaluation length (LeX paper Figure 1 style) from ``--report-json`` files."""
 
 import json
 from pathlib import Path
@@ -7,26 +7,32 @@ from typing import Dict, List, Optional, Sequence
 __all__ = ["plot_reports"]
 
 
-def _series(report: dict, protocol: str) -> Dict[str, List[tuple]]:
+METRICS = {"ppl": "perplexity", "longppl": "LongPPL (key tokens)"}
+
+
+def _series(report: dict, protocol: str, metric: str = "ppl") -> Dict[str, List[tuple]]:
     series: Dict[str, List[tuple]] = {}
     for r in report["results"]:
-        if r.get("protocol", "stream") == protocol:
-            series.setdefault(r["window"], []).append((r["length"], r["ppl"]))
+        if r.get("protocol", "stream") == protocol and r.get(metric) is not None:
+            series.setdefault(r["window"], []).append((r["length"], r[metric]))
     return {k: sorted(v) for k, v in series.items()}
 
 
 def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str]] = None,
-                 protocol: str = "stream", title: Optional[str] = None) -> int:
-    """Draw ppl (log y) against length (log2 x) for every (report, window) pair into ``out`` (PNG).
+                 protocol: str = "stream", title: Optional[str] = None, metric: str = "ppl") -> int:
+    """Draw ppl or LongPPL (log y) against length (log2 x) for every (report, window) pair into ``out`` (PNG).
 
     Args:
         paths: JSON reports written by ``fairseq-eval-lm --task lex_language_modeling --report-json``.
         labels: one label per report (default: the file stem).
         protocol: ``stream`` or ``fixed_target``.
+        metric: ``ppl``, or ``longppl`` (reports written with ``--longppl``).
 
     Returns:
-        The number of lines drawn. Raises ValueError if a report holds no result for ``protocol``.
+        The number of lines drawn. Raises ValueError if a report holds no result for ``protocol`` and ``metric``.
     """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}.")
     from ..plotting import figure, log_axes
 
     labels = list(labels) if labels else [Path(p).stem for p in paths]
@@ -34,12 +40,13 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
         raise ValueError(f"{len(labels)} labels for {len(paths)} reports.")
     reports = [json.loads(Path(path).read_text()) for path in paths]
     for path, report in zip(paths, reports):
-        if not _series(report, protocol):
-            raise ValueError(f"{path} has no {protocol} results.")
+        if not _series(report, protocol, metric):
+            raise ValueError(f"{path} has no {protocol} results with {metric}"
+                             + (" (write it with --longppl)." if metric == "longppl" else "."))
     lines = 0
     with figure(out) as (_, ax):
         for report, label in zip(reports, labels):
-            for window, points in _series(report, protocol).items():
+            for window, points in _series(report, protocol, metric).items():
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o", label=f"{label}: {window}" if len(paths) > 1 else window)
                 lines += 1
@@ -47,8 +54,8 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
             ax.axvline(l, color="grey", linestyle=":", linewidth=1, label=f"training length l = {l}")
         log_axes(ax)
         ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.set_title(title or ("fixed-target perplexity" if protocol == "fixed_target" else "perplexity vs length"))
+        ax.set_ylabel(METRICS[metric])
+        ax.set_title(title or f"{'fixed-target ' if protocol == 'fixed_target' else ''}{METRICS[metric]} vs length")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a line
     return lines
