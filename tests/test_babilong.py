@@ -142,3 +142,11 @@ def test_lex_babilong_and_babilong_data(trained, data_bin, tmp_path, hub):
     answers = np.load(dest / "train.answers.npy")
     assert len(ds) == 12 and max(ds.sizes) <= 4 * TRAIN_LEN  # --max-length tokens and </s>
     assert all(re.fullmatch(r"\w+\.", hub.decode(ds[i][-int(a) - 1:-1].long())) for i, a in enumerate(answers))
+
+
+def test_table_of_cells_no_story_fitted():
+    """A task that fits no length: '-' for its chance and cells, not a division by zero."""
+    from lex_plugin.evaluation.babilong import BabilongResult, format_babilong
+
+    text = format_babilong([BabilongResult("qa3", "full", 40), BabilongResult("qa3", "full", 80)], 64)
+    assert "| qa3 | - | full | - | - |" in text

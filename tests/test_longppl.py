@@ -99,7 +99,7 @@ def test_longppl_is_the_perplexity_over_the_key_tokens(model64, stream):
 
 def test_rule_defaults_and_refusals():
     assert KeyTokenRule().resolve(256) == KeyTokenRule(2.0, 2.0, 192, 64)  # K + S = l
-    assert KeyTokenRule(trunc_len=100).resolve(256).sliding_window == 156
+    assert KeyTokenRule(trunc_len=100).resolve(256).sliding_window == 64  # S = l/4 whatever K
     with pytest.raises(ValueError, match="training length"):
         KeyTokenRule().resolve(None)
     with pytest.raises(ValueError, match="beta"):

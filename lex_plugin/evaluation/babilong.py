@@ -346,9 +346,10 @@ def format_babilong(results: Sequence[BabilongResult], training_length: Optional
         for task in dict.fromkeys(r.task for r in results):
             for window in dict.fromkeys(r.window for r in results if r.task == task):
                 rows = {r.length: r for r in results if r.task == task and r.window == window}
-                chance = 1 / max(r.candidates for r in rows.values())
+                candidates = max(r.candidates for r in rows.values())  # 0: no story fitted any length
+                chance = f"{1 / candidates:.2f}" if candidates else "-"
                 cells = [f"{value(rows[L]):.2f}" if L in rows and rows[L].trials else "-" for L in lengths]
-                lines.append(f"| {task} | {chance:.2f} | {window} | " + " | ".join(cells) + " |")
+                lines.append(f"| {task} | {chance} | {window} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -297,7 +297,7 @@ def format_table(results: Sequence[LengthResult], training_length: Optional[int]
         ratio = f"{r.length / training_length:g}" if training_length else "-"
         line = f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |"
         if longppl:
-            line += f" {r.key_tokens or 0:,} | {'-' if r.longppl is None else f'{r.longppl:.2f}'} |"
+            line += f" {'-' if r.key_tokens is None else f'{r.key_tokens:,}'} | {'-' if r.longppl is None else f'{r.longppl:.2f}'} |"
         lines.append(line)
     return "\n".join(lines + bucket_table(("window", "length"), [((r.window, r.length), r.buckets) for r in results]))
 

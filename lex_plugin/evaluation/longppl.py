@@ -69,10 +69,10 @@ class KeyTokenRule:
         """The rule with K and S filled from the training length l (3l/4 and l/4), checked."""
         l = training_length
         if (self.trunc_len is None or self.sliding_window is None) and not l:
-            raise ValueError("LongPPL's truncated context defaults to 3l/4 (sliding by l/4) and this model has no "
-                             "training length: pass --training-length or --longppl-trunc-len and --longppl-sliding-window.")
+            raise ValueError("LongPPL's truncated context defaults to 3l/4 (sliding by l/4) and the evaluator records no "
+                             "training length: pass --longppl-trunc-len and --longppl-sliding-window.")
         k = self.trunc_len if self.trunc_len is not None else max(1, 3 * l // 4)
-        s = self.sliding_window if self.sliding_window is not None else max(1, l - k)
+        s = self.sliding_window if self.sliding_window is not None else max(1, l // 4)
         if k < 1 or s < 1:
             raise ValueError(f"--longppl-trunc-len and --longppl-sliding-window must be >= 1, got {k} and {s}.")
         if not self.beta > 0:

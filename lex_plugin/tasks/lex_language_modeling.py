@@ -339,6 +339,10 @@ class LexLanguageModelingTask(LanguageModelingTask):
             evaluator, name = hub.models[0].to(next(model.parameters()).device), str(path)
         rule = self.key_token_rule.resolve(getattr(evaluator, "training_length", None) or training_length)
         length = max(self.eval_lengths)
+        if length > evaluator.max_positions():
+            raise ValueError(f"the --longppl evaluator {name} takes at most {evaluator.max_positions()} positions (learned "
+                             f"positions end there); it cannot read samples of {length} tokens. Give another "
+                             "--key-token-model or shorter --eval-lengths.")
         logger.info("LongPPL: key tokens by %s under full attention on samples of %d tokens, %s", name, length, rule)
         key = find_key_tokens(evaluator, stream, length, FULL_SPEC, self.dictionary.eos(), self.dictionary.pad(), rule,
                               max_tokens=max_tokens)

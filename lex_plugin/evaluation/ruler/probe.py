@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 ANSWER_ROOM = 48  # tokens kept free for a fine-tuning sample's answer text (4 values, 3 names or words)
 GREEDY_SLACK = 4  # tokens greedy decoding may write beyond the answer text's length
+REDRAWS = 20  # prompts drawn for a trial before its length counts as too short for the task
 RULER_THRESHOLD = 0.856  # RULER's effective-length threshold (Llama-2-7B's average at 4K)
 
 __all__ = ["RulerResult", "effective_length", "finetune_samples", "format_ruler", "greedy_answer", "plot_ruler",
@@ -72,7 +73,7 @@ class RulerResult:
     found: int = 0
     tokens: int = 0
     queries: int = 0
-    greedy: int = 0
+    greedy: float = 0.0
     prompt_tokens: List[int] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
     skipped: Optional[str] = None
@@ -130,16 +131,22 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
     for task, length, depth in cells:
         cell = {str(s): RulerResult(task, str(s), length, depth, distractors, attention=s.fields()) for s in specs}
         for trial in range(trials):
-            g = torch.Generator().manual_seed(zlib.crc32(repr((seed, task, length, depth, trial)).encode()))
-            try:
-                sample = make_sample(task, encode, length, depth, g, filler, stops, distractors, hops, unk)
-            except ValueError as err:
-                if trial or "too short" not in str(err):
-                    raise
-                logger.warning("RULER %s at length %d skipped: %s", task, length, err)
+            sample, err = None, None
+            for attempt in range(REDRAWS):  # a prompt too long for this length is redrawn (the same for every window)
+                key = (seed, task, length, depth, trial) + ((attempt,) if attempt else ())
+                g = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+                try:
+                    sample = make_sample(task, encode, length, depth, g, filler, stops, distractors, hops, unk)
+                    break
+                except ValueError as error:
+                    if "too short" not in str(error):
+                        raise
+                    err = error
+            if sample is None:  # the cell keeps the trials it has (none: '-')
+                logger.warning("RULER %s at length %d: %d of %d trials; %s", task, length, trial, trials, err)
                 for result in cell.values():
                     result.skipped = str(err)
-                bar.update(trials * len(specs))
+                bar.update((trials - trial) * len(specs))
                 break
             for spec in specs:
                 found = items = 0
@@ -217,13 +224,17 @@ def _greedy(rows: Sequence[RulerResult]) -> Optional[float]:
 MEASURES = {"greedy": _greedy, "ranking": _mean}  # RULER's string_match_all first
 
 
-def _task_average(results: Sequence[RulerResult], window: str, length: int, measure) -> Optional[float]:
-    """The mean over tasks of a task's mean over depths (None when no task ran at this length)."""
-    values = []
-    for task in dict.fromkeys(r.task for r in results):
-        v = measure([r for r in results if r.task == task and r.window == window and r.length == length])
-        if v is not None:
-            values.append(v)
+def _tasks_everywhere(results: Sequence[RulerResult], window: str, measure) -> List[str]:
+    """The tasks with a score at every length of ``window``: a summary over lengths compares the same tasks."""
+    lengths = {r.length for r in results if r.window == window}
+    return [t for t in dict.fromkeys(r.task for r in results if r.window == window)
+            if all(measure([r for r in results if r.task == t and r.window == window and r.length == L]) is not None
+                   for L in lengths)]
+
+
+def _task_average(results: Sequence[RulerResult], window: str, length: int, measure, tasks: Sequence[str]) -> Optional[float]:
+    """The mean over ``tasks`` of a task's mean over depths (None without tasks)."""
+    values = [measure([r for r in results if r.task == t and r.window == window and r.length == length]) for t in tasks]
     return sum(values) / len(values) if values else None
 
 
@@ -238,9 +249,10 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
             times the window's own average at the shortest length.
 
     Returns:
-        {"averages": {L: avg or None}, "wavg_inc", "wavg_dec" (weights 1..n rising / falling with the length's
-        rank, over the lengths with an average), "threshold" (the bar used), "effective_length": the longest L
-        such that the average exceeds the bar at every length up to L, or None when the shortest does not}.
+        {"tasks": the tasks averaged (those scored at every length: a task skipped at a length, too long for it,
+        is left out of every average), "averages": {L: avg or None}, "wavg_inc", "wavg_dec" (weights 1..n rising /
+        falling with the length's rank), "threshold" (the bar used), "effective_length": the longest L such that
+        the average exceeds the bar at every length up to L, or None when the shortest does not}.
 
     Raises:
         ValueError: an unknown measure or window.
@@ -250,7 +262,8 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
     lengths = sorted({r.length for r in results if r.window == window})
     if not lengths:
         raise ValueError(f"no RULER results for window {window!r}.")
-    averages = {L: _task_average(results, window, L, MEASURES[measure]) for L in lengths}
+    tasks = _tasks_everywhere(results, window, MEASURES[measure])
+    averages = {L: _task_average(results, window, L, MEASURES[measure], tasks) for L in lengths}
     known = [(L, v) for L, v in averages.items() if v is not None]
     n = len(known)
     inc = sum((i + 1) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
@@ -261,7 +274,8 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
         if v is None or bar is None or not v > bar:
             break
         effective = L
-    return {"averages": averages, "wavg_inc": inc, "wavg_dec": dec, "threshold": bar, "effective_length": effective}
+    return {"tasks": tasks, "averages": averages, "wavg_inc": inc, "wavg_dec": dec, "threshold": bar,
+            "effective_length": effective}
 
 
 def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] = None,
@@ -291,9 +305,13 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines += ["", f"Task average per window, RULER's weighted averages and effective length (the longest length up to "
                   f"which every task average exceeds {threshold:.1%}, or {relative:g} x the window's own average at "
-                  f"{name(lengths[0]) if lengths else '-'})",
+                  f"{name(lengths[0]) if lengths else '-'}; over the tasks scored at every length)",
               "| window | measure | " + " | ".join(map(name, lengths)) + " | wAvg (inc) | wAvg (dec) | effective "
               f"({threshold:.1%}) | effective ({relative:g} x own) |", "|---|---|" + "---:|" * (len(lengths) + 4)]
+    left_out = sorted({r.task for r in results} - set(effective_length(results, results[0].window, "ranking")["tasks"])
+                      if results else set())
+    if left_out:
+        lines[-3] += f"; left out, not scored at every length: {', '.join(left_out)}"
     for window in dict.fromkeys(r.window for r in results):
         for measure in MEASURES:
             absolute = effective_length(results, window, measure, threshold)
