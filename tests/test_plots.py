@@ -93,3 +93,24 @@ def test_probe_heat_maps_and_length_plots(figures, tmp_path):
     assert len(figures) == 3 + 1 + 1 + 1  # ruler: one per task
     for fig in figures:
         assert not _overlaps(fig), (fig.texts and fig.texts[0].get_text(), _overlaps(fig)[:3])
+
+
+def test_lex_plot_draws_longppl_and_refuses_reports_without_it(figures, tmp_path):
+    import json
+
+    from lex_plugin.evaluation.plot import plot_reports
+
+    rows = [{"window": w, "length": L, "protocol": "stream", "ppl": 80.0 + L / 1000, "longppl": 180.0 - k * L / 100}
+            for k, w in enumerate(["full", "bca(128)", "sliding(256)", "rerope(window=128)", "self_extend(G=8,w=64)"])
+            for L in (256, 1024, 4096)]
+    with_longppl, without = tmp_path / "a.json", tmp_path / "b.json"
+    with_longppl.write_text(json.dumps({"training_length": 256, "results": rows}))
+    without.write_text(json.dumps({"training_length": 256, "results": [{k: v for k, v in r.items() if k != "longppl"}
+                                                                        for r in rows]}))
+    assert plot_reports([with_longppl], tmp_path / "l.png", metric="longppl") == 5
+    axis = figures[-1].axes[0]
+    assert axis.get_ylabel() == "LongPPL (key tokens)" and [line.get_ydata()[-1] for line in axis.get_lines()[:2]] == [180.0 - 0, 180.0 - 40.96]
+    assert not _overlaps(figures[-1])
+    assert len([t for t in axis.get_yticklabels(minor=True) if t.get_text()]) >= 3  # a decade or less: labelled between powers of 10
+    with pytest.raises(ValueError, match="write it with --longppl"):
+        plot_reports([without], tmp_path / "m.png", metric="longppl")

@@ -53,6 +53,11 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
         for l in sorted({r.get("training_length") for r in reports} - {None}):
             ax.axvline(l, color="grey", linestyle=":", linewidth=1, label=f"training length l = {l}")
         log_axes(ax)
+        low, high = ax.get_ylim()
+        if high / low < 10:  # within a decade: label 1.2x, 1.5x, 2x ... so that the axis reads between powers of 10
+            from matplotlib.ticker import LogLocator
+
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)))
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_ylabel(METRICS[metric])
         ax.set_title(title or f"{'fixed-target ' if protocol == 'fixed_target' else ''}{METRICS[metric]} vs length")
