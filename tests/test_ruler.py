@@ -293,3 +293,27 @@ def test_effective_length_and_weighted_averages_by_hand():
     assert greedy["averages"][64] == pytest.approx(0.45) and greedy["effective_length"] == 256
     with pytest.raises(ValueError, match="unknown RULER measure"):
         effective_length(results, "full", "exact")
+
+
+def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypatch):
+    """A prompt that does not fit is drawn again (trial 1's first draw here): the cell keeps all its trials; a cell
+    that never fits keeps none and says why."""
+    real = probe_module.make_sample
+    calls = []
+
+    def flaky(task, *args, **kwargs):
+        calls.append(task)
+        if task == "niah_single_1" and len(calls) == 2:  # trial 1, first draw
+            raise ValueError("a prompt of this task needs more tokens; length 256 is too short.")
+        if task == "vt":
+            raise ValueError("length 256 is too short.")
+        return real(task, *args, **kwargs)
+
+    score, write = _oracle(hub)
+    monkeypatch.setattr(probe_module, "make_sample", flaky)
+    monkeypatch.setattr(probe_module, "score_candidates", score)
+    monkeypatch.setattr(probe_module, "greedy_answer", write)
+    single, vt = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "vt"], [4 * TRAIN_LEN], [0.5],
+                                [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=3, progress=False)
+    assert single.trials == 3 and single.skipped is None and calls.count("niah_single_1") == 4
+    assert vt.trials == 0 and "too short" in vt.skipped and calls.count("vt") == probe_module.REDRAWS
