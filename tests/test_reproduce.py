@@ -181,7 +181,8 @@ def test_method_and_passkey_commands(tmp_path):
     # RULER-lite: its data (l - 1 tokens), the fine-tuning as the passkey's, the probe over every window at l..8l
     data = reproduce.ruler_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "rb", o)
     assert "ruler-data" in data and data[data.index("--max-length") + 1] == L - 1
-    tune = reproduce.ruler_finetune_command(tmp_path / "rb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "rope"], o)
+    tune = reproduce.answer_finetune_command(tmp_path / "rb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "rope"], o,
+                                             reproduce.RULER_FINETUNE)
     assert tune[1] == str(tmp_path / "rb") and tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt")
     assert "--answer-only-loss" in tune and "--answer-only-loss" not in reproduce.finetune_command(
         tmp_path / "pk", tmp_path / "c.pt", tmp_path / "ft", [], o)  # the passkey recipe keeps the whole-prompt loss
@@ -189,6 +190,23 @@ def test_method_and_passkey_commands(tmp_path):
     assert probe[probe.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"
     assert probe[probe.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L}"
     assert reproduce.methods_of("alibi", ["ruler"]) == ["ruler"]
+    # LongPPL: l, 4l, 16l under every probe window, the battery's thresholds, the table alone
+    longppl = reproduce.longppl_command(tmp_path, tmp_path / "c.pt", tmp_path / "longppl.json", o)
+    assert longppl[longppl.index("--eval-lengths") + 1] == f"{L},{4 * L},{16 * L}"
+    assert longppl[longppl.index("--eval-windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca,leaky_rerope"
+    assert longppl[longppl.index("--longppl-alpha") + 1] == 0.5 and longppl[longppl.index("--longppl-beta") + 1] == 8
+    assert "--longppl" in longppl and "--length-report-only" in longppl and "--key-token-model" not in longppl
+    # BABILong-lite: qa1-qa3 stories below l from the training split, fine-tuned on the answers, probed at l..16l
+    data = reproduce.babilong_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "bb", o)
+    assert "babilong-data" in data and data[data.index("--max-length") + 1] == L - 1
+    assert data[data.index("--tasks") + 1] == "qa1,qa2,qa3" and "--split" not in data  # the training split, its default
+    tune = reproduce.answer_finetune_command(tmp_path / "bb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "alibi"], o,
+                                             reproduce.BABILONG_FINETUNE)
+    assert tune[1] == str(tmp_path / "bb") and "--answer-only-loss" in tune and tune[tune.index("--max-update") + 1] == "600"
+    probe = reproduce.babilong_command(tmp_path, tmp_path / "c.pt", tmp_path / "babilong.json", o, rotary=False)
+    assert probe[probe.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L},{16 * L}"
+    assert probe[probe.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"
+    assert probe[probe.index("--tasks") + 1] == "qa1,qa2,qa3" and probe[probe.index("--plot") + 1] == tmp_path / "babilong.png"
     # the scaled probe: 8l only, full attention, the scaling's own flags with auto = 8 (its value at 8l)
     flags = reproduce.scaled_passkey_flags("llama3_logn")
     assert flags == ["--rope-scaling", "llama3", "--rope-scaling-factor", "8", "--logn"]
@@ -439,3 +457,77 @@ def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypat
     (ruler_bin / "train.idx").write_text("rows written with their answer lengths")
     reproduce.reproduce(work, o, ["xpos"], tmp_path, data)
     assert "ruler data" not in dict(calls) and (ruler_bin / "train.idx").exists()
+
+
+def test_far_context_verdicts():
+    """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) / LongPPL(l), retrieves from BABILong-lite's greedy
+    accuracy at 8l (mean over the tasks that fitted) against 0.5 and 0.9 x the window's own at l; undecided without it."""
+    from lex_plugin.evaluation.reproduce.tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
+
+    def row(mode, length, ppl, longppl):
+        return {"window": mode, "attention": {"mode": mode}, "length": length, "protocol": "stream", "ppl": ppl,
+                "longppl": longppl, "key_tokens": 40}
+
+    longppl = {"rope": {"results": [row("full", L, 10.0, 50.0), row("full", 16 * L, 13.0, 30.0),
+                                    row("bca", L, 10.0, 50.0), row("bca", 16 * L, 9.9, 50.5),
+                                    row("rerope", L, 10.0, 50.0), row("rerope", 16 * L, 10.2, 40.0),
+                                    row("dca", L, 10.0, 50.0), row("dca", 16 * L, 10.1, 45.0)],
+                        "longppl": {"key_tokens": 40}},
+               "alibi": {"results": [row("full", L, 12.0, 60.0), row("full", 16 * L, 12.1, 59.0)]}}
+
+    def cell(task, mode, length, greedy, trials=10):
+        return {"task": task, "window": mode, "attention": {"mode": mode}, "length": length, "trials": trials, "greedy": greedy}
+
+    babilong = {"rope": {"results": [
+        cell("qa1", "full", L, 9), cell("qa2", "full", L, 7), cell("qa1", "full", 8 * L, 6), cell("qa2", "full", 8 * L, 4),
+        cell("qa1", "rerope", L, 8), cell("qa2", "rerope", L, 8), cell("qa1", "rerope", 8 * L, 8),
+        cell("qa2", "rerope", 8 * L, 0, trials=0),  # qa2 did not fit 8l: left out of the mean, not a 0
+        cell("qa1", "dca", L, 10), cell("qa1", "dca", 8 * L, 8),  # 0.8 >= 0.5 but below 0.9 x 1.0
+        cell("qa1", "bca", L, 8), cell("qa1", "bca", 8 * L, 4)]}}
+    rows = {(r["run"], r["method"]): r for r in far_context(longppl, babilong, L)}
+    full, bca, rerope, dca = (rows["rope", m] for m in ("full", "bca", "rerope", "dca"))
+    assert full["ratio"] == pytest.approx(1.3) and not full["flat"] and full["far"] and full["longppl_ratio"] == pytest.approx(0.6)
+    assert full["greedy_l"] == pytest.approx(0.8) and full["greedy_8l"] == pytest.approx(0.5) and full["retrieves"] is False
+    assert bca["flat"] and bca["far"] is False and bca["retrieves"] is False
+    assert rerope["flat"] and rerope["far"] and rerope["greedy_8l"] == pytest.approx(0.8) and rerope["retrieves"] is True
+    assert dca["flat"] and dca["far"] and dca["retrieves"] is False
+    assert rows["alibi", "full"]["retrieves"] is None  # no BABILong report: undecided
+    text = markdown_far_context(list(rows.values()), L)
+    assert text.endswith("**All three:** RoPE (Roformer) + ReRoPE (w = l/2)")
+    assert "| **RoPE (Roformer)** | **ReRoPE (w = l/2)** | yes (1.020) | yes (0.80) | yes (0.80 (0.80)) |" in text
+    assert "| ALiBi | full attention | yes (1.008) | yes (0.98) | - |" in text
+    assert "| RoPE (Roformer) | ReRoPE (w = l/2) | 0.80 | 0.80 |" in markdown_babilong(babilong, ["rope"], L)
+    table = markdown_longppl(longppl, ["rope", "alibi"], L)
+    assert table.startswith("RoPE (Roformer): 40 key tokens") and "| BCA | 10.00 | 9.90 | 0.990 | 50.00 | 50.50 | 1.01 |" in table
+    assert "none" in markdown_far_context([rows["rope", "bca"]], L)
+
+
+def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypatch):
+    """--methods longppl,babilong: LongPPL on each checkpoint, the BABILong-lite data written once (first run), each
+    run fine-tuned and probed; the step count announced equals the steps taken. The steps are recorded, not run."""
+    work, data = tmp_path / "work", tmp_path / "data-bin"
+    calls, announced = [], []
+
+    class RecordingRunner:
+        def __init__(self, work, steps):
+            announced.append(steps)
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            calls.append((key, done))
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+
+    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
+    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
+    data.mkdir()
+    (data / "dict.txt").write_text("")
+    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
+             eval_tokens=512, resolution_texts=2, methods=["longppl", "babilong"])
+    reproduce.reproduce(work, o, ["xpos", "alibi"], tmp_path, data)
+    keys = [k for k, _ in calls]
+    assert keys.count("babilong data") == 1 and announced == [len(calls)]
+    assert keys[keys.index("train alibi"):] == ["train alibi", "eval alibi", "resolution alibi full", "resolution alibi bca",
+                                                "longppl alibi", "babilong finetune alibi", "babilong alibi"]
+    done = dict(calls)
+    assert done["longppl xpos"] == work / "runs" / "xpos" / "longppl.json"
+    assert done["babilong xpos"] == work / "runs" / "xpos" / "babilong.json"

@@ -27,15 +27,19 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
-from .catalogue import (LABELS, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT,
-                        RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS, WINDOW_LABEL, methods_of, profile_flags)
-from .commands import (eval_command, finetune_command, method_command, passkey_command, passkey_data_command,
-                       prepare_command, resolution_command, ruler_command, ruler_data_command, ruler_finetune_command,
-                       scaled_passkey_flags, train_command)
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, LABELS, LONGPPL_PROBE,
+                        LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
+                        RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
+                        WINDOW_LABEL, methods_of, profile_flags)
+from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
+                       longppl_command, method_command, passkey_command, passkey_data_command, prepare_command,
+                       resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
 from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
-from .tables import (check_claims, check_magnitudes, flat_and_retrieving, markdown_budgets, markdown_claims, markdown_flat_and_retrieving, markdown_magnitudes, markdown_methods,
-                     markdown_passkey, markdown_ppl, markdown_resolution, markdown_ruler, ppl_table)
+from .tables import (check_claims, check_magnitudes, far_context, flat_and_retrieving, markdown_babilong, markdown_budgets,
+                     markdown_claims, markdown_far_context, markdown_flat_and_retrieving, markdown_longppl,
+                     markdown_magnitudes, markdown_methods, markdown_passkey, markdown_ppl, markdown_resolution,
+                     markdown_ruler, ppl_table)
 
 __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
@@ -43,7 +47,8 @@ __all__ = [
     "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
     "PROFILES", "profile_flags",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
-    "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command",
+    "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command",
+    "answer_finetune_command", "babilong_command", "babilong_data_command", "longppl_command",
     "scaled_passkey_flags", "train_command", "write_results",
 ]
 
@@ -60,7 +65,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         The text of tables.md.
     """
     l = o["training_length"]
-    reports, resolution, passkey, ruler = {}, {}, {}, {}
+    reports, resolution, passkey, ruler, longppl, babilong = {}, {}, {}, {}, {}, {}
     for name in runs:
         rdir = work / "runs" / name
         if (rdir / "length_report.json").exists():
@@ -74,6 +79,10 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
                 passkey.setdefault(probe, {})[name] = json.loads((rdir / f"{probe}.json").read_text())
         if (rdir / RULER_REPORT).exists():
             ruler[name] = json.loads((rdir / RULER_REPORT).read_text())
+        if (rdir / LONGPPL_REPORT).exists():
+            longppl[name] = json.loads((rdir / LONGPPL_REPORT).read_text())
+        if (rdir / BABILONG_REPORT).exists():
+            babilong[name] = json.loads((rdir / BABILONG_REPORT).read_text())
         scaled = [json.loads(p.read_text())["results"] for m in SCALED_PASSKEY
                   if (p := rdir / f"passkey_finetuned_{m}.json").exists()]
         if scaled:
@@ -108,6 +117,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     flat = (flat_and_retrieving(ppl, tuned, [n for n in runs if n in METHOD_RUNS], l,
                                 o["lengths"]) if methods else [])
     magnitudes = check_magnitudes(ppl, l, o["lengths"], budgets, o["batch_size"] * l)
+    verdicts = far_context(longppl, babilong, l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
     ab_lengths = [l, 8 * l]
     parts = [
@@ -141,6 +151,15 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         *(["", f"### RULER-lite after fine-tuning on its format ({RULER_FINETUNE['updates']} updates x "
             f"{RULER_FINETUNE['batch_size']} prompts of at most l - 1 tokens, the loss on the answers alone; mean over depths)", "",
             markdown_ruler(ruler, runs, l)] if ruler else []),
+        *(["", f"### LongPPL: perplexity on the key tokens (the checkpoint's own under full attention; alpha = "
+            f"{LONGPPL_PROBE['alpha']}, beta = {LONGPPL_PROBE['beta']} nats)", "",
+            markdown_longppl(longppl, runs, l)] if longppl else []),
+        *(["", f"### BABILong-lite after fine-tuning on its format ({BABILONG_FINETUNE['tasks']}; "
+            f"{BABILONG_FINETUNE['updates']} updates x {BABILONG_FINETUNE['batch_size']} stories of at most l - 1 tokens, "
+            "the loss on the answers alone): greedy exact match, mean over the tasks", "",
+            markdown_babilong(babilong, runs, l)] if babilong else []),
+        *(["", "### Does it use the far context? Flat, reads the far context, retrieves", "",
+            markdown_far_context(verdicts, l)] if verdicts else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
@@ -153,6 +172,9 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
          **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
          **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
+         **({"longppl": {n: rep["results"] for n, rep in longppl.items()}} if longppl else {}),
+         **({"babilong": {n: rep["results"] for n, rep in babilong.items()}} if babilong else {}),
+         **({"far_context": verdicts} if verdicts else {}),
          **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
                          for n, snaps in budgets.items()}} if budgets else {}),
          "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
@@ -245,7 +267,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
     tuned_runs = [n for n in runs if any(m.startswith("passkey_finetuned") for m in run_methods[n])]
 
     def steps_of(method: str) -> int:  # a probe after fine-tuning: the fine-tuning (once, then "done") and its probes
-        if method == "ruler":
+        if method in ("ruler", "babilong"):
             return 2
         if not method.startswith("passkey_finetuned"):
             return 1
@@ -257,7 +279,9 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                              "is the last budget).")
     steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + 2 * len(budgets) + sum(map(steps_of, run_methods[n])) for n in runs)
              + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
-             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0))
+             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
+             + (1 if any("babilong" in run_methods[n] for n in runs)
+                and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
     run = Runner(work, steps)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
@@ -312,10 +336,23 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
                     if ruler_bin.exists():  # written before rows recorded their answers: the same rows, written again
                         shutil.rmtree(ruler_bin)
                     run("ruler data", ruler_data_command(data, ckpt, ruler_bin, o), work / "ruler-data.log", ruler_bin / RULER_DATA_DONE)
-                run(f"ruler finetune {name}", ruler_finetune_command(ruler_bin, ckpt, tuned.parent, run_args, o),
+                run(f"ruler finetune {name}", answer_finetune_command(ruler_bin, ckpt, tuned.parent, run_args, o, RULER_FINETUNE),
                     tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
                 out = rdir / RULER_REPORT
                 run(f"ruler {name}", ruler_command(data, tuned, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
+            elif method == "longppl":
+                out = rdir / LONGPPL_REPORT
+                run(f"longppl {name}", longppl_command(data, ckpt, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
+            elif method == "babilong":
+                babilong_bin, tuned = work / "babilong-bin", rdir / BABILONG_TUNED / "checkpoint_last.pt"
+                if not (babilong_bin / BABILONG_DATA_DONE).exists():  # once: the encoding is the data-bin's
+                    run("babilong data", babilong_data_command(data, ckpt, babilong_bin, o), work / "babilong-data.log",
+                        babilong_bin / BABILONG_DATA_DONE)
+                run(f"babilong finetune {name}",
+                    answer_finetune_command(babilong_bin, ckpt, tuned.parent, run_args, o, BABILONG_FINETUNE),
+                    tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
+                out = rdir / BABILONG_REPORT
+                run(f"babilong {name}", babilong_command(data, tuned, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
             else:
                 out = rdir / f"method_{method}.json"
                 run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)

@@ -3,7 +3,9 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 
 from typing import Dict, List, Sequence
 
-__all__ = ["LABELS", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PASSKEY_WINDOWS", "PROBES", "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "RULER_WINDOWS", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
+__all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
+           "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -52,12 +54,15 @@ METHODS: Dict[str, tuple] = {
 SCALINGS = ("linear", "ntk", "yarn", "dynamic", "llama3", "resonance")
 METHODS.update({f"{m}_logn": (METHODS[m][0], [*METHODS[m][1], "--logn"], "full", True) for m in SCALINGS})
 SCALED_PASSKEY = tuple(m for s in SCALINGS for m in (s, f"{s}_logn"))  # the methods passkey_finetuned_scaled probes
-# the modes the passkey probe compares (leaky_rerope on rotary runs only: its distances are fractional)
-PASSKEY_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
+# the modes every probe compares (passkey, RULER-lite, LongPPL, BABILong-lite; and leaky_rerope on rotary runs only:
+# its distances are fractional)
+PROBE_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 # the passkey probe on each checkpoint; after fine-tuning on its format; the latter with log-n; and (rotary runs)
 # at 8l under each of SCALINGS with the factor 8 (= auto at 8l), with and without log-n
-# "ruler": RULER-lite after fine-tuning on its own format (lex ruler-data, RULER_FINETUNE), under RULER_WINDOWS
-PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled", "ruler")
+# "ruler": RULER-lite after fine-tuning on its own format (lex ruler-data, RULER_FINETUNE), under PROBE_WINDOWS
+# "longppl": LongPPL at LONGPPL_PROBE's lengths under PROBE_WINDOWS, the key tokens the checkpoint's own (full attention)
+# "babilong": BABILong-lite after fine-tuning on its own format (lex babilong-data, BABILONG_FINETUNE), under PROBE_WINDOWS
+PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled", "ruler", "longppl", "babilong")
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
 PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
@@ -67,8 +72,19 @@ RULER_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-
 # where a run keeps them: other names than the whole-prompt recipe's (ruler_ft/, ruler.json), whose results are not reused
 RULER_TUNED, RULER_REPORT = "ruler_ft_answers", "ruler_answers.json"
 RULER_DATA_DONE = "train.answers.npy"  # lex ruler-data's last file: its rows and their answer lengths
-RULER_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend", "dca")
 RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
+# LongPPL (Fang et al. 2025) at l, 4l and 16l. The paper's alpha = beta = 2 nats finds no key token in a 5M-parameter
+# model at ppl 80-180 (RESULTS, "Does it use the far context?": 0 of 8,192 tokens on the 300-update xPos): a gain of
+# more than 0.5 nats with a loss below 8 keeps 1-6% of the tokens.
+LONGPPL_PROBE = {"multiples": (1, 4, 16), "alpha": 0.5, "beta": 8}
+LONGPPL_REPORT = "longppl.json"
+# BABILong-lite: the one-, two- and three-fact tasks, fine-tuned as RULER-lite is (the answers' loss alone) on stories
+# below l from the training split, then probed at l..16l on the test split
+BABILONG_FINETUNE = {"tasks": "qa1,qa2,qa3", "samples": 8000, "updates": 600, "batch_size": 32, "lr": "2e-3",
+                     "answer_only_loss": True}
+BABILONG_PROBE = {"multiples": (1, 2, 4, 8, 16), "trials": 10}
+BABILONG_TUNED, BABILONG_REPORT = "babilong_ft", "babilong.json"
+BABILONG_DATA_DONE = "train.answers.npy"  # lex babilong-data's last file
 # named settings of the whole reproduction (scripts/reproduce.py --profile NAME): option -> value, replacing the
 # defaults of the options not given. "magnitudes" (the paper's magnitudes at CPU scale): a short training length
 # evaluated to 64l, bf16 autocast training, snapshots at geometric budgets (3.1M, 6.1M, 12.3M and 24.6M training

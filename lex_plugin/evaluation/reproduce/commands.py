@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR, fairseq_train_command
-from .catalogue import METHODS, PASSKEY_FINETUNE, PASSKEY_WINDOWS, RULER_FINETUNE, RULER_PROBE, RULER_WINDOWS
+from .catalogue import (BABILONG_FINETUNE, BABILONG_PROBE, LONGPPL_PROBE, METHODS, PASSKEY_FINETUNE, PROBE_WINDOWS, RULER_FINETUNE,
+                        RULER_PROBE)
 
-__all__ = ["eval_command", "finetune_command", "method_command", "passkey_command", "passkey_data_command", "scaled_passkey_flags",
-           "prepare_command", "resolution_command", "ruler_command", "ruler_data_command", "ruler_finetune_command", "train_command"]
+__all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command", "eval_command", "finetune_command",
+           "longppl_command", "method_command", "passkey_command", "passkey_data_command", "probe_windows",
+           "scaled_passkey_flags", "prepare_command", "resolution_command", "ruler_command", "ruler_data_command",
+           "train_command"]
+
+
+def probe_windows(rotary: bool) -> tuple:
+    """The attention modes every probe compares: :data:`PROBE_WINDOWS`, and Leaky ReRoPE on a ``rotary``
+    checkpoint (its fractional distances mean nothing to ALiBi's bias)."""
+    return PROBE_WINDOWS + (("leaky_rerope",) if rotary else ())
 
 
 def prepare_command(corpus: Path, data: Path) -> List:
@@ -80,14 +89,14 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
 def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True, extra: Sequence = (),
                     lengths: Optional[Sequence[int]] = None, windows: Optional[Sequence[str]] = None) -> List:
     """``lex passkey`` of ``ckpt`` at ``lengths`` (default l, 2l, 4l and 8l), depths 0.1..0.9, under each of
-    ``windows`` (default :data:`PASSKEY_WINDOWS`: full attention, BCA, the sliding window, Λ-shaped attention,
+    ``windows`` (default :func:`probe_windows`: full attention, BCA, the sliding window, Λ-shaped attention,
     ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per
     cell (9 distractor keys), with the further ``lex passkey`` flags ``extra`` (``--logn``, a RoPE scaling),
     writing the JSON ``out`` and the heat map beside it (same name, .png). With ``--logn`` the default windows
     leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
     l = o["training_length"]
     if not windows:
-        windows = PASSKEY_WINDOWS + (("leaky_rerope",) if rotary else ())
+        windows = probe_windows(rotary)
         windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
@@ -109,24 +118,55 @@ def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
             "--samples", RULER_FINETUNE["samples"], "--max-length", o["training_length"] - 1]
 
 
-def ruler_finetune_command(ruler_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
-    """fairseq-train fine-tuning ``ckpt`` on the RULER-lite data-bin (:data:`RULER_FINETUNE`), as
-    :func:`finetune_command` does for the passkey data, with the loss on the answers alone (``--answer-only-loss``)."""
-    f = RULER_FINETUNE
-    return fairseq_train_command(ruler_data, save_dir, o["arch"], run_args, o["training_length"], f["batch_size"], f["lr"],
-                                 f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
-                                 extra=["--finetune-from-model", ckpt, *(["--answer-only-loss"] if f["answer_only_loss"] else [])])
+def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict,
+                            recipe: dict) -> List:
+    """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on a probe's data-bin of prompts with recorded
+    answers (``lex ruler-data``, ``lex babilong-data``), one prompt per row at l, as :func:`finetune_command` does for
+    the passkey data: ``recipe`` (:data:`RULER_FINETUNE`, :data:`BABILONG_FINETUNE`) gives the updates, batch and peak
+    lr, and whether the loss is on the answers alone (``--answer-only-loss``)."""
+    return fairseq_train_command(answers_bin, save_dir, o["arch"], run_args, o["training_length"], recipe["batch_size"],
+                                 recipe["lr"], recipe["updates"], max(1, recipe["updates"] // 20), "eos", log_interval=50,
+                                 seed=o["seed"], extra=["--finetune-from-model", ckpt,
+                                                        *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 
 def ruler_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
     """``lex ruler`` of ``ckpt``: every task at l, 2l, 4l and 8l, :data:`RULER_PROBE`'s depths and trials, under
-    :data:`RULER_WINDOWS` (and Leaky ReRoPE for a ``rotary`` checkpoint), writing the JSON ``out`` and a heat map
+    :func:`probe_windows`, writing the JSON ``out`` and a heat map
     per task beside it (``out``'s name + ``_TASK.png``)."""
     l = o["training_length"]
-    windows = RULER_WINDOWS + (("leaky_rerope",) if rotary else ())
     return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
-            "--windows", ",".join(windows), "--trials", RULER_PROBE["trials"], "--json", out, "--plot", out.with_suffix(".png")]
+            "--windows", ",".join(probe_windows(rotary)), "--trials", RULER_PROBE["trials"], "--json", out,
+            "--plot", out.with_suffix(".png")]
+
+
+def longppl_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+    """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
+    in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
+    itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
+    p, l = LONGPPL_PROBE, o["training_length"]
+    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary)), out, o,
+                        ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only"])
+
+
+def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+    """``lex babilong-data``: :data:`BABILONG_FINETUNE` ``samples`` stories of its tasks with their answers, at most
+    l - 1 tokens each, book text from the training split of ``data``, into ``dest``."""
+    f = BABILONG_FINETUNE
+    return [sys.executable, "-m", "lex_plugin.cli", "babilong-data", "--path", ckpt, data, dest, "--tasks", f["tasks"],
+            "--samples", f["samples"], "--max-length", o["training_length"] - 1, "--seed", o["seed"]]
+
+
+def babilong_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+    """``lex babilong`` of ``ckpt``: :data:`BABILONG_FINETUNE`'s tasks at :data:`BABILONG_PROBE`'s multiples of l,
+    its trials per cell, under :func:`probe_windows`, on the test split, writing the JSON ``out`` and its heat map
+    beside it (same name, .png)."""
+    l = o["training_length"]
+    return [sys.executable, "-m", "lex_plugin.cli", "babilong", data, "--path", ckpt, "--tasks", BABILONG_FINETUNE["tasks"],
+            "--lengths", ",".join(str(l * k) for k in BABILONG_PROBE["multiples"]),
+            "--windows", ",".join(probe_windows(rotary)), "--trials", BABILONG_PROBE["trials"], "--json", out,
+            "--plot", out.with_suffix(".png")]
 
 
 def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:

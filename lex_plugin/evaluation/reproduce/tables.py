@@ -9,7 +9,8 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
-__all__ = ["FLAT_RATIO", "MAGNITUDE_TARGETS", "PAPER_RATIOS", "RETRIEVAL", "check_claims", "check_magnitudes", "markdown_magnitudes", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+__all__ = ["BABILONG_RETRIEVAL", "BABILONG_KEPT", "far_context", "markdown_babilong", "markdown_far_context",
+           "markdown_longppl", "FLAT_RATIO", "MAGNITUDE_TARGETS", "PAPER_RATIOS", "RETRIEVAL", "check_claims", "check_magnitudes", "markdown_magnitudes", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -314,6 +315,9 @@ def _trend(trend: Optional[dict]) -> str:
 
 FLAT_RATIO = 1.02  # "flat": ppl(16l) / ppl(l) at most this
 RETRIEVAL = 0.9  # "retrieves": passkey accuracy at 8l at least this (after fine-tuning on the probe's format)
+# "retrieves" in the far-context verdict: BABILong-lite's greedy accuracy at 8l (mean over its tasks) at least this,
+# and at least BABILONG_KEPT times the same window's at l (a window that answers at 8l as well as it does at l)
+BABILONG_RETRIEVAL, BABILONG_KEPT = 0.5, 0.9
 
 
 def _passkey_mode(result: dict) -> str:
@@ -422,3 +426,116 @@ def markdown_ruler(ruler: Dict[str, dict], runs: Sequence[str], l: int) -> str:
             results = [RulerResult(**{k: v for k, v in r.items() if k in fields}) for r in ruler[name]["results"]]
             parts.append(f"{LABELS.get(name, name)}:\n\n" + format_ruler(results, l))
     return "\n\n".join(parts)
+
+
+def _rows_by_mode(report: dict) -> Dict[str, Dict[int, dict]]:
+    """{mode: {length: row}} of a report's rows (a length report, or a probe's), the mode as :func:`_passkey_mode`."""
+    out: Dict[str, Dict[int, dict]] = {}
+    for r in report["results"]:
+        out.setdefault(_passkey_mode(r), {})[int(r["length"])] = r
+    return out
+
+
+def _babilong_greedy(report: dict) -> Dict[str, Dict[int, float]]:
+    """{mode: {length: greedy accuracy}} of a ``lex babilong`` report: each cell's accuracy averaged over the tasks
+    that fitted the length (a cell with no trial is left out)."""
+    cells: Dict[str, Dict[int, List[float]]] = {}
+    for r in report["results"]:
+        if r["trials"]:
+            cells.setdefault(_passkey_mode(r), {}).setdefault(int(r["length"]), []).append(r["greedy"] / r["trials"])
+    return {m: {L: sum(v) / len(v) for L, v in by.items()} for m, by in cells.items()}
+
+
+def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> str:
+    """Rows run x window of the LongPPL reports ({run: eval-lm report with ``--longppl``}): ppl at each length and
+    its ratio to l, then LongPPL at each length and its ratio; the key-token count of each run under its name."""
+    parts = []
+    for name in runs:
+        if name not in longppl:
+            continue
+        rows = _rows_by_mode(longppl[name])
+        lengths = sorted({L for by in rows.values() for L in by})
+        top = lengths[-1]
+        info = longppl[name].get("longppl", {})
+        head = (f"{LABELS.get(name, name)}: {info.get('key_tokens', '?'):,} key tokens" if isinstance(info.get("key_tokens"), int)
+                else f"{LABELS.get(name, name)}:")
+        lines = [head, "", "| window / method | " + " | ".join(f"ppl {L // l}l" for L in lengths)
+                 + f" | ppl {top // l}l / l | " + " | ".join(f"LongPPL {L // l}l" for L in lengths) + f" | LongPPL {top // l}l / l |",
+                 "|---|" + "---:|" * (2 * len(lengths) + 2)]
+        for mode, by in rows.items():
+            ppl = [by[L]["ppl"] if L in by else None for L in lengths]
+            lp = [by[L].get("longppl") if L in by else None for L in lengths]
+            ratio = ppl[-1] / ppl[0] if ppl[0] and ppl[-1] else None
+            lratio = lp[-1] / lp[0] if lp[0] and lp[-1] else None
+            lines.append(f"| {WINDOW_LABEL.get(mode, mode)} | " + " | ".join(_num(v) for v in ppl)
+                         + f" | {'-' if ratio is None else f'{ratio:.3f}'} | " + " | ".join(_num(v) for v in lp)
+                         + f" | {'-' if lratio is None else f'{lratio:.2f}'} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) -> str:
+    """Rows run x window of the ``lex babilong`` reports ({run: report}): greedy exact match at each length, the
+    mean over the tasks that fitted it."""
+    greedy = {n: _babilong_greedy(babilong[n]) for n in runs if n in babilong}
+    lengths = sorted({L for g in greedy.values() for by in g.values() for L in by})
+    lines = ["| model | window / method | " + " | ".join(f"{L} ({L // l}l)" for L in lengths) + " |",
+             "|---|---|" + "---:|" * len(lengths)]
+    for name, g in greedy.items():
+        for mode, by in g.items():
+            lines.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL.get(mode, mode)} | "
+                         + " | ".join(f"{by[L]:.2f}" if L in by else "-" for L in lengths) + " |")
+    return "\n".join(lines)
+
+
+def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> List[dict]:
+    """The far-context verdict of each run and window that has a LongPPL report: flat (ppl at the longest length over
+    ppl at l at most :data:`FLAT_RATIO`), reads the far context (LongPPL there below LongPPL at l), and, where the run
+    has a BABILong-lite report, retrieves (greedy accuracy at 8l at least :data:`BABILONG_RETRIEVAL` and at least
+    :data:`BABILONG_KEPT` times the window's own at l; None where either length is missing).
+
+    Returns:
+        One dict per row: run, method (the mode), top (the longest length), ratio, longppl_ratio, greedy_l,
+        greedy_8l (None without BABILong), flat, far, retrieves (None when undecided).
+    """
+    out = []
+    for name, report in longppl.items():
+        greedy = _babilong_greedy(babilong[name]) if name in babilong else {}
+        for mode, by in _rows_by_mode(report).items():
+            lengths = sorted(by)
+            if l not in by or len(lengths) < 2:
+                continue
+            top = lengths[-1]
+            ratio = by[top]["ppl"] / by[l]["ppl"]
+            lp_l, lp_top = by[l].get("longppl"), by[top].get("longppl")
+            lratio = lp_top / lp_l if lp_l and lp_top else None
+            g = greedy.get(mode, {})
+            g1, g8 = g.get(l), g.get(8 * l)
+            retrieves = None if g1 is None or g8 is None else (g8 >= BABILONG_RETRIEVAL and g8 >= BABILONG_KEPT * g1)
+            out.append({"run": name, "method": mode, "top": top, "ratio": ratio, "longppl_ratio": lratio,
+                        "greedy_l": g1, "greedy_8l": g8, "flat": ratio <= FLAT_RATIO,
+                        "far": None if lratio is None else lratio < 1.0, "retrieves": retrieves})
+    return out
+
+
+def markdown_far_context(rows: List[dict], l: int) -> str:
+    """The far-context verdicts of :func:`far_context` as a table, the rows passing all three tests in bold and
+    named below it."""
+    def yes(value: Optional[bool], text: str) -> str:
+        return text if value is None else f"{'yes' if value else 'no'} ({text})"
+
+    top = max(r["top"] for r in rows)
+    lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT_RATIO} | reads the far context: LongPPL "
+             f"{top // l}l / l < 1 | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
+             "|---|---|---|---|---|"]
+    passing = []
+    for r in rows:
+        label = f"{LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])}"
+        every = r["flat"] and r["far"] and r["retrieves"]
+        if every:
+            passing.append(label.replace(" | ", " + "))
+        lr = "-" if r["longppl_ratio"] is None else f"{r['longppl_ratio']:.2f}"
+        g = "-" if r["greedy_8l"] is None else f"{r['greedy_8l']:.2f} ({r['greedy_l']:.2f})"
+        cells = [yes(r["flat"], f"{r['ratio']:.3f}"), yes(r["far"], lr), yes(r["retrieves"], g)]
+        lines.append(f"| {'**' + label.replace(' | ', '** | **') + '**' if every else label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", "**All three:** " + ("; ".join(passing) if passing else "none")])
