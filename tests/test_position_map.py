@@ -241,6 +241,27 @@ def test_the_log_sum_exp_path_is_the_same_fused_or_explicit(padded):
     assert torch.allclose(explicit[1][finite].double(), torch.logsumexp(logits, -1)[finite], atol=1e-5)
 
 
+def test_a_torch_without_the_private_flash_kernel_takes_the_explicit_path(monkeypatch):
+    """The private ATen op is looked up, not assumed: where torch has no op of that name the default path is the
+    explicit one (same output), and forcing the fused one says what to do."""
+    from lex_plugin.modules.attention import executor
+
+    torch.manual_seed(4)
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    allowed = torch.rand(5, 7) > 0.3
+    assert executor._flash_cpu_kernel() is not None  # this torch has it: the default is the fused kernel
+    calls = []
+    real = executor._flash_cpu_kernel()
+    monkeypatch.setattr(executor, "_flash_cpu_kernel", lambda: lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fused = executor._attention_lse(q, k, v, allowed)
+    assert calls == [1]
+    monkeypatch.setattr(executor, "_flash_cpu_kernel", lambda: None)  # a torch that renamed or dropped the op
+    out, lse = executor._attention_lse(q, k, v, allowed)
+    assert torch.allclose(out, fused[0], atol=1e-5) and torch.allclose(lse, fused[1], atol=1e-5)
+    with pytest.raises(RuntimeError, match="explicit path"):
+        executor._attention_lse(q, k, v, allowed, fused=True)
+
+
 @pytest.mark.parametrize("method", [ReRoPE(L_TRAIN // 2), DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16)], ids=str)
 @pytest.mark.parametrize("kind", ["xpos", "alibi"])
 def test_padded_keys_are_hidden_under_a_position_map(method, kind, monkeypatch):

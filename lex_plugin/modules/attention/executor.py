@@ -471,16 +471,30 @@ class _Run:
         return out.flatten(2, 3)
 
 
+def _flash_cpu_kernel():
+    """SDPA's fused CPU flash kernel, which also returns the log-sum-exp
+    (``aten::_scaled_dot_product_flash_attention_for_cpu``, a private op of torch 2.x), or None where this torch has
+    no op of that name: the callers then take the explicit path, which runs on any torch."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor],
                    fused: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(d)) v over the allowed keys, and the fp32 log-sum-exp of those logits per query
     (-inf where a query is allowed no key; its output is then 0): q (B, H, Tq, D), k and v (B, H, Tk, D),
-    ``allowed`` bool broadcastable to (B, H, Tq, Tk), or None: every key. On CPU, SDPA's fused flash kernel,
-    which returns the log-sum-exp (``aten::_scaled_dot_product_flash_attention_for_cpu``); elsewhere explicit
-    fp32 logits (``fused``: force one or the other; the explicit one runs on any device)."""
+    ``allowed`` bool broadcastable to (B, H, Tq, Tk), or None: every key. On CPU, SDPA's fused flash kernel when
+    this torch has it (:func:`_flash_cpu_kernel`); elsewhere, or without it, explicit fp32 logits (``fused``: force
+    one or the other; the explicit one runs on any device and any torch).
+
+    Raises:
+        RuntimeError: ``fused=True`` on a torch without the kernel."""
     mask = None if allowed is None else _four_d(torch.where(allowed, 0.0, float("-inf")).to(q.dtype))
-    if fused if fused is not None else q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
+    kernel = _flash_cpu_kernel()
+    if fused and kernel is None:
+        raise RuntimeError(f"torch {torch.__version__} has no aten::_scaled_dot_product_flash_attention_for_cpu: "
+                           "pass fused=None (or False) to take the explicit path.")
+    if fused if fused is not None else (q.device.type == "cpu" and kernel is not None):
+        out, lse = kernel(q, k, v, 0.0, False, attn_mask=mask)
     else:
         logits = _logits(q, k, None) + (0.0 if mask is None else mask.float())
         lse = torch.logsumexp(logits, dim=-1)
