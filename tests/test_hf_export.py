@@ -352,8 +352,9 @@ def test_tokenizer_ids_equal_lex_prepare_like(data_bin, tmp_path):
             known += paragraph if d.unk() not in paragraph else []
             paragraph = []
     assert len(known) > 0.8 * len(first)
-    assert tok(tok.decode(known) + "\n", add_special_tokens=False).input_ids == known
-    assert tok.decode(known).count("\n\n") == known.count(eos) - 1
+    assert tok(tok.decode(known), add_special_tokens=False).input_ids == known  # each </s> a paragraph end
+    assert tok.decode(known).count("\n\n") == known.count(eos) and tok.decode(known).endswith("\n\n")
+    assert tok.decode([eos]) == "\n\n"  # lm-eval's stop string for generate_until: an empty one stops every answer
 
 
 def test_lm_eval_rolling_loglikelihood_equals_lex_score(exports, data_bin, tmp_path, hf_env):
@@ -379,6 +380,48 @@ def test_lm_eval_rolling_loglikelihood_equals_lex_score(exports, data_bin, tmp_p
     docs = json.loads(report.read_text())["documents"]
     expected = -sum(doc["loss"] * doc["tokens"] * math.log(2) for doc in docs)
     assert abs(total - expected) <= 1e-4 * abs(expected), (total, expected, proc.stdout[-500:])
+
+
+def test_lm_eval_ruler_scores_what_the_fairseq_model_writes(exports, tmp_path, hf_env):
+    """scripts/lm_eval_ruler.py: lm-eval's offline RULER tasks but cwe on the export, two prompts per task at 1,024 tokens.
+    Each prompt fits its length under the export's tokenizer. What lm-eval records as the model's answer is what the
+    fairseq model writes greedily after the same ids, and each score is RULER's string_match_all of that answer."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("wonderwords")
+    directory, _, hub, _ = exports["xpos"]
+    out = tmp_path / "ruler"
+    # ruler_cwe is left out: its list of 10 words x 30 copies does not fit 1,024 tokens of this 976-symbol vocabulary,
+    # and lm-eval then writes an empty answer list and fails (ZeroDivisionError) instead of saying so
+    tasks = ["niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_fwe"]
+    proc = run_cli([sys.executable, str(REPO / "scripts" / "lm_eval_ruler.py"), str(directory), "--lengths", "1024",
+                    "--samples", "2", "--tasks", ",".join(tasks), "--out", str(out)], env=dict(hf_env), timeout=900)
+    summary = json.loads((out / "ruler_lm_eval.json").read_text())
+    assert set(summary["lm_eval"]) == set(tasks), proc.stdout[-2000:]
+    tok = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
+    eos = hub.task.source_dictionary.eos()
+    pad = hub.task.source_dictionary.pad()
+    from lex_plugin.evaluation.sampling import continue_ids
+
+    for path in out.rglob("samples_*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        task = path.name[len("samples_"):].rsplit("_", 1)[0]  # samples_TASK_TIMESTAMP.jsonl
+        assert len(rows) == 2 and all(r["doc"]["max_length"] == 1024 for r in rows), (task, len(rows))
+        scores = []
+        for r in rows:
+            prompt, gen = r["arguments"]["gen_args_0"]["arg_0"], r["arguments"]["gen_args_0"]["arg_1"]
+            ids = tok(prompt).input_ids  # lm-eval 0.4.13 keeps the tokenizer's default: </s> first, the stream start
+            assert len(ids) <= 1024, (task, len(ids))
+            with torch.no_grad():
+                written = continue_ids(hub.models[0], torch.tensor(ids), gen["max_gen_toks"], eos, pad, temperature=0.0,
+                                       stop_at_eos=True)
+            text = tok.decode(written.tolist(), skip_special_tokens=True)
+            assert r["resps"][0][0].strip() == text.strip(), (task, r["resps"][0][0][:200], text[:200])
+            truth = r["doc"]["outputs"]
+            scores.append(sum(t.lower() in text.strip().lower() for t in truth) / len(truth))
+        assert summary["lm_eval"][task]["1024"] == pytest.approx(sum(scores) / len(scores)), task
+    with pytest.raises(AssertionError, match="ruler_vt needs lengths of at least 1024"):  # lm-eval would loop forever
+        run_cli([sys.executable, str(REPO / "scripts" / "lm_eval_ruler.py"), str(directory), "--lengths", "512,1024",
+                 "--out", str(tmp_path / "short")], env=dict(hf_env))
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -11,8 +11,11 @@ encoded whole, a prompt to continue (``"It was a dark"``) stays open, so ``pipel
 ``tokenizer(text)``) puts ``</s>`` first: the start of a fairseq language-model stream, so
 ``tokenizer(doc).input_ids`` is the model input that scores ``doc`` as ``lex score`` does.
 
-Decoding joins the pieces, detokenizes each paragraph with Moses and separates paragraphs by a blank line
-(with ``skip_special_tokens=True`` transformers drops the ``</s>`` first, and the paragraphs run together).
+Decoding joins the pieces, detokenizes each paragraph with Moses and writes each ``</s>`` as the paragraph's end, a
+blank line, so ``tokenizer(tokenizer.decode(ids))`` gives ``ids`` back for the ids of a text, and a lone ``</s>`` decodes
+to ``"\\n\\n"``: the stop string lm-eval's ``generate_until`` takes from the end-of-text token (an empty one would end
+every answer after its first token). With ``skip_special_tokens=True`` transformers drops the ``</s>`` first, and the
+paragraphs run together.
 """
 
 import os
@@ -144,26 +147,28 @@ class LexTokenizer(PreTrainedTokenizer):
         return self.symbols[index]
 
     def convert_tokens_to_string(self, tokens: List[str]) -> str:
-        """Pieces -> text: each paragraph (ended by ``</s>``) joined and Moses-detokenized; paragraphs separated by
-        a blank line; ``<s>`` and ``<pad>`` dropped."""
+        """Pieces -> text: each paragraph's pieces joined and Moses-detokenized, each ``</s>`` a paragraph end (a
+        blank line, ``"\\n\\n"``), so the text re-encodes to the same ids and a lone ``</s>`` is ``"\\n\\n"`` (the
+        stop string lm-eval derives from the end-of-text token); ``<s>`` and ``<pad>`` dropped."""
         from sacremoses import MosesDetokenizer
 
         detok = MosesDetokenizer(lang=self.moses_lang)
-        paragraphs_out, current = [], []
+        out, current = [], []
 
         def flush():
             if current:
                 text = self.sp.decode_pieces(current) if self.sp is not None else " ".join(current)
-                paragraphs_out.append(detok.detokenize(text.split()))
+                out.append(detok.detokenize(text.split()))
                 current.clear()
 
         for token in tokens:
             if token == self.eos_token:
                 flush()
+                out.append("\n\n")
             elif token not in ("<s>", "<pad>"):
                 current.append(token)
         flush()
-        return "\n\n".join(paragraphs_out)
+        return "".join(out)
 
     def build_inputs_with_special_tokens(self, token_ids_0: List[int], token_ids_1: Optional[List[int]] = None) -> List[int]:
         """``</s>`` (the start of a fairseq LM stream) before the text's ids; a pair is refused."""
