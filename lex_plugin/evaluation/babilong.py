@@ -313,7 +313,7 @@ def finetune_samples(encode: Encode, filler: Tensor, tasks: Sequence[str], count
     stops = sentence_stops(encode)
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for i in range(count):
+    for i in progress_bar(range(count), "babilong-data", "row"):
         task = tasks[i % len(tasks)]
         high = max_length - ANSWER_ROOM
         for attempt in range(100):  # a story too long for the drawn length is redrawn (long stories are rarer at small l)

@@ -119,7 +119,7 @@ def finetune_samples(encode, filler: Tensor, count: int, max_length: int, seed: 
     g = torch.Generator().manual_seed(seed)
     frame = encode(INTRO).numel() + encode(QUESTION).numel()
     samples = []
-    for _ in range(count):
+    for _ in progress_bar(range(count), "passkey-data", "row"):
         key = int(torch.randint(0, 10**DIGITS, (1,), generator=g))
         answer = encode(_spell(key))
         shortest = frame + encode(NEEDLE.format(key=_spell(key))).numel() + answer.numel()

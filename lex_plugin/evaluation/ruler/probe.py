@@ -188,7 +188,7 @@ def finetune_samples(encode, filler: Tensor, tasks: Sequence[str], count: int, m
     stops = sentence_stops(encode)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(count):
+    for i in progress_bar(range(count), "ruler-data", "row"):
         task = tasks[i % len(tasks)]
         low, high = max_length // 2, max_length - ANSWER_ROOM
         while True:  # a uniform length among those the task's frame (intro, needles, question) fits in

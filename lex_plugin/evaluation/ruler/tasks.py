@@ -194,13 +194,21 @@ def _book(filler: Tensor, n: int, g: torch.Generator, stops: Sequence[int]) -> _
         raise ValueError(f"the haystack text holds {filler.numel():,} tokens, fewer than the {n:,} this length needs; "
                          "lower the lengths or take a larger split.")
     offset = int(torch.randint(0, filler.numel() - n, (1,), generator=g))
-    is_stop = torch.isin(filler, torch.tensor(list(stops), dtype=filler.dtype))
-    later = is_stop[offset:filler.numel() - n].nonzero().flatten()
-    if later.numel():  # start after a sentence ends: the haystack (and a needle put at its start) never splits a word
-        offset += int(later[0]) + 1
+    stop_ids = torch.tensor(list(stops), dtype=filler.dtype)
+    # start after the first sentence end past the offset, so the haystack (and a needle put at its start) never splits
+    # a word; looked for a stretch at a time (a split holds millions of tokens, a sentence ends within a few dozen)
+    last = filler.numel() - n
+    for start in range(offset, last, _STOP_SEARCH):
+        later = torch.isin(filler[start:min(start + _STOP_SEARCH, last)], stop_ids).nonzero().flatten()
+        if later.numel():
+            offset = start + int(later[0]) + 1
+            break
     tokens = filler[offset:offset + n]
-    ends = (is_stop[offset:offset + n].nonzero().flatten() + 1).tolist()
+    ends = (torch.isin(tokens, stop_ids).nonzero().flatten() + 1).tolist()
     return _Haystack(tokens, ends)
+
+
+_STOP_SEARCH = 4096  # tokens of filler searched at a time for a sentence end
 
 
 def _needle_haystack(encode: Encode, n: int, g: torch.Generator, keys: set, values: set, uuids: bool = False) -> _Haystack:
