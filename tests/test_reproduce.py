@@ -427,27 +427,12 @@ def test_a_profile_fills_the_options_not_given(tmp_path):
 def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypatch):
     """A ruler-bin written before rows recorded their answer lengths (no train.answers.npy) is removed and its
     step runs again; one with them is kept and its step skipped. The steps are recorded, not run."""
-    work, data = tmp_path / "work", tmp_path / "data-bin"
-    ruler_bin = work / "ruler-bin"
+    ruler_bin = tmp_path / "work" / "ruler-bin"
     calls = []
-
-    class RecordingRunner:
-        def __init__(self, work, steps):
-            pass
-
-        def __call__(self, key, cmd, log, done, stamp=False, then=None):
-            calls.append((key, sorted(p.name for p in ruler_bin.glob("*")) if ruler_bin.exists() else None))
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.touch()
-
-    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
-    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
-    data.mkdir()
-    (data / "dict.txt").write_text("")
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["ruler"], lambda key, done: calls.append(
+        (key, sorted(p.name for p in ruler_bin.glob("*")) if ruler_bin.exists() else None)))
     ruler_bin.mkdir(parents=True)
     (ruler_bin / "train.idx").write_text("rows without their answer lengths")
-    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
-             eval_tokens=512, resolution_texts=2, methods=["ruler"])
     reproduce.reproduce(work, o, ["xpos"], tmp_path, data)
     steps = dict(calls)
     assert steps["ruler data"] is None  # the old bin was gone before the step wrote it again
@@ -505,24 +490,9 @@ def test_far_context_verdicts():
 def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypatch):
     """--methods longppl,babilong: LongPPL on each checkpoint, the BABILong-lite data written once (first run), each
     run fine-tuned and probed; the step count announced equals the steps taken. The steps are recorded, not run."""
-    work, data = tmp_path / "work", tmp_path / "data-bin"
-    calls, announced = [], []
-
-    class RecordingRunner:
-        def __init__(self, work, steps):
-            announced.append(steps)
-
-        def __call__(self, key, cmd, log, done, stamp=False, then=None):
-            calls.append((key, done))
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.touch()
-
-    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
-    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
-    data.mkdir()
-    (data / "dict.txt").write_text("")
-    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
-             eval_tokens=512, resolution_texts=2, methods=["longppl", "babilong"])
+    calls = []
+    work, data, o, announced = _recorded_steps(tmp_path, monkeypatch, ["longppl", "babilong"],
+                                               lambda key, done: calls.append((key, done)))
     reproduce.reproduce(work, o, ["xpos", "alibi"], tmp_path, data)
     keys = [k for k, _ in calls]
     assert keys.count("babilong data") == 1 and announced == [len(calls)]
@@ -531,3 +501,27 @@ def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypat
     done = dict(calls)
     assert done["longppl xpos"] == work / "runs" / "xpos" / "longppl.json"
     assert done["babilong xpos"] == work / "runs" / "xpos" / "babilong.json"
+
+
+def _recorded_steps(tmp_path, monkeypatch, methods, record):
+    """reproduce() with its steps recorded, not run: ``record(key, done)`` is called for each step and its ``done``
+    file touched. Returns (work, data-bin, options with ``methods``, the step counts the runner was told)."""
+    work, data = tmp_path / "work", tmp_path / "data-bin"
+    announced = []
+
+    class RecordingRunner:
+        def __init__(self, work, steps):
+            announced.append(steps)
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            record(key, done)
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+
+    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
+    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
+    data.mkdir()
+    (data / "dict.txt").write_text("")
+    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
+             eval_tokens=512, resolution_texts=2, methods=list(methods))
+    return work, data, o, announced
