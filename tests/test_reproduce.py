@@ -484,7 +484,8 @@ def test_far_context_verdicts():
     assert "| RoPE (Roformer) | ReRoPE (w = l/2) | 0.80 | 0.80 |" in markdown_babilong(babilong, ["rope"], L)
     table = markdown_longppl(longppl, ["rope", "alibi"], L)
     assert table.startswith("RoPE (Roformer): 40 key tokens") and "| BCA | 10.00 | 9.90 | 0.990 | 50.00 | 50.50 | 1.01 |" in table
-    assert "none" in markdown_far_context([rows["rope", "bca"]], L)
+    assert markdown_far_context([rows["rope", "bca"]], L).endswith("**All three:** none")
+    assert "not decided" in markdown_far_context([rows["alibi", "full"]], L)  # no BABILong: no verdict, not "none"
 
 
 def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypatch):

@@ -538,4 +538,6 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
         g = "-" if r["greedy_8l"] is None else f"{r['greedy_8l']:.2f} ({r['greedy_l']:.2f})"
         cells = [yes(r["flat"], f"{r['ratio']:.3f}"), yes(r["far"], lr), yes(r["retrieves"], g)]
         lines.append(f"| {'**' + label.replace(' | ', '** | **') + '**' if every else label} | " + " | ".join(cells) + " |")
+    if all(r["retrieves"] is None for r in rows):
+        return "\n".join(lines + ["", "**All three:** not decided: no BABILong-lite results at l and 8l in this work directory."])
     return "\n".join(lines + ["", "**All three:** " + ("; ".join(passing) if passing else "none")])
