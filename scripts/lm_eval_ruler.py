@@ -96,6 +96,10 @@ def main(export, lengths, samples, tasks, out, lex_ruler, lex_window, lex_length
         raise click.BadParameter(f"{', '.join(f'{t} needs lengths of at least {n}' for t, n in short.items())} "
                                  "(its in-context example alone takes up to 500 tokens, and lm-eval would retry forever); "
                                  "give longer --lengths or leave it out of --tasks", param_hint="--lengths")
+    lex = lex_greedy(json.loads(lex_ruler.read_text()), lex_window) if lex_ruler else {}
+    if lex_ruler and not lex:
+        raise click.BadParameter(f"{lex_ruler} has no scored row under the window {lex_window!r}",
+                                 param_hint="--lex-window")
     cmd = lm_eval_command(export, tasks, lengths, samples, out)
     print(" ".join(f"'{c}'" if c.startswith("{") else c for c in cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -104,7 +108,6 @@ def main(export, lengths, samples, tasks, out, lex_ruler, lex_window, lex_length
         raise click.ClickException(f"lm-eval wrote no results_*.json under {out}")
     results = json.loads(found[-1].read_text())["results"]
     scores = {t: {L: results[t].get(f"{L},none") for L in lengths} for t in tasks}
-    lex = lex_greedy(json.loads(lex_ruler.read_text()), lex_window) if lex_ruler else {}
     (out / "ruler_lm_eval.json").write_text(json.dumps(
         {"export": str(export), "samples": samples, "lengths": lengths, "lm_eval": scores,
          **({"lex_ruler": {t: {str(L): lex.get(TASKS[t], {}).get(beside[L]) for L in lengths} for t in tasks},

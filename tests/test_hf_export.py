@@ -424,6 +424,35 @@ def test_lm_eval_ruler_scores_what_the_fairseq_model_writes(exports, tmp_path, h
                  "--out", str(tmp_path / "short")], env=dict(hf_env))
 
 
+def test_lm_eval_ruler_puts_lex_ruler_greedy_beside_it(tmp_path):
+    """scripts/lm_eval_ruler.py reads a lex ruler report: each length's greedy string_match_all averaged over the
+    depths that fitted, under the window asked; a window the report lacks is refused before lm-eval runs."""
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    spec = importlib.util.spec_from_file_location("lm_eval_ruler", REPO / "scripts" / "lm_eval_ruler.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def cell(window, length, depth, greedy, trials=4, queries=4):
+        return {"task": "vt", "window": window, "length": length, "depth": depth, "trials": trials, "queries": queries,
+                "greedy": greedy}
+
+    report = {"results": [cell("full", 896, 0.1, 2.0), cell("full", 896, 0.9, 0.0), cell("full", 1920, 0.5, 0.0, trials=0),
+                          cell("bca(128)", 896, 0.1, 4.0)]}
+    assert script.lex_greedy(report, "full") == {"vt": {896: 0.25}}  # the cell that did not fit is left out
+    assert script.lex_greedy(report, "bca") == {"vt": {896: 1.0}}
+    path = tmp_path / "ruler.json"
+    path.write_text(json.dumps(report))
+    refused = CliRunner().invoke(script.main, [str(tmp_path), "--lengths", "1024", "--out", str(tmp_path / "o"),
+                                               "--lex-ruler", str(path), "--lex-window", "sliding"])
+    assert refused.exit_code == 2 and "no scored row under the window 'sliding'" in refused.output
+    mismatched = CliRunner().invoke(script.main, [str(tmp_path), "--lengths", "1024,2048", "--out", str(tmp_path / "o"),
+                                                  "--lex-ruler", str(path), "--lex-lengths", "896"])
+    assert mismatched.exit_code == 2 and "one lex ruler length per lm-eval length" in mismatched.output
+
+
 @pytest.mark.parametrize("damage, message", [
     ("safetensors", "model.safetensors"),
     ("scheme", "pos_emb"),
