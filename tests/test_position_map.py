@@ -249,13 +249,13 @@ def test_a_torch_without_the_private_flash_kernel_takes_the_explicit_path(monkey
     torch.manual_seed(4)
     q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     allowed = torch.rand(5, 7) > 0.3
-    assert executor._flash_cpu_kernel() is not None  # this torch has it: the default is the fused kernel
+    assert executor._FLASH_CPU_KERNEL is not None  # this torch has it: the default is the fused kernel
     calls = []
-    real = executor._flash_cpu_kernel()
-    monkeypatch.setattr(executor, "_flash_cpu_kernel", lambda: lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = executor._FLASH_CPU_KERNEL
+    monkeypatch.setattr(executor, "_FLASH_CPU_KERNEL", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     fused = executor._attention_lse(q, k, v, allowed)
     assert calls == [1]
-    monkeypatch.setattr(executor, "_flash_cpu_kernel", lambda: None)  # a torch that renamed or dropped the op
+    monkeypatch.setattr(executor, "_FLASH_CPU_KERNEL", None)  # a torch that renamed or dropped the op
     out, lse = executor._attention_lse(q, k, v, allowed)
     assert torch.allclose(out, fused[0], atol=1e-5) and torch.allclose(lse, fused[1], atol=1e-5)
     with pytest.raises(RuntimeError, match="explicit path"):

@@ -471,11 +471,9 @@ class _Run:
         return out.flatten(2, 3)
 
 
-def _flash_cpu_kernel():
-    """SDPA's fused CPU flash kernel, which also returns the log-sum-exp
-    (``aten::_scaled_dot_product_flash_attention_for_cpu``, a private op of torch 2.x), or None where this torch has
-    no op of that name: the callers then take the explicit path, which runs on any torch."""
-    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# SDPA's fused CPU flash kernel, which also returns the log-sum-exp (a private op of torch 2.x), looked up once at
+# import; None where this torch has no op of that name: _attention_lse then takes the explicit path, which runs anywhere
+_FLASH_CPU_KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor],
@@ -483,13 +481,13 @@ def _attention_lse(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor],
     """softmax(q k^T / sqrt(d)) v over the allowed keys, and the fp32 log-sum-exp of those logits per query
     (-inf where a query is allowed no key; its output is then 0): q (B, H, Tq, D), k and v (B, H, Tk, D),
     ``allowed`` bool broadcastable to (B, H, Tq, Tk), or None: every key. On CPU, SDPA's fused flash kernel when
-    this torch has it (:func:`_flash_cpu_kernel`); elsewhere, or without it, explicit fp32 logits (``fused``: force
+    this torch has it (``_FLASH_CPU_KERNEL``); elsewhere, or without it, explicit fp32 logits (``fused``: force
     one or the other; the explicit one runs on any device and any torch).
 
     Raises:
         RuntimeError: ``fused=True`` on a torch without the kernel."""
     mask = None if allowed is None else _four_d(torch.where(allowed, 0.0, float("-inf")).to(q.dtype))
-    kernel = _flash_cpu_kernel()
+    kernel = _FLASH_CPU_KERNEL
     if fused and kernel is None:
         raise RuntimeError(f"torch {torch.__version__} has no aten::_scaled_dot_product_flash_attention_for_cpu: "
                            "pass fused=None (or False) to take the explicit path.")
