@@ -11,27 +11,33 @@ from pathlib import Path
 import click
 
 from .data.prepare import PrepareConfig, PrepareError, prepare
-from .modules.attention.position_map import MAP_OPTIONS, POSITION_MAPS
+from .modules.attention.flags import ATTENTION_FLAGS, ATTENTION_MODES, MODE_SELECTORS
 from .modules.attention.spec import AttentionOptions
-from .modules.attention.window import LM_INFINITE_N_GLOBAL
 from .modules.positions.rope_scaling import ROPE_SCALINGS
 from .modules.positions.xpos import GAMMA, SCALE_BASE
 from .options import parse_float_list, parse_int_list, parse_name_list
 
 
+def _attention_options(names):
+    """A decorator adding the attention flags ``names`` (their one declaration, ``flags.ATTENTION_FLAGS``) as
+    click options: switches off unless given, values None unless given (``AttentionOptions.from_flags``)."""
+    def decorate(fn):
+        for name in reversed(names):
+            flag = ATTENTION_FLAGS[name]
+            if flag.type is bool:
+                fn = click.option(flag.flag, is_flag=True, help=flag.help)(fn)
+                continue
+            kind = (click.Choice(list(flag.choices)) if flag.choices
+                    else click.IntRange(min=flag.minimum) if flag.type is int
+                    else click.FloatRange(min=flag.minimum) if flag.type is float else str)
+            fn = click.option(flag.flag, type=kind, default=None, metavar=flag.metavar, help=flag.help)(fn)
+        return fn
+    return decorate
+
+
 def _window_options(fn):
-    """The task's window flags for every command: --bca / --sliding-window W|l / --lm-infinite (--n-global,
-    --l-local), --sink-tokens k, --training-length l, and RoPE scaling (--rope-scaling, --rope-scaling-factor)."""
-    fn = _scaling_options(fn)
-    fn = _map_options(fn)
-    fn = click.option("--position-map", type=click.Choice(list(POSITION_MAPS)), default=None,
-                      help="bounded-distance attention over every key (ReRoPE, Leaky ReRoPE, Self-Extend, DCA)")(fn)
-    fn = _sink_options(fn)
-    fn = click.option("--lm-infinite", is_flag=True,
-                      help="LM-Infinite's Λ-shaped attention: --n-global first tokens + --l-local recent, distances capped")(fn)
-    fn = _length_options(fn)
-    fn = click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")(fn)
-    return _precision_options(fn)
+    """Every attention flag (the task's) and --bf16-autocast."""
+    return _precision_options(_attention_options(list(ATTENTION_FLAGS))(fn))
 
 
 def _precision_options(fn):
@@ -41,43 +47,8 @@ def _precision_options(fn):
                              "a CPU with AVX-512 BF16 / AMX, CUDA 8.0+)")(fn)
 
 
-def _length_options(fn):
-    """--sliding-window W|l and --training-length l, as in the task."""
-    fn = click.option("--training-length", type=click.IntRange(min=1), default=None,
-                      help="the training length l that BCA halves and --sliding-window l means (default: the checkpoint's)")(fn)
-    fn = click.option("--sliding-window", default=None, metavar="W|l",
-                      help="attend the W most recent positions (an integer, or l: the training length)")(fn)
-    return fn
-
-
-def _sink_options(fn):
-    fn = click.option("--l-local", type=click.IntRange(min=1), default=None, help="LM-Infinite's local branch (default l)")(fn)
-    fn = click.option("--n-global", type=click.IntRange(min=1), default=LM_INFINITE_N_GLOBAL, show_default=True,
-                      help="LM-Infinite's global branch: the first N tokens")(fn)
-    fn = click.option("--sink-tokens", type=click.IntRange(min=0), default=0, show_default=True,
-                      help="attention sinks (StreamingLLM): the first k tokens stay visible under --bca / --sliding-window")(fn)
-    return fn
-
-
-def _map_options(fn):
-    """--logn and each position map's own options (``position_map.MAP_OPTIONS``), as in the task."""
-    for option in reversed(list(MAP_OPTIONS.values())):
-        kind = click.IntRange(min=0) if option.type is int else click.FloatRange(min=0)
-        fn = click.option(f"--{option.name.replace('_', '-')}", type=kind, default=None, help=option.help)(fn)
-    return click.option("--logn", is_flag=True,
-                        help="log-n scaling: queries times max(1, log(n) / log(l)), n the keys each query sees")(fn)
-
-
-def _scaling_options(fn):
-    """--rope-scaling / --rope-scaling-factor: RoPE scaling of rope / xpos checkpoints, as in the task."""
-    fn = click.option("--rope-scaling-factor", default=None, metavar="S|auto",
-                      help="s > 0; auto = evaluation length / l where the command has one length")(fn)
-    fn = click.option("--rope-scaling-file", default=None, metavar="JSON",
-                      help="LongRoPE's factor lists: {\"short_factor\": [...], \"long_factor\": [...]}, d/2 each")(fn)
-    fn = click.option("--rope-scaling", type=click.Choice(list(ROPE_SCALINGS)), default=None,
-                      help="RoPE scaling at evaluation: position interpolation, NTK-aware base, YaRN, dynamic NTK, "
-                           "Llama 3, LongRoPE, Resonance")(fn)
-    return fn
+_WINDOWS = click.option("--windows", default="full,bca", show_default=True,
+                        help=f"comma-separated attention modes among {', '.join(ATTENTION_MODES)}")
 
 
 def _key_token_options(fn):
@@ -91,10 +62,10 @@ def _key_token_options(fn):
 
 
 def _probe_options(fn):
-    """The flags of a probe that compares modes (--windows): every window flag but the mode selectors."""
-    for option in (_precision_options, _scaling_options, _map_options, _sink_options, _length_options):
-        fn = option(fn)
-    return fn
+    """The flags of a probe that compares modes (--windows): every attention flag but the switches that select a
+    mode (--sliding-window stays: W of the sliding mode), and --bf16-autocast."""
+    names = [name for name in ATTENTION_FLAGS if name not in MODE_SELECTORS or name == "sliding_window"]
+    return _precision_options(_attention_options(names)(fn))
 
 
 def _probe_specs(hub, flags: dict, modes, longest: int):
@@ -275,14 +246,7 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="the data-bin the checkpoint was trained on (dict.txt, spm.model, lex_prepare.json)")
-@click.option("--position-map", type=click.Choice(list(POSITION_MAPS)), default=None,
-              help="bounded-distance attention over every key (ReRoPE, Leaky ReRoPE, Self-Extend, DCA)")
-@click.option("--lm-infinite", is_flag=True, help="LM-Infinite's Λ-shaped attention")
-@click.option("--bca", is_flag=True, help="blockwise causal attention (blocks of l/2; bounded cache)")
-@_scaling_options
-@_map_options
-@_sink_options
-@_length_options
+@_attention_options(list(ATTENTION_FLAGS))
 @click.option("--max-position-embeddings", type=click.IntRange(min=1), default=None,
               help="config.max_position_embeddings: the length tools such as lm-eval feed at once (default 16 l; a "
                    "learned table's size); not a limit of the model")
@@ -474,8 +438,7 @@ def score_cmd(checkpoint, data, files, json_out, longppl, key_token_model, **fla
 @_DATA
 @click.option("--lengths", default="256,512,1024,2048", show_default=True, help="comma-separated prompt lengths (tokens)")
 @click.option("--depths", default="0.1,0.3,0.5,0.7,0.9", show_default=True, help="relative needle depths in [0, 1]")
-@click.option("--windows", default="full,bca", show_default=True,
-              help="comma-separated among full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
+@_WINDOWS
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per (length, depth)")
 @click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
               help="random other keys scored against the true one")
@@ -578,8 +541,7 @@ def passkey_data_cmd(checkpoint, data, dest, samples, max_length, split, seed):
               help="comma-separated RULER task names (a task too long for a length is skipped there, '-' in the tables)")
 @click.option("--lengths", default=None, help="comma-separated prompt lengths in tokens (default l, 2l, 4l, 8l)")
 @click.option("--depths", default="0.1,0.5,0.9", show_default=True, help="relative needle depths in [0, 1] (fwe, cwe have none)")
-@click.option("--windows", default="full,bca", show_default=True,
-              help="comma-separated attention modes: full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
+@_WINDOWS
 @click.option("--trials", type=click.IntRange(min=1), default=4, show_default=True, help="prompts per cell")
 @click.option("--distractors", type=click.IntRange(min=1), default=9, show_default=True,
               help="same-typed wrong candidates per answer (chance 1 / (K + 1))")
@@ -662,8 +624,7 @@ def ruler_data_cmd(checkpoint, data, dest, tasks, samples, max_length, hops, spl
 @_DATA
 @click.option("--tasks", default="qa1,qa2,qa3,qa4,qa5", show_default=True, help="comma-separated bAbI tasks")
 @click.option("--lengths", default=None, help="comma-separated prompt lengths in tokens (default l, 2l, 4l, 8l, 16l)")
-@click.option("--windows", default="full,bca", show_default=True,
-              help="comma-separated attention modes: full, bca, sliding, lm_infinite, rerope, leaky_rerope, self_extend, dca")
+@_WINDOWS
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True, help="stories per cell")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the book text comes from")
@@ -746,8 +707,8 @@ def train_cmd(data, save_dir, arch, tokens_per_sample, batch_size, lr, max_updat
     command is printed, then runs in place of this one: resuming from SAVE_DIR/checkpoint_last.pt as fairseq does."""
     from .recipe import fairseq_train_command
 
-    cmd = fairseq_train_command(data, save_dir, arch, (), tokens_per_sample, batch_size, lr, max_update, warmup_updates,
-                                save_interval_updates=save_interval_updates,
+    cmd = fairseq_train_command(data, save_dir, arch=arch, tokens_per_sample=tokens_per_sample, batch_size=batch_size,
+                                lr=lr, updates=max_update, warmup=warmup_updates, save_interval_updates=save_interval_updates,
                                 validate_interval_updates=validate_interval_updates or None, seed=seed,
                                 extra=fairseq_args)  # last: they override the recipe's (--log-format json ...)
     beside = Path(sys.executable).parent / cmd[0]  # this environment's fairseq-train, whatever PATH says

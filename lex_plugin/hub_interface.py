@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .data.text import BPE_MODEL, META_FILE
 from .evaluation.sampling import continue_ids, filter_logits
 from .modules.attention.spec import AttentionOptions, AttentionSpec
-from .modules.attention.window import LM_INFINITE_N_GLOBAL, AttentionWindow
+from .modules.attention.window import AttentionWindow
 
 logger = logging.getLogger(__name__)
 
@@ -172,14 +172,8 @@ def from_pretrained(
     checkpoint_file: str = "checkpoint_best.pt",
     data_name_or_path: Union[str, Path] = ".",
     window: str = "full",
-    sliding_window: Optional[Union[int, str]] = None,
-    training_length: Optional[int] = None,
-    rope_scaling: Optional[str] = None,
-    rope_scaling_factor=None,
+    *,
     evaluation_length: Optional[int] = None,
-    sink_tokens: int = 0,
-    n_global: int = LM_INFINITE_N_GLOBAL,
-    l_local: Optional[int] = None,
     bf16_autocast: bool = False,
     **kwargs,
 ) -> LexHubInterface:
@@ -190,17 +184,15 @@ def from_pretrained(
         checkpoint_file: file name inside it.
         data_name_or_path: the data-bin made by ``lex prepare`` (``dict.txt``, ``spm.model``,
             ``lex_prepare.json``); relative names starting with '.' are taken inside the model directory.
-        window: ``full``, ``bca``, ``sliding``, ``lm_infinite`` or a position map (``rerope``, ``leaky_rerope``,
-            ``self_extend``, ``dca``; their options by name, e.g. ``rerope_window=``); ``sliding_window``: W (an integer or ``l``,
-            default l); ``training_length``: l instead of the checkpoint's; ``sink_tokens``: attention sinks on
-            bca / sliding; ``n_global``, ``l_local``: LM-Infinite's branches (``window_from_options``).
-        rope_scaling, rope_scaling_factor: ``linear``/``ntk``/``yarn`` and s (or ``auto``, which needs
-            ``evaluation_length``): RoPE scaling for rope / xpos checkpoints (``rope_scaling_from_options``).
+        window: the attention mode, one of ``flags.ATTENTION_MODES``: ``full``, ``bca``, ``sliding``,
+            ``lm_infinite`` or a position map (``rerope``, ``leaky_rerope``, ``self_extend``, ``dca``).
+        evaluation_length: the length ``rope_scaling_factor="auto"`` divides by l.
         bf16_autocast: run every forward under ``torch.autocast`` in bf16, fp32 weights
             (``LexLanguageModel.with_autocast``; refused at the first call on a device without bf16 or with
             non-fp32 weights).
-        kwargs: any other ``AttentionOptions`` field by name (``logn=True``, ``rope_scaling_file=``...), then
-            fairseq overrides.
+        kwargs: the other attention options by name, as the flags say them (``AttentionOptions`` fields, one
+            declaration in ``flags.ATTENTION_FLAGS``: ``sliding_window=``, ``training_length=``, ``sink_tokens=``,
+            ``n_global=``, ``rope_scaling=``, ``rerope_window=``, ``logn=True`` ...), then fairseq overrides.
 
     Raises:
         FileNotFoundError: no checkpoint or data-bin there. ValueError: a window the checkpoint cannot take,
@@ -215,8 +207,9 @@ def from_pretrained(
         raise FileNotFoundError(f"{data} is not a data-bin (no dict.txt); pass the directory lex prepare wrote.")
     meta_path = data / META_FILE
     overrides = dict(kwargs)
-    # the other attention options by name (position_map options, logn, rope_scaling_file...)
-    attention = {f.name: overrides.pop(f.name) for f in dataclasses.fields(AttentionOptions) if f.name in overrides}
+    # the attention options by name (sink_tokens, a position map's options, logn ...); the rest is fairseq's
+    attention = {f.name: overrides.pop(f.name) for f in dataclasses.fields(AttentionOptions)
+                 if f.name != "mode" and f.name in overrides}
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         overrides.setdefault("tokenizer", "lex_moses")
@@ -233,6 +226,5 @@ def from_pretrained(
     if bf16_autocast:
         models = [m.with_autocast(torch.bfloat16) for m in models]
     hub = LexHubInterface(loaded["args"], loaded["task"], models)
-    options = dataclasses.replace(AttentionOptions(window, sliding_window, training_length, sink_tokens, n_global, l_local,
-                                                   rope_scaling, rope_scaling_factor), **attention)
+    options = AttentionOptions(window, **attention)
     return hub.under(hub.spec_for(options, evaluation_length))

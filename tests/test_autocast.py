@@ -56,7 +56,7 @@ def test_windows_sinks_and_position_maps_under_autocast(scheme, window, emulated
     d = make_dictionary()
     model = build_lex_model(dictionary=d, pos_emb=scheme, tokens_per_sample=L, seed=4)
     mode = {"bca_sinks": "bca", "sliding": "sliding", "rerope": "rerope"}[window]
-    spec = AttentionOptions(mode, sink_tokens=4 if window == "bca_sinks" else 0).spec(L, 8 * L)
+    spec = AttentionOptions(mode, sink_tokens=4 if window == "bca_sinks" else None).spec(L, 8 * L)
     tokens = random_tokens(d, 2, 8 * L, seed=5)
     with torch.no_grad():
         ref = model(tokens, spec=spec)[0]
@@ -211,9 +211,9 @@ def test_attention_under_autocast_is_bf16_attention_bitwise(mode, scheme):
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
 
     def run(q, k, v):
-        chunks = plan(spec.window, 0, T, 0, has_bias=True, padded=False, batch_heads=B * H,
+        chunks = plan(spec.window, q_len=T, has_bias=True, padded=False, batch_heads=B * H,
                       local_positions=pos.translation_invariant, dense_queries=dense_query_limit(pos, torch.bfloat16, None))
-        return attend(q, k, v, chunks, spec, pos, 0, 0)
+        return attend(q, k, v, chunks, spec=spec, scheme=pos)
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = run(q, k, v)

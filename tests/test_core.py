@@ -1,6 +1,8 @@
 """The attention core's contracts: importable without fairseq, state passed in (specs, views, observers),
 one translation from options to a spec."""
 
+import dataclasses
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,6 +12,8 @@ import torch
 
 from conftest import REPO, build_lex_model, random_tokens
 from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow
+from lex_plugin.modules.attention.window import LM_INFINITE_N_GLOBAL
+from lex_plugin.modules.attention.flags import ATTENTION_FLAGS, MODE_SELECTORS, mode_flags
 from lex_plugin.modules.positions.rope_scaling import RopeScaling
 
 
@@ -133,21 +137,59 @@ def test_an_option_of_another_mode_is_refused_not_ignored(options, modes, owner)
     """LM-Infinite's n_global and l_local, the sliding window's W, a position map's options: given to a mode that
     does not take them (the hub's ``window='bca', sliding_window=512``), refused; in a comparison, kept for the
     mode that owns them and dropped for the others."""
-    with pytest.raises(ValueError, match=f"is an option of (the {owner} window|--position-map {owner}); this evaluation"):
+    with pytest.raises(ValueError, match=re.escape(f"is an option of {mode_flags((owner,))}; this evaluation uses")):
         options.spec(64)
     with pytest.raises(ValueError, match="none of the modes"):
         options.check_modes(modes)
     options.check_modes((*modes, owner))
     assert options.for_mode(modes[0]).mode_options == {}
-    expected = {"sliding": AttentionWindow.sliding(512), "lm_infinite": AttentionWindow.lm_infinite(options.n_global, options.l_local or 64),
+    expected = {"sliding": AttentionWindow.sliding(512), "lm_infinite": AttentionWindow.lm_infinite(options.n_global or LM_INFINITE_N_GLOBAL, options.l_local or 64),
                 "self_extend": AttentionWindow.full()}[owner]
     spec = options.for_mode(owner).spec(64)
     assert spec.window == expected and (owner != "self_extend" or spec.position_map.group == 4)
 
 
+@pytest.mark.parametrize("flags,message", [
+    ({"bca": True, "n_global": 10}, "--n-global 10 is an option of --lm-infinite; this evaluation uses --bca"),
+    ({"sink_tokens": 0}, "--sink-tokens 0 is an option of --bca / --sliding-window; this evaluation uses full attention"),
+    ({"position_map": "rerope", "sink_tokens": 4}, "--sink-tokens 4 is an option of --bca / --sliding-window"),
+    ({"lm_infinite": True, "rerope_window": 32}, "--rerope-window 32 is an option of --position-map rerope / leaky_rerope"),
+    ({"position_map": "dca", "self_extend_group": 8}, "--self-extend-group 8 is an option of --position-map self_extend"),
+], ids=str)
+def test_a_foreign_option_is_refused_at_any_value(flags, message):
+    """Given is given: an option of another mode is refused at its default value too (``--bca --n-global 10``,
+    LM-Infinite's default), and the message says what to drop or choose."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AttentionOptions.from_flags(flags).spec(64, 256)
+    owner = ATTENTION_FLAGS[next(n for n in flags if ATTENTION_FLAGS[n].owners)].owners[0]
+    assert AttentionOptions.from_flags(flags).for_mode(owner).spec(64, 256)  # kept by the mode that owns it
+
+
+def test_every_attention_flag_is_declared_once():
+    """The task's fields, the lex commands' options and AttentionOptions come from ATTENTION_FLAGS: each flag
+    appears in each, not given by default (None, or off)."""
+    from lex_plugin.cli import main
+    from lex_plugin.tasks.lex_language_modeling import LexLanguageModelingConfig
+
+    task = {f.name: f for f in dataclasses.fields(LexLanguageModelingConfig)}
+    options = {f.name: f.default for f in dataclasses.fields(AttentionOptions)}
+    for name, flag in ATTENTION_FLAGS.items():
+        assert task[name].default is (False if flag.type is bool else None), name
+        if name not in MODE_SELECTORS or name == "sliding_window":
+            assert options.pop(name) is (False if flag.type is bool else None), name
+        for command in ("score", "export-hf"):
+            params = {p.name: p for p in main.commands[command].params}
+            option = params[name]
+            assert option.opts == [flag.flag] and (option.is_flag if flag.type is bool else option.default is None), (command, name)
+        probe = {p.name for p in main.commands["passkey"].params}
+        assert (name in probe) == (name not in MODE_SELECTORS or name == "sliding_window"), name
+    assert options == {"mode": "full"}  # nothing else in AttentionOptions
+
+
 def test_a_view_follows_train_and_eval_of_the_original():
     """A view made while training, the original then put in eval mode: the view evaluates too (no randomized
-    positions, no dropout), and the removed ways of setting attention say so instead of doing nothing."""
+    positions, no dropout), and a window passed the removed way is refused (fairseq's forward swallows unknown
+    keywords: it would do nothing)."""
     model = build_lex_model(tokens_per_sample=32, random_positions=64)
     model.train()
     view = model.under(AttentionSpec())
@@ -157,10 +199,6 @@ def test_a_view_follows_train_and_eval_of_the_original():
         assert torch.equal(view(tokens)[0], model(tokens)[0])
     with pytest.raises(TypeError, match="spec="):
         model(tokens, window=AttentionWindow.bca(32))
-    with pytest.raises(AttributeError, match="removed"):
-        model.decoder.rope_scaling = RopeScaling("linear", 2.0, 32)
-    with pytest.raises(AttributeError, match="removed"):
-        model.decoder.default_window = AttentionWindow.bca(32)
 
 
 def test_the_config_pickles_and_a_scheme_option_is_honoured():

@@ -158,9 +158,12 @@ def test_max_positions_is_not_the_training_length():
         (dict(subln=True, deepnorm=True), "--subln .* and --deepnorm"),
         (dict(subln=True, post_ln=True), "--subln .* and --post-ln"),
         (dict(dropout=1.0), "--dropout"),
-        (dict(pos_emb="rope", xpos_scalar_zeta=True), "--xpos-scalar-zeta True is an option of --pos-emb xpos; .* rope"),
+        (dict(pos_emb="rope", xpos_scalar_zeta=True), "--xpos-scalar-zeta is an option of --pos-emb xpos; this model is --pos-emb rope"),
         (dict(pos_emb="alibi", xpos_gamma=0.5), "--xpos-gamma 0.5 is an option of --pos-emb xpos; .* alibi"),
         (dict(pos_emb="alibi", rope_theta=500.0), "--rope-theta 500.0 is an option of --pos-emb xpos / rope"),
+        # refused at its default value too: given is given (None is "not given")
+        (dict(pos_emb="alibi", rope_theta=10000.0), "--rope-theta 10000.0 is an option of .* drop --rope-theta, or choose --pos-emb xpos"),
+        (dict(pos_emb="rope", xpos_gamma=0.4), "--xpos-gamma 0.4 is an option of --pos-emb xpos"),
         (dict(pos_emb="xpos", sandwich_dim=64), "--sandwich-dim 64 is an option of --pos-emb sandwich"),
         (dict(pos_emb="alibi", max_target_positions=64), "--max-target-positions 64 is an option of --pos-emb learned"),
         (dict(pos_emb="no_such_scheme"), "--pos-emb must be one of"),

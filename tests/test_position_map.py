@@ -10,7 +10,8 @@ import torch
 from conftest import build_lex_model, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
 from lex_plugin.modules.attention.position_map import (
-    DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, logn_scale, position_map_from_options)
+    DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, position_map_from_options)
+from lex_plugin.modules.attention.temperature import logn_scale
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.biases import ALiBi, alibi_slopes
 
@@ -60,9 +61,9 @@ def scheme_of(kind: str, heads: int, d: int):
 
 
 def run(q, k, v, spec, scheme, bias_elements=1 << 24, key_padding_mask=None):
-    chunks = plan(spec.window, 0, q.size(2), 0, has_bias=True, batch_heads=q.size(0) * q.size(1),
+    chunks = plan(spec.window, q_len=q.size(2), has_bias=True, batch_heads=q.size(0) * q.size(1),
                   bias_elements=bias_elements, padded=key_padding_mask is not None)
-    return attend(q, k, v, chunks, spec, scheme, 0, 0, key_padding_mask=key_padding_mask)
+    return attend(q, k, v, chunks, spec=spec, scheme=scheme, key_padding_mask=key_padding_mask)
 
 
 METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L_TRAIN // 4), SelfExtend(3, 7),
@@ -92,7 +93,7 @@ def test_each_method_equals_its_formula_in_float64(method, kind, length, monkeyp
     chunk = 3 if length < 16 * L_TRAIN else length
     got = run(q, k, v, AttentionSpec(position_map=method), scheme_of(kind, H, D), bias_elements=B * H * chunk * length)
     assert (got.double() - expected).abs().max() < 2e-5
-    assert method.max_distance(length) == float(dist.max())
+    assert float(method.distance(torch.tensor([length - 1]), torch.arange(length)).max()) == float(dist.max())
 
 
 @pytest.mark.parametrize("method", METHODS[:1] + METHODS[2:], ids=str)
@@ -161,7 +162,7 @@ def test_token_by_token_equals_one_parallel_forward(method, pos_emb):
 def test_bad_combinations_are_refused():
     with pytest.raises(ValueError, match="does not combine with the bca"):
         AttentionSpec(AttentionWindow.bca(L_TRAIN), position_map=ReRoPE(8))
-    with pytest.raises(ValueError, match="--self-extend-group is an option of --position-map self_extend; it does not apply to rerope"):
+    with pytest.raises(ValueError, match="--self-extend-group 4 is an option of --position-map self_extend; this is --position-map rerope"):
         position_map_from_options("rerope", L_TRAIN, self_extend_group=4)
     with pytest.raises(ValueError, match="--rerope-window 32 must be below the training length l = 32"):
         position_map_from_options("rerope", L_TRAIN, rerope_window=32)
@@ -219,7 +220,7 @@ def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp
     bad = subprocess.run([sys.executable, "-m", "lex_plugin.cli", "passkey", str(data_bin), "--path", str(ckpt),
                           "--windows", "full,bca", "--dca-chunk-size", "40", "--lengths", "128", "--trials", "1"],
                          capture_output=True, text=True, cwd=REPO)
-    assert bad.returncode != 0 and "--dca-chunk-size is an option of --position-map dca" in bad.stderr
+    assert bad.returncode != 0 and "--dca-chunk-size 40 is an option of --position-map dca; none of the modes full, bca" in bad.stderr
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -314,10 +315,10 @@ def test_xpos_stays_finite_and_exact_far_past_its_scale_range(method, dtype, sca
     H, D = 1, 16
     q, k, v = (torch.randn(1, H, length, D).to(dtype) for _ in range(3))
     scheme, spec = XPos(D, scale_base=scale_base), AttentionSpec(position_map=method)
-    chunks = plan(spec.window, 0, length, 0, dense_queries=dense_query_limit(scheme, dtype))
+    chunks = plan(spec.window, q_len=length, dense_queries=dense_query_limit(scheme, dtype))
     if method is None:
         assert len(chunks) > 1  # the range bounds a chunk's queries
-    got = attend(q, k, v, chunks, spec, scheme, 0, 0).double()
+    got = attend(q, k, v, chunks, spec=spec, scheme=scheme).double()
     assert torch.isfinite(got).all()
     m = torch.arange(length)
     for a in range(0, length, 512):  # the float64 reference, by blocks of queries

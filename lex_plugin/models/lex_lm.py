@@ -45,9 +45,6 @@ class LexModelOptions(FairseqDataclass):
         metadata={"help": "randomized positions at training (Ruoss et al. 2023): each sample takes sorted position ids "
                           "drawn from [0, L_MAX); evaluation uses ordinary positions; 0: off"},
     )
-    max_target_positions: Optional[int] = field(
-        default=None, metadata={"help": "--pos-emb learned: rows of the position table (default: --tokens-per-sample)"}
-    )
     decoder_embed_dim: int = field(default=512, metadata={"help": "model dimension C"})
     decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
     decoder_layers: int = field(default=6, metadata={"help": "number of decoder layers"})
@@ -156,15 +153,13 @@ class LexLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
-                        window="full", sliding_window=None, training_length=None, **kwargs):
+                        window="full", **kwargs):
         """A :class:`~lex_plugin.hub_interface.LexHubInterface` (sample, score, continue_text) for a
-        checkpoint and the data-bin ``lex prepare`` made (its tokenization and BPE are applied to text).
-        ``window``: full, bca or sliding (``sliding_window`` W or ``l``; ``training_length`` overrides
-        the checkpoint's l)."""
+        checkpoint and the data-bin ``lex prepare`` made (its tokenization and BPE are applied to text):
+        ``lex_plugin.hub_interface.from_pretrained``, whose keywords (the attention options by name) it takes."""
         from ..hub_interface import from_pretrained
 
-        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, sliding_window,
-                               training_length, **kwargs)
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, **kwargs)
 
     def under(self, spec) -> "LexLanguageModel":
         """This model with ``spec`` (an ``AttentionSpec``: window, RoPE scaling) as the default of every call that

@@ -46,9 +46,8 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
 from ..evaluation.longppl import KEY_TOKEN_FLAGS, key_token_rule
+from ..modules.attention.flags import ATTENTION_FLAGS, ATTENTION_MODES, AttentionFlag
 from ..modules.attention.spec import AttentionOptions
-from ..modules.attention.position_map import MAP_OPTIONS
-from ..modules.attention.window import LM_INFINITE_N_GLOBAL
 from ..options import parse_int_list, parse_name_list
 
 logger = logging.getLogger(__name__)
@@ -56,67 +55,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LexLanguageModelingConfig(LanguageModelingConfig):
-    """fairseq's ``language_modeling`` options plus the attention window (``--bca``, ``--sliding-window``,
-    ``--training-length``) and the length-stratified report (``--eval-lengths`` ...)."""
+    """fairseq's ``language_modeling`` options plus the length-stratified report (``--eval-lengths`` ...); the
+    attention flags (``--bca``, ``--sliding-window`` ...) are added from their one declaration
+    (:data:`LexLanguageModelingConfig`)."""
 
-    bca: bool = field(
-        default=False,
-        metadata={"help": "blockwise causal attention at evaluation (LeX section 3.3): blocks of l/2, l = training length"},
-    )
-    sliding_window: Optional[str] = field(
-        default=None,
-        metadata={"help": "each query attends its W most recent positions; an integer W, or 'l' for the training length"},
-    )
-    sink_tokens: int = field(
-        default=0,
-        metadata={"help": "attention sinks (StreamingLLM): the first k tokens stay visible under --bca / --sliding-window, "
-                          "seen at their place in the cache"},
-    )
-    lm_infinite: bool = field(
-        default=False,
-        metadata={"help": "LM-Infinite's Λ-shaped attention: the first --n-global tokens and the --l-local most recent, "
-                          "every distance capped at --l-local"},
-    )
-    position_map: Optional[str] = field(
-        default=None,
-        metadata={"help": "bounded-distance attention over every key: rerope, leaky_rerope, self_extend or dca "
-                          "(their options: --rerope-window, --leaky-rerope-k, --self-extend-group, --self-extend-window, "
-                          "--dca-chunk-size, --dca-local-window)"},
-    )
-    logn: bool = field(
-        default=False,
-        metadata={"help": "log-n attention scaling: queries times max(1, log(n) / log(l)), n the keys each query sees"},
-    )
-    n_global: int = field(default=LM_INFINITE_N_GLOBAL, metadata={"help": "LM-Infinite's global branch (tokens)"})
-    l_local: Optional[int] = field(default=None, metadata={"help": "LM-Infinite's local branch (default: l)"})
-    training_length: Optional[int] = field(
-        default=None,
-        metadata={"help": "the training length l that BCA halves into blocks and --sliding-window l means "
-                          "(default: the checkpoint's tokens_per_sample); even for BCA"},
-    )
-    rope_scaling: Optional[str] = field(
-        default=None,
-        metadata={"help": "RoPE scaling at evaluation for rope / xpos checkpoints: linear (position interpolation), "
-                          "ntk (NTK-aware base), yarn (YaRN), dynamic (dynamic NTK), llama3, longrope (with "
-                          "--rope-scaling-file), resonance (no factor); with --rope-scaling-factor"},
-    )
-    rope_scaling_file: Optional[str] = field(
-        default=None,
-        metadata={"help": "LongRoPE's factor lists for --rope-scaling longrope: a JSON object {\"short_factor\": [...], "
-                          "\"long_factor\": [...]}, d/2 numbers each"},
-    )
-    rope_scaling_factor: Optional[str] = field(
-        default=None,
-        metadata={"help": "s of --rope-scaling: a number > 0, or auto = max(1, evaluation length / l) "
-                          "(per --eval-lengths row; --tokens-per-sample for fairseq's own pass)"},
-    )
     eval_lengths: Optional[str] = field(
         default=None, metadata={"help": "comma-separated evaluation lengths, e.g. 256,512,1024: same stream, each length"}
     )
     eval_windows: Optional[str] = field(
         default=None,
-        metadata={"help": "comma-separated attention modes for --eval-lengths among full,bca,sliding,lm_infinite,rerope,"
-                          "leaky_rerope,self_extend,dca (default: the selected one)"},
+        metadata={"help": f"comma-separated attention modes for --eval-lengths among {','.join(ATTENTION_MODES)} "
+                          "(default: the selected one)"},
     )
     eval_tokens: int = field(
         default=0, metadata={"help": "score only the first N tokens of the split in --eval-lengths (0: all)"}
@@ -158,11 +107,18 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
     )
 
 
-# the position maps' own options (--rerope-window ...) and LongPPL's rule (--longppl-alpha ...), from their
-# declarations (None: the default)
+def _attention_field(flag: AttentionFlag):
+    """The task's field of an attention flag: a switch (False: off) or a value (None: not given)."""
+    if flag.type is bool:
+        return flag.name, bool, field(default=False, metadata={"help": flag.help})
+    return flag.name, Optional[flag.type], field(default=None, metadata={"help": flag.help})
+
+
+# the attention flags (--bca, --sink-tokens, the position maps' options ...) and LongPPL's rule (--longppl-alpha
+# ...), from their declarations (None: not given)
 LexLanguageModelingConfig = make_dataclass(
     "LexLanguageModelingConfig",
-    [(o.name, Optional[o.type], field(default=None, metadata={"help": o.help})) for o in MAP_OPTIONS.values()]
+    [_attention_field(flag) for flag in ATTENTION_FLAGS.values()]
     + [(f"longppl_{name}", Optional[kind], field(default=None, metadata={"help": text}))
        for name, kind, text in KEY_TOKEN_FLAGS],
     bases=(LexLanguageModelingConfig,),
@@ -214,7 +170,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
         """
         model = super().build_model(cfg, from_checkpoint)
         options = self.attention_options
-        if options != AttentionOptions(n_global=options.n_global, l_local=options.l_local) or self.eval_lengths:
+        if options != AttentionOptions() or self.eval_lengths:
             if not hasattr(model, "under"):
                 raise ValueError(f"--bca / --sliding-window / --rope-scaling / --eval-lengths need a lex_lm model, "
                                  f"not {type(model).__name__}.")

@@ -20,6 +20,20 @@ rotates every window at local positions (queries c .. 2c - 1, keys 0 .. 2c - 1; 
 one (2c, d/2) table serves all windows and xPos's zeta^(+-n/B) stays within zeta^(+-c/B) at any length: finite in fp32,
 bf16 and fp16. For a translation-invariant scheme this equals global positions (the logit depends only
 on n - m); the planner gives the others dense chunks only, at true positions.
+
+Notation (shape comments and names in this module):
+
+* B batch, H heads, D head dimension; T queries of one call, S keys held; Tq, Tk the queries and keys of one
+  chunk; n, m query and key positions (n - m the distance; a position map's ``pieces(n, m)``).
+* A windows chunk: ``chunk.blocks`` windows (``n`` where no position is in scope) of c queries
+  (``chunk.stride``: the BCA block w = l/2 or the sliding width W), each against 2c keys; G the leading window
+  axis of a chunk under sinks (its windows, or 1 for a dense chunk).
+* s (or k) the sink keys held; f a window's first key. lse: SDPA's log-sum-exp of a softmax row.
+* Suffixes of a tensor's name say which slice it is: ``qc/kc/vc`` a dense chunk's queries, keys and values;
+  ``qw/kw/vw`` a windows chunk's views (B, H, n, c or 2c, D); ``qb/kb/vb`` the same under sinks (windows or
+  dense, a G axis either way); ``qr/kr`` a position map's piece, rotated at its remapped positions; ``pq/pk``
+  per-sample query and key positions (randomized positions). ``kpm``: the key padding mask (B, S), True at
+  padding.
 """
 
 import math
@@ -34,7 +48,8 @@ from torch.nn.attention.bias import causal_lower_right
 from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
 from .planner import Chunk
-from .position_map import PositionMap, logn_scale
+from .position_map import PositionMap
+from .temperature import logn_scale
 from .spec import AttentionSpec
 from .window import AttentionWindow
 
@@ -53,10 +68,11 @@ def attend(
     k: Tensor,
     v: Tensor,
     chunks: List[Chunk],
+    *,
     spec: AttentionSpec,
     scheme: PositionScheme,
-    q_start: int,
-    k_start: int,
+    q_start: int = 0,
+    k_start: int = 0,
     center: Optional[int] = None,
     key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
@@ -70,7 +86,7 @@ def attend(
     Args:
         q: (B, H, T, D) queries at positions q_start .. q_start + T - 1.
         k, v: (B, H, S, D) keys and values at positions k_start .. q_start + T - 1.
-        chunks: ``plan(spec.window, q_start, T, k_start, ...)``.
+        chunks: ``plan(spec.window, q_start=q_start, q_len=T, k_start=k_start, ...)``.
         spec: the window the plan was made for (explicit masks are built from it) and the RoPE scaling
             the scheme rotates with.
         scheme: the position scheme (rotation and / or bias; a no-op for NoPE and absolute schemes).
@@ -102,8 +118,9 @@ def attend(
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
         with torch.autocast(q.device.type, enabled=False):  # (a cache's sink keys already hold its dtype)
-            return attend(q.to(dtype), k.to(dtype), v.to(dtype), chunks, spec, scheme, q_start, k_start, center,
-                          key_padding_mask, dropout_p, observer, sinks, positions, feature_major)
+            return attend(q.to(dtype), k.to(dtype), v.to(dtype), chunks, spec=spec, scheme=scheme, q_start=q_start,
+                          k_start=k_start, center=center, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+                          observer=observer, sinks=sinks, positions=positions, feature_major=feature_major)
     if spec.logn:
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
@@ -208,8 +225,8 @@ class _Run:
             return q, k
         if center is None:
             center = self.scheme.center_near(q_pos + q.size(-2) // 2)
-        return (self.scheme.rotate(q, q_pos, center, False, self.scaling),
-                self.scheme.rotate(k, k_pos, center, True, self.scaling))
+        return (self.scheme.rotate(q, start=q_pos, center=center, keys=False, scaling=self.scaling),
+                self.scheme.rotate(k, start=k_pos, center=center, keys=True, scaling=self.scaling))
 
     def _block(self, chunk: Chunk):
         """Queries, keys, values of a dense chunk rotated, their bias (broadcastable to (B, H, Tq, Tk) or
@@ -218,8 +235,8 @@ class _Run:
         if self.positions is not None:  # per-sample positions: (B, 1, T) for rotation, (B, Tq, Tk) pairs
             pq, pk = self.positions[:, chunk.q0 : chunk.q1], self.positions[:, chunk.k0 : chunk.k1]
             if self.scheme.kind == "rotary":
-                qc = self.scheme.rotate_at(qc, pq[:, None], self.positions_center, False, self.scaling)
-                kc = self.scheme.rotate_at(kc, pk[:, None], self.positions_center, True, self.scaling)
+                qc = self.scheme.rotate_at(qc, pq[:, None], center=self.positions_center, keys=False, scaling=self.scaling)
+                kc = self.scheme.rotate_at(kc, pk[:, None], center=self.positions_center, keys=True, scaling=self.scaling)
             query, key = pq[:, :, None], pk[:, None, :]
             bias = self.scheme.bias_at(query, key)
             return qc, kc, vc, None if bias is None else bias.transpose(0, 1), query, key
@@ -301,8 +318,9 @@ class _Run:
             # centred among the piece's queries: a selected key is never after its query, so keys only shrink
             # (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the queries: fp16 overflows)
             center = self.scheme.center_near(int(piece.q_pos.min() + piece.q_pos.max()) // 2)
-            rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center, False, self.scaling),
-                            self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center, True, self.scaling)))
+            rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center=center, keys=False, scaling=self.scaling),
+                            self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center=center, keys=True,
+                                                  scaling=self.scaling)))
         if self.observer is not None:
             logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
             for piece, qr, kr in rotated:
@@ -445,7 +463,7 @@ class _Run:
         for j in range(sink_k.size(2)):  # one sink at a time: (B, H, G, Tq, D) rotated copies, not s of them
             key = sink_k[:, :, None, None, j]  # (B, H, 1, 1, D)
             if self.scheme.kind == "rotary":
-                key = self.scheme.rotate_at(key, local[..., j], center, True, self.scaling)  # (B, H, G, Tq, D)
+                key = self.scheme.rotate_at(key, local[..., j], center=center, keys=True, scaling=self.scaling)  # (B, H, G, Tq, D)
             columns.append((qb.float() * key.float()).sum(-1))
         logits = torch.stack(columns, dim=-1) / math.sqrt(qb.size(-1))
         bias = self.scheme.bias_at(query[..., None], virtual)  # (H, G, Tq, s)

@@ -35,15 +35,16 @@ the executor runs each piece on SDPA's fused kernel and merges the pieces in fp3
 (``executor._Run.remapped``).
 """
 
-import math
 from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Tuple, Type
 
 import torch
 from torch import Tensor
 
+from ..ownership import refuse_foreign
+
 __all__ = ["DualChunk", "LeakyReRoPE", "MAP_OPTIONS", "MapOption", "POSITION_MAPS", "Piece", "PositionMap", "ReRoPE", "SelfExtend",
-           "foreign_map_options", "logn_scale", "position_map_from_options"]
+           "position_map_from_options"]
 
 
 class Piece(NamedTuple):
@@ -83,11 +84,6 @@ class PositionMap:
         """Query positions [start, end) cut into blocks of at most ``block`` that the executor runs one at a time
         (each block meets only the keys its pieces can select). Default: every ``block`` positions."""
         return [(a, min(end, a + block)) for a in range(start, end, block)]
-
-    def max_distance(self, length: int) -> float:
-        """The largest remapped distance among ``length`` positions."""
-        n = torch.tensor([length - 1])
-        return float(self.distance(n, torch.arange(length)).max())
 
     def __str__(self) -> str:
         values = ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self))
@@ -281,11 +277,6 @@ MAP_OPTIONS: Dict[str, MapOption] = {o.name: o for o in (
 )}
 
 
-def foreign_map_options(mode: str, given: Dict[str, object]) -> List[str]:
-    """The names of the options in ``given`` (name -> value, None: not given) that ``mode`` does not take."""
-    return [name for name, value in given.items() if value is not None and mode not in MAP_OPTIONS[name].owners]
-
-
 def position_map_from_options(name: str, training_length: Optional[int], **options) -> PositionMap:
     """The position map ``name`` for a model trained on ``training_length`` = l tokens, its options given as
     keywords of :data:`MAP_OPTIONS` (None: the default).
@@ -296,11 +287,8 @@ def position_map_from_options(name: str, training_length: Optional[int], **optio
     """
     if name not in POSITION_MAPS:
         raise ValueError(f"--position-map must be one of {', '.join(POSITION_MAPS)}, got {name!r}.")
-    foreign = foreign_map_options(name, options)
-    if foreign:
-        option = MAP_OPTIONS[foreign[0]]
-        raise ValueError(f"--{option.name.replace('_', '-')} is an option of --position-map {' / '.join(option.owners)}; "
-                         f"it does not apply to {name}.")
+    refuse_foreign(options, name, lambda option: MAP_OPTIONS[option].owners, lambda owners: "--position-map " + " / ".join(owners),
+                   f"this is --position-map {name}")
     values = {}
     for option in MAP_OPTIONS.values():
         if name not in option.owners:
@@ -316,9 +304,3 @@ def position_map_from_options(name: str, training_length: Optional[int], **optio
             raise ValueError(f"--{option.name.replace('_', '-')} {values[option.field]} must be below the training length "
                              f"l = {training_length}: the point of --position-map {name} is that no distance reaches l.")
     return POSITION_MAPS[name](**values)
-
-
-def logn_scale(visible: Tensor, training_length: int) -> Tensor:
-    """The entropy-invariant query scale max(1, log(n) / log(l)) for queries that see ``visible`` = n keys
-    (Su's note, 002; Qwen's ``use_logn_attn``, where n = position + 1 under full attention): fp32 (Tq,)."""
-    return (visible.double().clamp(min=1).log() / math.log(training_length)).clamp(min=1.0).float()

@@ -12,24 +12,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Union
 
 from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
+from ..ownership import refuse_foreign
+from .flags import ATTENTION_FLAGS, ATTENTION_MODES, MODE_SELECTORS, mode_flag, mode_flags
 from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, position_map_from_options
-from .window import LM_INFINITE_N_GLOBAL, MODES, AttentionWindow, selected_mode, window_from_options
+from .window import AttentionWindow, selected_mode, window_from_options
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
 
-# the window options and the modes that take them (the position maps' options: position_map.MAP_OPTIONS)
-WINDOW_OPTIONS = {"sliding_window": ("sliding",), "n_global": ("lm_infinite",), "l_local": ("lm_infinite",)}
-
-
 def _owners(name: str) -> tuple:
-    """The modes that take the mode-owned option ``name`` (a window's or a position map's)."""
-    return MAP_OPTIONS[name].owners if name in MAP_OPTIONS else WINDOW_OPTIONS[name]
-
-
-def _owned_by(name: str) -> str:
-    """'--NAME is an option of OWNER': its position maps, or its window."""
-    owner = f"--position-map {' / '.join(_owners(name))}" if name in MAP_OPTIONS else f"the {_owners(name)[0]} window"
-    return f"--{name.replace('_', '-')} is an option of {owner}"
+    """The modes that take the mode-owned option ``name`` (``ATTENTION_FLAGS[name].owners``)."""
+    return ATTENTION_FLAGS[name].owners
 
 
 @dataclass(frozen=True)
@@ -94,30 +86,32 @@ FULL_SPEC = AttentionSpec()
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """The user's words for an :class:`AttentionSpec`: the flags of the task (``--bca``, ``--sliding-window``,
-    ``--lm-infinite``, ``--n-global``, ``--l-local``, ``--sink-tokens``, ``--position-map`` and its options,
-    ``--logn``, ``--training-length``, ``--rope-scaling``, ``--rope-scaling-factor``), of every ``lex`` command,
-    of the hub's keywords and of the bench scripts, turned into a spec in one place (:meth:`spec`).
+    """The user's words for an :class:`AttentionSpec`: the attention flags (:data:`~.flags.ATTENTION_FLAGS`, one
+    declaration for the task, every ``lex`` command, the hub's keywords and the bench scripts), turned into a
+    spec in one place (:meth:`spec`).
 
     Attributes:
-        mode: ``full``, ``bca``, ``sliding``, ``lm_infinite`` (LM-Infinite) or a position map (``rerope``,
-            ``leaky_rerope``, ``self_extend``, ``dca``: full attention at bounded distances).
+        mode: one of :data:`~.flags.ATTENTION_MODES`: ``full``, ``bca``, ``sliding``, ``lm_infinite`` (LM-Infinite)
+            or a position map (``rerope``, ``leaky_rerope``, ``self_extend``, ``dca``: full attention at bounded
+            distances). The flags ``--bca``, ``--sliding-window``, ``--lm-infinite`` and ``--position-map`` select it.
         sliding_window: W of ``sliding``: a positive integer or ``l`` (default l).
         training_length: l instead of the checkpoint's (``--training-length``), or None.
         sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
-        n_global, l_local: LM-Infinite's branches (``lm_infinite``; L_local defaults to l).
+        n_global, l_local: LM-Infinite's branches (``lm_infinite``; defaults 10 and l).
         rope_scaling, rope_scaling_factor, rope_scaling_file: a kind of ``rope_scaling.ROPE_SCALINGS``, s > 0
             or ``auto``, and LongRoPE's JSON factor lists.
         logn: log-n query scaling against l (any mode).
-        rerope_window ... dca_local_window: the position maps' options (``position_map.MAP_OPTIONS``; None:
-            the method's default). Each belongs to its methods: given to another mode, it is refused.
+        rerope_window ... dca_local_window: the position maps' options (``position_map.MAP_OPTIONS``).
+
+    Every value defaults to None, "not given" (the mode's own default applies), so that an option of another
+    mode is refused by :meth:`spec` at any value, its default included (``--bca --n-global 10``).
     """
 
     mode: str = "full"
     sliding_window: Optional[Union[int, str]] = None
     training_length: Optional[int] = None
-    sink_tokens: int = 0
-    n_global: int = LM_INFINITE_N_GLOBAL
+    sink_tokens: Optional[int] = None
+    n_global: Optional[int] = None
     l_local: Optional[int] = None
     rope_scaling: Optional[str] = None
     rope_scaling_factor: Optional[Union[str, float]] = None
@@ -130,57 +124,52 @@ class AttentionOptions:
     dca_chunk_size: Optional[int] = None
     dca_local_window: Optional[int] = None
 
+    def __post_init__(self):
+        if self.mode not in ATTENTION_MODES:
+            raise ValueError(f"attention mode must be one of {', '.join(ATTENTION_MODES)}, got {self.mode!r}.")
+
     @classmethod
     def from_flags(cls, flags: Union[Mapping[str, Any], Any]) -> "AttentionOptions":
-        """The options of parsed flags (a mapping, an argparse / click namespace or a fairseq config) with the
-        names above and ``bca``, ``lm_infinite``, ``position_map`` (the mode: ``selected_mode``); a missing
-        name takes its default.
+        """The options of parsed flags (a mapping, an argparse / click namespace or a fairseq config) named as in
+        :data:`~.flags.ATTENTION_FLAGS`; the mode from ``bca``, ``sliding_window``, ``lm_infinite`` and
+        ``position_map`` (``selected_mode``); a missing name is not given.
 
         Raises:
             ValueError: more than one of --bca, --sliding-window, --lm-infinite and --position-map.
         """
         get = flags.get if isinstance(flags, Mapping) else (lambda name, default=None: getattr(flags, name, default))
-        mode = selected_mode(get("bca", False), get("sliding_window"), get("lm_infinite", False), get("position_map"))
-        n_global = get("n_global", None)
-        return cls(mode, get("sliding_window"), get("training_length"), int(get("sink_tokens", 0) or 0),
-                   LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), get("l_local"),
-                   get("rope_scaling"), get("rope_scaling_factor"), get("rope_scaling_file"), bool(get("logn", False)),
-                   **{name: get(name) for name in MAP_OPTIONS})
+        mode = selected_mode(*(get(name) for name in MODE_SELECTORS))
+        values = {name: get(name) for name in ATTENTION_FLAGS if name not in MODE_SELECTORS or name == "sliding_window"}
+        values["logn"] = bool(values["logn"])
+        return cls(mode, **values)
 
     @property
     def mode_options(self) -> dict:
-        """The options given that belong to some modes only (name -> value): the position maps' when not None,
-        ``sliding_window`` and ``l_local`` when not None, ``n_global`` when not its default."""
-        given = {**self.map_options, "sliding_window": self.sliding_window, "l_local": self.l_local,
-                 "n_global": None if self.n_global == LM_INFINITE_N_GLOBAL else self.n_global}
-        return {name: value for name, value in given.items() if value is not None}
+        """The options given (not None) that belong to some modes only: name -> value."""
+        return {name: getattr(self, name) for name, flag in ATTENTION_FLAGS.items()
+                if flag.owners is not None and getattr(self, name) is not None}
 
     @property
     def map_options(self) -> dict:
-        """The position-map options given (name -> value; None: not given)."""
+        """The position-map options (name -> value; None: not given)."""
         return {name: getattr(self, name) for name in MAP_OPTIONS}
 
     def for_mode(self, mode: str) -> "AttentionOptions":
         """These options under another ``mode`` (a comparison over modes: ``--eval-windows``, ``lex passkey
-        --windows``); the sink tokens stay with the modes that take them (bca, sliding), each position-map
-        option with its methods and each window option with its window (``--sliding-window`` with sliding,
-        ``--n-global`` and ``--l-local`` with lm_infinite); the others drop them (:meth:`check_modes` refuses an
-        option no mode takes)."""
-        dropped = {name: LM_INFINITE_N_GLOBAL if name == "n_global" else None
-                   for name in self.mode_options if mode not in _owners(name)}
-        return replace(self, mode=mode, sink_tokens=self.sink_tokens if mode in ("bca", "sliding") else 0, **dropped)
+        --windows``): each mode-owned option (sink tokens, a window's size, a position map's options) stays with
+        the modes that take it and is dropped for the others (:meth:`check_modes` refuses one no mode takes)."""
+        return replace(self, mode=mode, **{name: None for name in self.mode_options if mode not in _owners(name)})
 
     def check_modes(self, modes) -> None:
         """Refuse options that none of ``modes`` (a comparison's modes) takes.
 
         Raises:
-            ValueError: a position-map or window option no mode takes; sink tokens without a bca / sliding mode.
+            ValueError: a mode-owned option (``--sink-tokens``, a window's or a position map's) no mode takes.
         """
-        for name in self.mode_options:
+        for name, value in self.mode_options.items():
             if not set(modes) & set(_owners(name)):
-                raise ValueError(f"{_owned_by(name)}; none of the modes {', '.join(modes)} takes it.")
-        if self.sink_tokens and not set(modes) & {"bca", "sliding"}:
-            raise ValueError("--sink-tokens attach to a bounded window: add bca or sliding to the modes.")
+                raise ValueError(f"{ATTENTION_FLAGS[name].flag} {value} is an option of {mode_flags(_owners(name))}; none of the modes "
+                                 f"{', '.join(modes)} takes it: drop it, or add {_owners(name)[0]} to the modes.")
 
     def spec(self, model_training_length: Optional[int], evaluation_length: Optional[int] = None) -> AttentionSpec:
         """The spec for a checkpoint trained on ``model_training_length`` tokens (None if it records none),
@@ -188,27 +177,20 @@ class AttentionOptions:
         unknown).
 
         Raises:
-            ValueError: as ``window_from_options``, ``position_map_from_options`` and
-                ``rope_scaling_from_options`` (a mode that needs l when none is known, sinks on full attention
-                or a position map, an option of another mode (a position map's, or ``--l-local`` on BCA),
-                ``auto`` without an evaluation length...); log-n without l.
+            ValueError: an option of another mode, at any value (``refuse_foreign``: a position map's, sinks on
+                full attention or a position map, ``--l-local`` on BCA ...); as ``window_from_options``,
+                ``position_map_from_options`` and ``rope_scaling_from_options`` (a mode that needs l when none is
+                known, ``auto`` without an evaluation length...); log-n without l.
         """
-        if self.mode not in MODES and self.mode not in POSITION_MAPS:
-            raise ValueError(f"attention mode must be one of {', '.join(MODES + tuple(POSITION_MAPS))}, got {self.mode!r}.")
-        foreign = [name for name in self.mode_options if self.mode not in _owners(name)]
-        if foreign:
-            raise ValueError(f"{_owned_by(foreign[0])}; this evaluation uses {self.mode} attention: drop it, or choose "
-                             "that mode.")
+        refuse_foreign(self.mode_options, self.mode, _owners, mode_flags, f"this evaluation uses {mode_flag(self.mode)}")
         length = self.training_length or model_training_length
         position_map = None
         if self.mode in POSITION_MAPS:
-            if self.sink_tokens:
-                raise ValueError(f"--sink-tokens attach to a bounded window; --position-map {self.mode} keeps every key visible.")
             position_map = position_map_from_options(self.mode, length, **self.map_options)
             window = AttentionWindow.full()
         else:
             window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
-                                         self.sink_tokens, self.n_global, self.l_local)
+                                         self.sink_tokens or 0, self.n_global, self.l_local)
         if self.logn and not length:
             raise ValueError("--logn scales queries by log(n) / log(l): give --training-length l (the checkpoint records none).")
         scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length,

@@ -187,11 +187,6 @@ class AttentionWindow:
             return (query - key).clamp(max=self.stride)
         return query - key - (self.first_key(query) - self.sinks).clamp(min=0)
 
-    def mask(self, length: int, device=None) -> Tensor:
-        """The explicit (length, length) boolean mask (True = may attend), for tests and analysis: O(L^2)."""
-        i = torch.arange(length, device=device)
-        return self.allowed(i[:, None], i[None, :])
-
     def __str__(self) -> str:
         if self.mode == "lm_infinite":
             return f"lm_infinite({self.sinks},{self.stride})"
@@ -205,7 +200,7 @@ def window_from_options(
     training_length: Optional[int] = None,
     model_training_length: Optional[int] = None,
     sink_tokens: int = 0,
-    n_global: int = LM_INFINITE_N_GLOBAL,
+    n_global: Optional[int] = None,
     l_local: Optional[int] = None,
 ) -> AttentionWindow:
     """The translation from user options to a window, behind ``AttentionOptions.spec`` (task flags, ``lex``
@@ -217,7 +212,7 @@ def window_from_options(
         training_length: ``--training-length``: l to use instead of the checkpoint's.
         model_training_length: the ``tokens_per_sample`` recorded in the checkpoint, or None.
         sink_tokens: ``--sink-tokens`` k added to a ``bca`` or ``sliding`` window (StreamingLLM).
-        n_global, l_local: ``--n-global``, ``--l-local`` of ``lm_infinite`` (defaults: 10, and L_local = l as in the paper).
+        n_global, l_local: ``--n-global``, ``--l-local`` of ``lm_infinite`` (None: 10, and L_local = l as in the paper).
 
     Raises:
         ValueError: an unknown mode; BCA, ``sliding`` with W = l or ``lm_infinite`` without L_local when l is
@@ -234,7 +229,7 @@ def window_from_options(
             raise ValueError("--sink-tokens and LM-Infinite's --n-global both add global tokens; choose one.")
         if not l_local and not length:
             raise ValueError("LM-Infinite needs L_local: give --l-local, or a checkpoint that records its training length.")
-        return AttentionWindow.lm_infinite(int(n_global), int(l_local or length))
+        return AttentionWindow.lm_infinite(LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), int(l_local or length))
     if mode == "full":
         return AttentionWindow.full().with_sinks(sink_tokens) if sink_tokens else AttentionWindow.full()
     width = None

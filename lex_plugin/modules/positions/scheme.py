@@ -32,6 +32,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
+from ..ownership import refuse_foreign
+
 __all__ = [
     "KINDS", "POSITION_SCHEMES", "SCHEME_OPTIONS", "NoPositions", "PositionScheme", "SchemeOption", "SchemeSpec",
     "build_positions", "get_scheme", "register_position_scheme", "scheme_option_values", "scheme_table",
@@ -56,7 +58,8 @@ class PositionScheme(nn.Module):
     translation_invariant = True
     center_step = 1  # centres are multiples of this (``center_near``)
 
-    def rotate(self, x: Tensor, start: int, center: int, keys: bool, scaling=None) -> Tensor:
+    def rotate(self, x: Tensor, *, start: int = 0, center: Optional[int] = None, keys: bool = False,
+               scaling=None) -> Tensor:
         """Queries (``keys=False``) or keys (``keys=True``) x of shape (..., T, d) at positions
         start .. start + T - 1, transformed; ``center`` is a position shared by the queries and keys that
         will be multiplied together (schemes with a position-dependent scale express it relative to the
@@ -87,7 +90,7 @@ class PositionScheme(nn.Module):
         """(length, C) vectors to add to the token embeddings at positions start .., or None."""
         return None
 
-    def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool, scaling=None) -> Tensor:
+    def rotate_at(self, x: Tensor, positions: Tensor, *, center: int, keys: bool, scaling=None) -> Tensor:
         """Queries or keys x (..., d) at arbitrary positions: an int64 tensor >= 0 broadcastable to
         ``x.shape[:-1]`` (randomized positions, sink keys at virtual places), transformed as ``rotate`` would
         at those positions with the same ``center``. Returns x unchanged here; x's shape and dtype."""
@@ -203,21 +206,17 @@ def scheme_owners(option: str) -> Tuple[str, ...]:
 
 def scheme_option_values(pos_emb: str, config) -> Dict[str, Any]:
     """The options of scheme ``pos_emb`` read from ``config`` (any object; a missing or None attribute takes
-    the option's default), after refusing every option of another scheme given with a value other than its
-    default (it would do nothing: the model would silently not be what was asked for).
+    the option's default), after refusing every option of another scheme that was given (not None), at any
+    value: it would do nothing, and the model would silently not be what was asked for.
 
     Raises:
-        ValueError: an unknown scheme, or a foreign option given, naming the option and both schemes.
+        ValueError: an unknown scheme, or a foreign option given, naming the option and both schemes
+            (``ownership.refuse_foreign``).
     """
     spec = get_scheme(pos_emb)
     own = {option.name for option in spec.options}
-    for name, option in SCHEME_OPTIONS.items():
-        value = getattr(config, name, None)
-        if name not in own and value is not None and value != option.default:
-            raise ValueError(
-                f"{option.flag} {value} is an option of --pos-emb {' / '.join(scheme_owners(name))}; this model is "
-                f"--pos-emb {pos_emb}, which does not use it. Drop {option.flag} or choose that scheme."
-            )
+    given = {name: getattr(config, name, None) for name in SCHEME_OPTIONS if name not in own}
+    refuse_foreign(given, pos_emb, scheme_owners, lambda owners: "--pos-emb " + " / ".join(owners), f"this model is --pos-emb {pos_emb}")
     values = {}
     for option in spec.options:
         value = getattr(config, option.name, None)
