@@ -24,6 +24,7 @@ Arg = Union[str, int, float, Path]
 def fairseq_train_command(
     data: Arg,
     save_dir: Optional[Arg],
+    *,
     arch: str = "lex_lm_tiny",
     model_args: Sequence[Arg] = (),
     tokens_per_sample: int = 256,

@@ -62,6 +62,13 @@ def build_lex_model(arch: str = "lex_lm_tiny", dictionary: Dictionary = None, se
     return build_random_lm(arch, dictionary or make_dictionary(), seed=seed, **overrides)[0]
 
 
+def window_mask(window, length: int) -> torch.Tensor:
+    """The explicit (length, length) boolean mask of an ``AttentionWindow`` (True = may attend): O(L^2), the
+    reference the planned attention is checked against."""
+    i = torch.arange(length)
+    return window.allowed(i[:, None], i[None, :])
+
+
 def random_tokens(dictionary: Dictionary, bsz: int, length: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
@@ -130,7 +137,7 @@ def xpos_pair(xpos, q, k, q_start: int, k_start: int = 0):
     from lex_plugin.modules.positions.xpos import CENTER_STEP
 
     center = (k_start + k.size(-2) // 2) // CENTER_STEP * CENTER_STEP
-    return xpos.rotate(q, q_start, center, keys=False), xpos.rotate(k, k_start, center, keys=True)
+    return xpos.rotate(q, start=q_start, center=center), xpos.rotate(k, start=k_start, center=center, keys=True)
 
 
 def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_options):
@@ -140,7 +147,7 @@ def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_op
     from lex_plugin.modules.positions import NoPositions
 
     scheme = scheme if scheme is not None else NoPositions()
-    chunks = plan(window, 0, q.size(2), 0, has_bias=scheme.kind == "bias" or window.sinks > 0,
+    chunks = plan(window, q_len=q.size(2), has_bias=scheme.kind == "bias" or window.sinks > 0,
                   padded=key_padding_mask is not None, batch_heads=q.size(0) * q.size(1),
                   local_positions=scheme.translation_invariant, **plan_options)
-    return attend(q, k, v, chunks, AttentionSpec(window), scheme, 0, 0, None, key_padding_mask)
+    return attend(q, k, v, chunks, spec=AttentionSpec(window), scheme=scheme, key_padding_mask=key_padding_mask)

@@ -721,3 +721,30 @@ def test_the_cache_under_either_name(exports, test_tokens):
     assert inputs[CACHE_FIELD] is cache and inputs["input_ids"].shape == (1, 1)
     with pytest.raises(ValueError, match="give the cache once"):
         model(ids[:, 13:14], cache=cache, past_key_values=cache)
+
+
+@pytest.mark.parametrize("layout", [dict(pos_emb="rope", subln=True, no_scale_embedding=True),
+                                    dict(pos_emb="alibi", post_ln=True, share_decoder_input_output_embed=True,
+                                         layernorm_embedding=True, activation_fn="relu")], ids=str)
+def test_one_name_table_reads_both_ways(layout):
+    """fairseq / TorchScale names -> LexConfig (export) -> TorchScale names (load): every field of the decoder the
+    fairseq model is built from comes back with its value, the negated one (no_scale_embedding) included."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import hf_config
+    from lex_plugin.hf.configuration import HF_NAMES, NEGATED_HF_NAMES
+    from lex_plugin.models.lex_lm import build_decoder_config
+
+    dictionary = Dictionary()
+    for i in range(50):
+        dictionary.add_symbol(f"w{i}")
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=64, decoder_layers=3, **layout)
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    built = build_decoder_config(args, len(dictionary))
+    loaded = hf_config(args, dictionary, 64).decoder_config()
+    for name in (*HF_NAMES, *NEGATED_HF_NAMES):
+        assert getattr(loaded, name) == getattr(built, name), name
+    assert (loaded.decoder_layers, loaded.no_scale_embedding, loaded.tokens_per_sample) == (3, layout.get("no_scale_embedding", False), 64)
+    assert loaded.decoder_normalize_before == (not layout.get("post_ln", False))

@@ -9,7 +9,7 @@ import torch
 from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
 from torchscale.component.relative_position_bias import RelativePositionBias
 
-from conftest import build_lex_model, random_tokens, run_attention
+from conftest import build_lex_model, random_tokens, run_attention, window_mask
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.positions import (
     POSITION_SCHEMES, ALiBi, KerpleLog, KerplePower, LearnedPositions, Sandwich, SinusoidalPositions, SmoothedSandwich,
@@ -215,7 +215,7 @@ def test_biased_windows_match_naive_attention(kind, window, padding):
     with torch.no_grad():
         got = run_attention(q, k, v, window, bias, key_padding_mask=pad, bias_elements=3 * 2 * 40 * 100,
                             group_tokens=L_TRAIN)  # a few chunks of ~40 queries, several window groups
-        allowed = window.mask(L)[None, None]
+        allowed = window_mask(window, L)[None, None]
         if pad is not None:
             allowed = (allowed & ~pad[:, None, None, :]) | torch.eye(L, dtype=torch.bool)
         expected = naive_biased_attention(q, k, v, bias.bias(0, L, 0, L, "cpu"), allowed)

@@ -66,8 +66,8 @@ def test_attention_at_random_positions_matches_float64(scheme, padded):
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[1, :5] = True  # left padding of the second sample
     pos = XPos(D) if scheme == "xpos" else ALiBi(H)
-    chunks = plan(AttentionWindow.full(), 0, T, 0, has_bias=scheme == "alibi", padded=padded)
-    got = attend(q, k, v, chunks, AttentionSpec(), pos, 0, 0, key_padding_mask=pad if padded else None,
+    chunks = plan(AttentionWindow.full(), q_len=T, has_bias=scheme == "alibi", padded=padded)
+    got = attend(q, k, v, chunks, spec=AttentionSpec(), scheme=pos, key_padding_mask=pad if padded else None,
                  positions=positions)
     center = 1024
     expected = torch.empty(B, H, T, D, dtype=torch.float64)
@@ -76,8 +76,8 @@ def test_attention_at_random_positions_matches_float64(scheme, padded):
         if padded:
             allowed = (allowed & ~pad[b][None, :]) | torch.eye(T, dtype=torch.bool)
         if scheme == "xpos":
-            qr = torch.cat([pos.rotate(q[b, :, t : t + 1], int(positions[b, t]), center) for t in range(T)], 1).double()
-            kr = torch.cat([pos.rotate(k[b, :, t : t + 1], int(positions[b, t]), center, keys=True) for t in range(T)], 1).double()
+            qr = torch.cat([pos.rotate(q[b, :, t : t + 1], start=int(positions[b, t]), center=center) for t in range(T)], 1).double()
+            kr = torch.cat([pos.rotate(k[b, :, t : t + 1], start=int(positions[b, t]), center=center, keys=True) for t in range(T)], 1).double()
             logits = qr @ kr.transpose(-1, -2) / math.sqrt(D)
         else:
             slopes = torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None]
@@ -106,7 +106,7 @@ def test_bad_random_positions_are_explained():
 
     x = torch.randn(1, 1, 2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="too far apart"):
-        attend(x, x, x, plan(AttentionWindow.full(), 0, 2, 0), AttentionSpec(), XPos(16), 0, 0,
+        attend(x, x, x, plan(AttentionWindow.full(), q_len=2), spec=AttentionSpec(), scheme=XPos(16),
                positions=torch.tensor([[0, 20000]]))
 
 

@@ -12,7 +12,8 @@ from lex_plugin.recipe import fairseq_train_command
 
 
 def test_the_recipe_command():
-    cmd = fairseq_train_command("data", "ckpt", "lex_lm_small", ["--pos-emb", "alibi"], 512, 8, "3e-4", 800,
+    cmd = fairseq_train_command("data", "ckpt", arch="lex_lm_small", model_args=["--pos-emb", "alibi"], tokens_per_sample=512,
+                                batch_size=8, lr="3e-4", updates=800,
                                 save_interval_updates=100, validate_interval_updates=200)
     value = lambda flag: cmd[cmd.index(flag) + 1]  # noqa: E731
     assert cmd[:2] == ["fairseq-train", "data"] and value("--user-dir") == str(REPO / "lex_plugin")
@@ -23,7 +24,7 @@ def test_the_recipe_command():
         "adam", "(0.9, 0.98)", "0.01", "1.0")
     assert value("--save-interval-updates") == "100" and value("--validate-interval-updates") == "200"
     assert "--disable-validation" not in cmd
-    stock = fairseq_train_command("data", None, "transformer_lm", user_dir=None)
+    stock = fairseq_train_command("data", None, arch="transformer_lm", user_dir=None)
     assert "--user-dir" not in stock and "--no-save" in stock and "--disable-validation" in stock
     with pytest.raises(ValueError, match="must be positive"):
         fairseq_train_command("data", "ckpt", updates=0)

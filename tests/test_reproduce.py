@@ -368,7 +368,8 @@ def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path
         assert state["cfg"]["lr_scheduler"]["total_num_update"] == 4 and state["cfg"]["task"]["bf16_autocast"]
     # the same 4 updates without the stop at 2
     straight = tmp_path / "straight"
-    run_cli(fairseq_train_command(data_bin, straight, "lex_lm_tiny", ["--pos-emb", "rope"], L, 4, "1.5e-3", 4, 1, "none",
+    run_cli(fairseq_train_command(data_bin, straight, arch="lex_lm_tiny", model_args=["--pos-emb", "rope"], tokens_per_sample=L,
+                                  batch_size=4, lr="1.5e-3", updates=4, warmup=1, break_mode="none",
                                   save_interval_updates=4, log_interval=25, seed=1, extra=["--bf16-autocast"]),
             env=env, timeout=300)
     other = torch.load(straight / "checkpoint_last.pt", weights_only=False)["model"]

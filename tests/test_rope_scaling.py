@@ -62,7 +62,7 @@ def test_rotated_logits_equal_the_float64_formula(kind, s, use_scale):
     kc = torch.complex(k[0, 0::2].double(), k[0, 1::2].double())
     for n, m in [(5, 3), (900, 10), (3000, 2999), (4100, 100)]:
         center = (m // 256) * 256
-        got = float((xpos.rotate(q, n, center, False, scaling) * xpos.rotate(k, m, center, True, scaling)).sum())
+        got = float((xpos.rotate(q, start=n, center=center, scaling=scaling) * xpos.rotate(k, start=m, center=center, keys=True, scaling=scaling)).sum())
         decay = zeta ** ((n - m) / (512 * div)) if use_scale else torch.ones_like(zeta)
         want = float((qc * kc.conj() * torch.exp(1j * (n - m) * theta) * decay).real.sum()) * temperature
         assert got == pytest.approx(want, rel=1e-4, abs=1e-4), (n, m)

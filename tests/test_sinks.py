@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens, run_attention
+from conftest import build_lex_model, random_tokens, run_attention, window_mask
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 from lex_plugin.modules.attention.window import window_from_options
 from lex_plugin.modules.positions import XPos
@@ -66,7 +66,7 @@ def test_sinks_match_naive_attention_with_virtual_distances(window, scheme, grou
     pos = XPos(D) if scheme == "xpos" else ALiBi(H)
     got = run_attention(q, k, v, window, pos, group_tokens=group_tokens)
     dist, visible = distances(window, L)
-    assert torch.equal(visible, window.mask(L))
+    assert torch.equal(visible, window_mask(window, L))
     assert (got.double() - naive(q, k, v, dist, visible, pos)).abs().max() < 2e-5
     if window.mode == "lm_infinite":
         assert int(dist[visible].max()) == window.stride  # no distance past L_local

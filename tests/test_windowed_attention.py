@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens, run_attention, xpos_pair
+from conftest import build_lex_model, random_tokens, run_attention, window_mask, xpos_pair
 from lex_plugin.modules.attention import LexSelfAttention
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 from lex_plugin.modules.positions import XPos, alibi_slopes
@@ -23,7 +23,7 @@ def naive_attention(q, k, v, allowed):
 
 def reference(q, k, v, window, xpos, pad=None):
     L = q.size(2)
-    allowed = window.mask(L)[None, None]
+    allowed = window_mask(window, L)[None, None]
     if pad is not None:
         allowed = allowed & ~pad[:, None, None, :]
         allowed = allowed | torch.eye(L, dtype=torch.bool)  # a pad query sees itself (as the module does)
@@ -62,12 +62,12 @@ def test_window_matches_naive_masked_attention(window, length, padding, group_to
 def test_window_masks_follow_the_paper():
     """Figure 3: block b sees block b-1 and itself causally; every query past block 0 sees between w + 1
     and 2w keys (block 0: causal); the sliding window sees exactly its W most recent positions."""
-    bca = AttentionWindow.bca(8).mask(20)  # w = 4
+    bca = window_mask(AttentionWindow.bca(8), 20)  # w = 4
     seen = bca.sum(-1)
     assert seen[:4].tolist() == [1, 2, 3, 4]
     assert seen[4:].tolist() == [5, 6, 7, 8] * 4
     assert bca[9, 4] and not bca[9, 3] and bca[9, 9] and not bca[9, 10]
-    sw = AttentionWindow.sliding(5).mask(20)
+    sw = window_mask(AttentionWindow.sliding(5), 20)
     assert sw.sum(-1).tolist() == [1, 2, 3, 4] + [5] * 16
 
 
@@ -111,7 +111,7 @@ def test_bca_is_finite_at_64k_in_half_precision(dtype):
         out = attn(x, XPos(64), spec=AttentionSpec(AttentionWindow.bca(512)))
     assert out.dtype == dtype and torch.isfinite(out).all()
     # the same keys under global positions overflow in this dtype: zeta_min^(-L/2B) is astronomically large
-    assert XPos(64).rotate(x[:, :, :], 0, center=0, keys=True).isinf().any()
+    assert XPos(64).rotate(x[:, :, :], start=0, center=0, keys=True).isinf().any()
     assert AttentionWindow.bca(512).span == 512 and AttentionWindow.sliding(7).span == 7
 
 
@@ -179,8 +179,8 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     q = torch.randn(2, H, 1, D)
     pad = torch.zeros(2, S, dtype=torch.bool)
     pad[1, :57] = True  # a left-padded prompt
-    chunks = plan(window, S - 1, 1, 0, has_bias=bias, padded=padded)
-    got = attend(q, keys, values, chunks, AttentionSpec(window), scheme, S - 1, 0, center=0,
+    chunks = plan(window, q_start=S - 1, q_len=1, has_bias=bias, padded=padded)
+    got = attend(q, keys, values, chunks, spec=AttentionSpec(window), scheme=scheme, q_start=S - 1, center=0,
                  key_padding_mask=pad if padded else None, feature_major=True)
     logits = q.double() @ k[order].double().transpose(-1, -2) / math.sqrt(D)
     if bias:
@@ -296,8 +296,8 @@ def test_keys_rescaled_to_a_new_centre_equal_keys_rotated_there():
     """rescale_keys(c1, c2) turns keys rotated at centre c1 into keys rotated at c2 (xPos's zeta^((c2 - c1)/B))."""
     xpos = XPos(16)
     k = torch.randn(2, 40, 16)
-    at_c1 = xpos.rotate(k, 1000, 768, keys=True)
-    at_c2 = xpos.rotate(k, 1000, 1280, keys=True)
+    at_c1 = xpos.rotate(k, start=1000, center=768, keys=True)
+    at_c2 = xpos.rotate(k, start=1000, center=1280, keys=True)
     assert torch.allclose(at_c1 * xpos.rescale_keys(768, 1280, "cpu"), at_c2, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(at_c1, at_c2, atol=1e-3)  # the factor matters
     assert XPos(16, use_scale=False).rescale_keys(768, 1280, "cpu") is None  # RoPE keys do not depend on it

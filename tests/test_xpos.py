@@ -54,8 +54,8 @@ def test_matches_complex_reference(d, L):
     xpos = XPos(d, scale_base=B, gamma=GAMMA)
     # per tensor, with the same centre as the reference
     center = L // 2
-    assert rel_err(xpos.rotate(q, 0, center), complex_reference(q, 0, center, False, d)) <= 1e-6
-    assert rel_err(xpos.rotate(k, 0, center, keys=True), complex_reference(k, 0, center, True, d)) <= 1e-6
+    assert rel_err(xpos.rotate(q, center=center), complex_reference(q, 0, center, False, d)) <= 1e-6
+    assert rel_err(xpos.rotate(k, center=center, keys=True), complex_reference(k, 0, center, True, d)) <= 1e-6
     # the logits (the quantity attention sees); the reference uses uncentred positions
     qx, kx = xpos_pair(xpos, q, k, q_start=0)
     ours = qx @ kx.transpose(-1, -2)
@@ -70,7 +70,7 @@ def test_matches_torchscale_xpos(d, L):
     ours = XPos(d, scale_base=B, gamma=GAMMA)
     center = -((-L) // 2)  # TorchScale scales with positions -ceil(L/2) .. ; rotates with 0 .. L-1
     q_ts, k_ts = ts(q, offset=0, downscale=False), ts(k, offset=0, downscale=True)
-    q_us, k_us = ours.rotate(q, 0, center), ours.rotate(k, 0, center, keys=True)
+    q_us, k_us = ours.rotate(q, center=center), ours.rotate(k, center=center, keys=True)
     assert rel_err(q_us, q_ts) <= 1e-5
     q_ex, k_ex = complex_reference(q, 0, center, False, d), complex_reference(k, 0, center, True, d)
     for us, ts_out, exact in ((k_us, k_ts, k_ex), (q_us @ k_us.transpose(-1, -2), q_ts @ k_ts.transpose(-1, -2), q_ex @ k_ex.transpose(-1, -2))):
@@ -142,7 +142,7 @@ def test_rope_is_xpos_with_unit_zeta():
     q = torch.randn(1, L, d)
     rope = XPos(d, use_scale=False)
     ref = complex_reference(q, 0, 0, False, d, gamma=1e12)  # zeta -> 1
-    assert rel_err(rope.rotate(q, 0), ref) <= 1e-5
+    assert rel_err(rope.rotate(q), ref) <= 1e-5
 
 
 @pytest.mark.parametrize("ablation", ["scalar_zeta", "no_rotation"])
@@ -158,8 +158,8 @@ def test_table4_ablations_match_their_formulas(ablation):
     else:
         xpos = XPos(d, rotation=False)
         ref = complex_reference(q, 0, L // 2, False, d, theta=torch.zeros_like(i))
-    assert rel_err(xpos.rotate(q, 0, L // 2), ref) <= 1e-6
-    assert rel_err(xpos.rotate(q, 0, L // 2), XPos(d).rotate(q, 0, L // 2)) > 1e-2  # it does change something
+    assert rel_err(xpos.rotate(q, center=L // 2), ref) <= 1e-6
+    assert rel_err(xpos.rotate(q, center=L // 2), XPos(d).rotate(q, center=L // 2)) > 1e-2  # it does change something
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -222,10 +222,10 @@ def test_rotate_at_shortcuts_equal_the_general_path(use_scale, scaling):
     s = None if scaling is None else RopeScaling(scaling, 4.0, 64)
     x = torch.randn(2, 3, 50, 16)
     p = torch.arange(100, 150)
-    consecutive = scheme.rotate_at(x, p, 128, True, s)
-    gathered = scheme.rotate_at(x.flip(-2), p.flip(0), 128, True, s).flip(-2)  # not consecutive: the gather
+    consecutive = scheme.rotate_at(x, p, center=128, keys=True, scaling=s)
+    gathered = scheme.rotate_at(x.flip(-2), p.flip(0), center=128, keys=True, scaling=s).flip(-2)  # not consecutive: the gather
     torch.testing.assert_close(consecutive, gathered, rtol=0, atol=0)
     zero = torch.zeros(50, dtype=torch.long)
-    expected = scheme.rotate_at(x, zero.double(), 0, True, s)  # float64 angles and scales
-    torch.testing.assert_close(scheme.rotate_at(x, zero, 0, True, s), expected, rtol=0, atol=1e-6)
-    assert (scheme.rotate_at(x, zero, 0, True, s) is x) == (scaling is None)
+    expected = scheme.rotate_at(x, zero.double(), center=0, keys=True, scaling=s)  # float64 angles and scales
+    torch.testing.assert_close(scheme.rotate_at(x, zero, center=0, keys=True, scaling=s), expected, rtol=0, atol=1e-6)
+    assert (scheme.rotate_at(x, zero, center=0, keys=True, scaling=s) is x) == (scaling is None)

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Dict, Optional
 
 from ..data.text import BPE_MODEL, META_FILE
-from ..hf.configuration import LexConfig
+from ..hf.configuration import HF_NAMES, NEGATED_HF_NAMES, LexConfig
 from ..hf.modeling import LexForCausalLM
 from ..hf.tokenization import LexTokenizer
 from ..modules.attention.spec import AttentionOptions
@@ -82,15 +82,11 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     if max_position_embeddings < 1 or (table and max_position_embeddings > table):
         raise ValueError(f"--max-position-embeddings must be between 1 and {table or 'any length'} "
                          f"({'the learned table' if table else 'positive'}); got {max_position_embeddings}.")
+    decoder.tokens_per_sample = training_length  # the l given (the checkpoint's, or --training-length)
     return LexConfig(
-        vocab_size=len(dictionary), hidden_size=decoder.decoder_embed_dim, num_hidden_layers=decoder.decoder_layers,
-        num_attention_heads=decoder.decoder_attention_heads, intermediate_size=decoder.decoder_ffn_embed_dim,
-        hidden_act=decoder.activation_fn, layer_norm_eps=decoder.layernorm_eps, pos_emb=decoder.pos_emb,
-        position_options=position_options, training_length=training_length,
-        attention=_attention_fields(options), normalize_before=decoder.decoder_normalize_before,
-        deepnorm=decoder.deepnorm, subln=decoder.subln, layernorm_embedding=decoder.layernorm_embedding,
-        scale_embedding=not decoder.no_scale_embedding, tie_word_embeddings=decoder.share_decoder_input_output_embed,
-        dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
+        **{hf: getattr(decoder, name) for name, hf in HF_NAMES.items()},
+        **{hf: not getattr(decoder, name) for name, hf in NEGATED_HF_NAMES.items()},
+        position_options=position_options, attention=_attention_fields(options), dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
         pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(), max_position_embeddings=max_position_embeddings,
     )
 

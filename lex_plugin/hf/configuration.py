@@ -12,9 +12,30 @@ from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
 
-__all__ = ["LexConfig", "MODEL_TYPE"]
+__all__ = ["HF_NAMES", "LexConfig", "MODEL_TYPE", "NEGATED_HF_NAMES"]
 
 MODEL_TYPE = "lex_lm"
+
+# The one name table: TorchScale ``DecoderConfig`` field (fairseq's ``--arch lex_lm`` options use the same names)
+# -> ``LexConfig`` field, read both ways (``hf_config`` on export, ``LexConfig.decoder_config`` on load).
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "decoder_embed_dim": "hidden_size",
+    "decoder_layers": "num_hidden_layers",
+    "decoder_attention_heads": "num_attention_heads",
+    "decoder_ffn_embed_dim": "intermediate_size",
+    "activation_fn": "hidden_act",
+    "layernorm_eps": "layer_norm_eps",
+    "pos_emb": "pos_emb",
+    "decoder_normalize_before": "normalize_before",
+    "deepnorm": "deepnorm",
+    "subln": "subln",
+    "layernorm_embedding": "layernorm_embedding",
+    "share_decoder_input_output_embed": "tie_word_embeddings",
+    "tokens_per_sample": "training_length",
+}
+# the same for the fields whose meaning is inverted: TorchScale says what is off, transformers what is on
+NEGATED_HF_NAMES = {"no_scale_embedding": "scale_embedding"}
 
 
 class LexConfig(PretrainedConfig):
@@ -102,14 +123,9 @@ class LexConfig(PretrainedConfig):
         from ..modules.positions import SCHEME_OPTIONS  # (the package: every scheme registered)
 
         config = SimpleNamespace(
-            decoder_embed_dim=self.hidden_size, decoder_attention_heads=self.num_attention_heads,
-            decoder_ffn_embed_dim=self.intermediate_size, decoder_layers=self.num_hidden_layers,
-            decoder_normalize_before=self.normalize_before, activation_fn=self.hidden_act, dropout=0.0,
-            drop_path_rate=0.0, attention_dropout=0.0, activation_dropout=0.0,
-            no_scale_embedding=not self.scale_embedding, layernorm_embedding=self.layernorm_embedding,
-            deepnorm=self.deepnorm, subln=self.subln, share_decoder_input_output_embed=self.tie_word_embeddings,
-            layernorm_eps=self.layer_norm_eps, vocab_size=self.vocab_size, pos_emb=self.pos_emb,
-            random_positions=0, tokens_per_sample=self.training_length,
+            **{name: getattr(self, hf) for name, hf in HF_NAMES.items()},
+            **{name: not getattr(self, hf) for name, hf in NEGATED_HF_NAMES.items()},
+            dropout=0.0, drop_path_rate=0.0, attention_dropout=0.0, activation_dropout=0.0, random_positions=0,
         )
         for name in SCHEME_OPTIONS:
             setattr(config, name, self.position_options.get(name))

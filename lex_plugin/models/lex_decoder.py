@@ -101,24 +101,6 @@ class LexDecoder(DecoderStack, FairseqIncrementalDecoder):
         x, inner_states = self.stack_features(prev_output_tokens, incremental_state, spec, observer)
         return x, {"attn": [None], "inner_states": inner_states}
 
-    @property
-    def default_window(self):
-        raise AttributeError("LexDecoder.default_window was removed: pass spec= to forward, or use decoder.under(spec).")
-
-    @default_window.setter
-    def default_window(self, value):
-        raise AttributeError("LexDecoder.default_window was removed: pass spec= to forward, or use decoder.under(spec).")
-
-    @property
-    def rope_scaling(self):
-        raise AttributeError("LexDecoder.rope_scaling was removed: pass spec=AttentionSpec(rope_scaling=...) to forward, "
-                             "or use decoder.under(spec).")
-
-    @rope_scaling.setter
-    def rope_scaling(self, value):
-        raise AttributeError("LexDecoder.rope_scaling was removed: pass spec=AttentionSpec(rope_scaling=...) to forward, "
-                             "or use decoder.under(spec).")
-
     def upgrade_state_dict_named(self, state_dict: Dict[str, Tensor], name: str) -> Dict[str, Tensor]:
         """Accept TorchScale-trained weights and earlier lex_lm checkpoints: drop the per-layer
         ``self_attn.xpos.scale`` buffers (recomputed here in fp32, never stored) and fairseq's sinusoidal

@@ -37,8 +37,9 @@ def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict, upda
             resuming with a larger ``updates`` continues the same run); default ``o["max_update"]``.
     """
     total = o["max_update"]
-    return fairseq_train_command(data, save_dir, o["arch"], run_args, o["training_length"], o["batch_size"], o["lr"],
-                                 updates or total, max(1, total // 8), "none", save_interval_updates=max(1, min(100, total)),
+    return fairseq_train_command(data, save_dir, arch=o["arch"], model_args=run_args, tokens_per_sample=o["training_length"],
+                                 batch_size=o["batch_size"], lr=o["lr"], updates=updates or total,
+                                 warmup=max(1, total // 8), break_mode="none", save_interval_updates=max(1, min(100, total)),
                                  log_interval=25, seed=o["seed"], total_updates=total,
                                  extra=["--bf16-autocast"] if o.get("bf16_autocast") else [])
 
@@ -81,8 +82,10 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
     row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
     f = PASSKEY_FINETUNE
-    return fairseq_train_command(passkey_data, save_dir, o["arch"], run_args, o["training_length"], f["batch_size"], f["lr"],
-                                 f["updates"], max(1, f["updates"] // 20), "eos", log_interval=50, seed=o["seed"],
+    return fairseq_train_command(passkey_data, save_dir, arch=o["arch"], model_args=run_args,
+                                 tokens_per_sample=o["training_length"], batch_size=f["batch_size"], lr=f["lr"],
+                                 updates=f["updates"], warmup=max(1, f["updates"] // 20), break_mode="eos",
+                                 log_interval=50, seed=o["seed"],
                                  extra=["--finetune-from-model", ckpt])
 
 
@@ -124,9 +127,10 @@ def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_a
     answers (``lex ruler-data``, ``lex babilong-data``), one prompt per row at l, as :func:`finetune_command` does for
     the passkey data: ``recipe`` (:data:`RULER_FINETUNE`, :data:`BABILONG_FINETUNE`) gives the updates, batch and peak
     lr, and whether the loss is on the answers alone (``--answer-only-loss``)."""
-    return fairseq_train_command(answers_bin, save_dir, o["arch"], run_args, o["training_length"], recipe["batch_size"],
-                                 recipe["lr"], recipe["updates"], max(1, recipe["updates"] // 20), "eos", log_interval=50,
-                                 seed=o["seed"], extra=["--finetune-from-model", ckpt,
+    return fairseq_train_command(answers_bin, save_dir, arch=o["arch"], model_args=run_args,
+                                 tokens_per_sample=o["training_length"], batch_size=recipe["batch_size"], lr=recipe["lr"],
+                                 updates=recipe["updates"], warmup=max(1, recipe["updates"] // 20), break_mode="eos",
+                                 log_interval=50, seed=o["seed"], extra=["--finetune-from-model", ckpt,
                                                         *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 

@@ -166,7 +166,8 @@ class KeyValueCache:
         keep = spec.window.first_key(length)
         cache = cls(spec, scheme)
         cache.center = scheme.center_near(length - 1)
-        keys = k[:, :, keep:] if cache.raw else scheme.rotate(k[:, :, keep:], keep, cache.center, True, spec.rope_scaling)
+        keys = k[:, :, keep:] if cache.raw else scheme.rotate(k[:, :, keep:], start=keep, center=cache.center, keys=True,
+                                                                          scaling=spec.rope_scaling)
         cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep)
         cache._keep_sinks(k, v, 0, key_padding_mask)
         return cache
@@ -197,9 +198,9 @@ class KeyValueCache:
                 raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {segment}.")
             if last - self.center > limit:
                 self._recenter(scheme.center_near(first))
-        self.append(scheme.rotate(k, first, self.center, True, scaling), v, key_padding_mask)
+        self.append(scheme.rotate(k, start=first, center=self.center, keys=True, scaling=scaling), v, key_padding_mask)
         self._keep_sinks(k, v, first, key_padding_mask)
-        return scheme.rotate(q, first, self.center, False, scaling)
+        return scheme.rotate(q, start=first, center=self.center, keys=False, scaling=scaling)
 
     def trim(self) -> None:
         """Drop the keys no later query sees under the window."""

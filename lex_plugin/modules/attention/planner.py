@@ -64,9 +64,10 @@ def dense_query_limit(scheme, dtype, scaling=None) -> Optional[int]:
 
 def plan(
     window: AttentionWindow,
-    q_start: int,
+    *,
+    q_start: int = 0,
     q_len: int,
-    k_start: int,
+    k_start: int = 0,
     has_bias: bool = False,
     padded: bool = False,
     batch_heads: int = 1,

@@ -141,9 +141,10 @@ class LexSelfAttention(nn.Module):
                 "start a new incremental state to change the attention window or scaling."
             )
         if cache is None or cache.end == 0:
-            chunks = self._plan(spec, 0, tgt_len, 0, scheme, key_padding_mask, q, observer)
-            out = attend(q, k, v, chunks, spec, scheme, 0, 0, None, key_padding_mask, dropout_p, observer,
-                         positions=positions)
+            chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
+                                observer=observer)
+            out = attend(q, k, v, chunks, spec=spec, scheme=scheme, key_padding_mask=key_padding_mask,
+                         dropout_p=dropout_p, observer=observer, positions=positions)
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -153,8 +154,8 @@ class LexSelfAttention(nn.Module):
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
 
-    def _plan(self, spec: AttentionSpec, q_start, q_len, k_start, scheme: PositionScheme, key_padding_mask, q: Tensor,
-              observer=None):
+    def _plan(self, q: Tensor, *, spec: AttentionSpec, scheme: PositionScheme, q_len: int, q_start: int = 0,
+              k_start: int = 0, key_padding_mask: Optional[Tensor] = None, observer=None):
         """The chunks of ``plan`` for queries ``q`` (B, H, T, D): sized by its batch, bounded by its dtype's range
         (the autocast dtype under autocast: attention runs in it)."""
         bsz, dtype = q.size(0), autocast_dtype(q.device) or q.dtype
@@ -163,7 +164,7 @@ class LexSelfAttention(nn.Module):
         # kernel returns the log-sum-exp (executor._attention_lse); other devices form the logits explicitly
         per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None
                         and q.device.type == "cpu")
-        return plan(spec.window, q_start, q_len, k_start, has_bias=explicit,
+        return plan(spec.window, q_start=q_start, q_len=q_len, k_start=k_start, has_bias=explicit,
                     padded=key_padding_mask is not None, batch_heads=bsz * (self.num_heads if per_head else 1),
                     local_positions=scheme.translation_invariant,
                     dense_queries=dense_query_limit(scheme, dtype, spec.rope_scaling))
@@ -182,10 +183,12 @@ class LexSelfAttention(nn.Module):
             keys, values, kpm = cache.view(queries=b - a)
             if kpm is not None and not bool(kpm.any()):
                 kpm = None
-            chunks = self._plan(spec, first, b - a, cache.start, scheme, kpm, qr, observer)
+            chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=cache.start,
+                                key_padding_mask=kpm, observer=observer)
             center = None if cache.raw else cache.center
-            outs.append(attend(qr, keys, values, chunks, spec, scheme, first, cache.start, center, kpm, dropout_p,
-                               observer, cache.sinks, feature_major=cache.feature_major))
+            outs.append(attend(qr, keys, values, chunks, spec=spec, scheme=scheme, q_start=first, k_start=cache.start,
+                               center=center, key_padding_mask=kpm, dropout_p=dropout_p, observer=observer,
+                               sinks=cache.sinks, feature_major=cache.feature_major))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

@@ -218,7 +218,7 @@ class XPos(PositionScheme):
             cos, sin = cos * attention_scale, sin * attention_scale
         return torch.complex(cos.float(), sin.float()).to(device)
 
-    def rotate(self, x: Tensor, start: int = 0, center: Optional[int] = None, keys: bool = False,
+    def rotate(self, x: Tensor, *, start: int = 0, center: Optional[int] = None, keys: bool = False,
                scaling: Optional[RopeScaling] = None) -> Tensor:
         """Apply xPos to queries (``keys=False``: zeta^((n - center)/B)) or keys (``keys=True``:
         zeta^(-(m - center)/B)).
@@ -254,7 +254,7 @@ class XPos(PositionScheme):
         divisor = self._angles(scaling)[1]
         return max(CENTER_STEP, int(bound * self.scale_base * divisor / self._steepest_decay))
 
-    def rotate_at(self, x: Tensor, positions: Tensor, center: int, keys: bool,
+    def rotate_at(self, x: Tensor, positions: Tensor, *, center: int, keys: bool,
                   scaling: Optional[RopeScaling] = None) -> Tensor:
         """xPos / RoPE of x (..., d) at ``positions`` (>= 0, broadcastable to ``x.shape[:-1]``) with the scale
         centre ``center``: int64 positions gather rows of one table; floating ones (fractional positions of a
