@@ -69,6 +69,32 @@ def test_flat_and_retrieving_has_a_line_per_label(figures, tmp_path):
     assert len(labels) == 40 and len(set(labels)) == 40
 
 
+def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
+    """scripts/plot_flat_and_retrieving.py on the committed rows (RESULTS' tables): one readable row per method and
+    scheme, each accuracy the row's hits over its trials."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    rows = REPO / "examples" / "lex_lm" / "flat_and_retrieving.json"
+    out = tmp_path / "alibi.png"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_flat_and_retrieving.py"), str(rows), "--runs",
+                           "alibi", "-o", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size > 0 and "(10 rows)" in done.stdout
+    data = json.loads(rows.read_text())
+    assert len({(r["run"], r["method"]) for r in data["rows"]}) == len(data["rows"]) == 58
+    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.evaluation.reproduce.tables import wilson_interval
+
+    every = [{**r, "passkey": r["retrieved"] / r["trials"], "interval": wilson_interval(r["retrieved"], r["trials"])}
+             for r in data["rows"]]
+    assert plot_flat_and_retrieving(every, data["training_length"], data["longest"], tmp_path / "all.png")
+    assert not _overlaps(figures[-1])
+
+
 def test_probe_heat_maps_and_length_plots(figures, tmp_path):
     from lex_plugin.evaluation.babilong import BabilongResult, plot_babilong
     from lex_plugin.evaluation.passkey import PasskeyResult, plot_passkey
