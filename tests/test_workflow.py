@@ -273,7 +273,7 @@ def _env():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU fully_sharded trains: examples/lex_lm/GPU.md")
 def test_fully_sharded_reaches_fairscale_and_states_that_it_needs_cuda(data_bin, tmp_path):
     """fairscale is installed (make install) and fairseq's --ddp-backend fully_sharded wraps the model in
-    its FSDP; on a CPU build of torch that stops with the error the README quotes."""
+    its FSDP; on a CPU build of torch that stops with the error docs/scaling.md quotes."""
     proc = subprocess.run(
         ["torchrun", "--standalone", "--nproc_per_node", "2", "--no-python", str(REPO / "scripts" / "train_distributed.sh"),
          str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling", "--arch", "lex_lm_tiny",
@@ -285,7 +285,7 @@ def test_fully_sharded_reaches_fairscale_and_states_that_it_needs_cuda(data_bin,
     assert proc.returncode != 0
     assert "fairscale/nn/data_parallel/fully_sharded_data_parallel.py" in log, log[-3000:]
     assert FSDP_CPU_ERROR in log, log[-3000:]
-    assert FSDP_CPU_ERROR in (REPO / "README.md").read_text()
+    assert FSDP_CPU_ERROR in (REPO / "docs" / "scaling.md").read_text()
 
 
 FSDP_CPU_ERROR = "AssertionError: Torch not compiled with CUDA enabled"
