@@ -143,11 +143,11 @@ def xpos_pair(xpos, q, k, q_start: int, k_start: int = 0):
 def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_options):
     """Attention of queries and keys at positions 0 .. L-1 through the package's one path: the planner
     and the executor (q, k, v (B, H, L, D) before any rotation; ``scheme`` a position scheme or None)."""
-    from lex_plugin.modules.attention import AttentionSpec, attend, plan
+    from lex_plugin.modules.attention import AttentionSpec, HeldKeys, attend, plan
     from lex_plugin.modules.positions import NoPositions
 
     scheme = scheme if scheme is not None else NoPositions()
     chunks = plan(window, q_len=q.size(2), has_bias=scheme.kind == "bias" or window.sinks > 0,
                   padded=key_padding_mask is not None, batch_heads=q.size(0) * q.size(1),
                   local_positions=scheme.translation_invariant, **plan_options)
-    return attend(q, k, v, chunks, spec=AttentionSpec(window), scheme=scheme, key_padding_mask=key_padding_mask)
+    return attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=AttentionSpec(window), scheme=scheme)

@@ -199,7 +199,7 @@ def test_attention_under_autocast_is_bf16_attention_bitwise(mode, scheme):
     """The contract of the attention core under bf16 autocast: it equals, bitwise and in bf16, the same attention
     run without autocast on bf16 queries, keys and values (a model of that dtype): rotation, biases and softmax
     statistics are computed as the bf16 model computes them, never in autocast's own precision."""
-    from lex_plugin.modules.attention import AttentionOptions, attend, dense_query_limit, plan
+    from lex_plugin.modules.attention import AttentionOptions, HeldKeys, attend, dense_query_limit, plan
     from lex_plugin.modules.positions import ALiBi, XPos
 
     B, H, D, T = 2, 4, 16, 4 * L + 5
@@ -213,7 +213,7 @@ def test_attention_under_autocast_is_bf16_attention_bitwise(mode, scheme):
     def run(q, k, v):
         chunks = plan(spec.window, q_len=T, has_bias=True, padded=False, batch_heads=B * H,
                       local_positions=pos.translation_invariant, dense_queries=dense_query_limit(pos, torch.bfloat16, None))
-        return attend(q, k, v, chunks, spec=spec, scheme=pos)
+        return attend(q, HeldKeys(k, v), chunks, spec=spec, scheme=pos)
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = run(q, k, v)

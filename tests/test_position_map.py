@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import build_lex_model, random_tokens
-from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, attend, plan
 from lex_plugin.modules.attention.position_map import (
     DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, position_map_from_options)
 from lex_plugin.modules.attention.temperature import logn_scale
@@ -63,7 +63,7 @@ def scheme_of(kind: str, heads: int, d: int):
 def run(q, k, v, spec, scheme, bias_elements=1 << 24, key_padding_mask=None):
     chunks = plan(spec.window, q_len=q.size(2), has_bias=True, batch_heads=q.size(0) * q.size(1),
                   bias_elements=bias_elements, padded=key_padding_mask is not None)
-    return attend(q, k, v, chunks, spec=spec, scheme=scheme, key_padding_mask=key_padding_mask)
+    return attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=spec, scheme=scheme)
 
 
 METHODS = [ReRoPE(L_TRAIN // 2), LeakyReRoPE(L_TRAIN // 2, 4.0), SelfExtend(4, L_TRAIN // 4), SelfExtend(3, 7),
@@ -318,7 +318,7 @@ def test_xpos_stays_finite_and_exact_far_past_its_scale_range(method, dtype, sca
     chunks = plan(spec.window, q_len=length, dense_queries=dense_query_limit(scheme, dtype))
     if method is None:
         assert len(chunks) > 1  # the range bounds a chunk's queries
-    got = attend(q, k, v, chunks, spec=spec, scheme=scheme).double()
+    got = attend(q, HeldKeys(k, v), chunks, spec=spec, scheme=scheme).double()
     assert torch.isfinite(got).all()
     m = torch.arange(length)
     for a in range(0, length, 512):  # the float64 reference, by blocks of queries

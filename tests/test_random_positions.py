@@ -56,7 +56,7 @@ def test_attention_at_random_positions_matches_float64(scheme, padded):
     """Attention at arbitrary positions through the planner and executor == float64 attention with q and k
     rotated one row at a time at their own position (XPos.rotate, one centre) or the ALiBi bias of their
     distances, causal in index order, padded keys hidden."""
-    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, attend, plan
     from lex_plugin.modules.positions import ALiBi
 
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def test_attention_at_random_positions_matches_float64(scheme, padded):
     pad[1, :5] = True  # left padding of the second sample
     pos = XPos(D) if scheme == "xpos" else ALiBi(H)
     chunks = plan(AttentionWindow.full(), q_len=T, has_bias=scheme == "alibi", padded=padded)
-    got = attend(q, k, v, chunks, spec=AttentionSpec(), scheme=pos, key_padding_mask=pad if padded else None,
+    got = attend(q, HeldKeys(k, v, pad if padded else None), chunks, spec=AttentionSpec(), scheme=pos,
                  positions=positions)
     center = 1024
     expected = torch.empty(B, H, T, D, dtype=torch.float64)
@@ -102,11 +102,11 @@ def test_bad_random_positions_are_explained():
         build_lex_model(random_positions=16, tokens_per_sample=32)
     with pytest.raises(ValueError, match="needs --max-target-positions >= 512"):
         build_lex_model(pos_emb="learned", random_positions=512, tokens_per_sample=32, max_target_positions=64)
-    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, attend, plan
+    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, attend, plan
 
     x = torch.randn(1, 1, 2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="too far apart"):
-        attend(x, x, x, plan(AttentionWindow.full(), q_len=2), spec=AttentionSpec(), scheme=XPos(16),
+        attend(x, HeldKeys(x, x), plan(AttentionWindow.full(), q_len=2), spec=AttentionSpec(), scheme=XPos(16),
                positions=torch.tensor([[0, 20000]]))
 
 

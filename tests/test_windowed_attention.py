@@ -156,7 +156,7 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     """A generation step's one query over a long cache (on CPU in fp32: keys and values re-laid (D, S), two
     matrix-vector products) equals float64 softmax attention, with an ALiBi bias and padded keys too; the layout survives
     growth and a beam reorder (which keeps the selected rows), and goes back for several queries."""
-    from lex_plugin.modules.attention import KeyValueCache, attend, kv_cache, plan
+    from lex_plugin.modules.attention import HeldKeys, KeyValueCache, attend, kv_cache, plan
     from lex_plugin.modules.positions import ALiBi, NoPositions
 
     monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 100)
@@ -167,21 +167,21 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
     cache = KeyValueCache(AttentionSpec(window))
     cache.append(k[:, :, :70], v[:, :, :70])
-    assert cache.view(queries=1)[0].stride(-1) == 1  # 70 keys: below the threshold, SDPA's layout
+    assert cache.held(queries=1).keys.stride(-1) == 1  # 70 keys: below the threshold, SDPA's layout
     for a in range(70, S, 70):  # grows 140 -> 420 rows, feature-major from 140 keys on
         cache.append(k[:, :, a : a + 70], v[:, :, a : a + 70])
-        keys, values, _ = cache.view(queries=1)
+        keys, values = cache.held(queries=1).keys, cache.held(queries=1).values
         assert keys.stride(-2) == 1 and values.stride(-2) == 1 and torch.equal(keys, k[:, :, : a + 70])
     order = torch.tensor([2, 0])
     cache.reorder(order)
-    keys, values, _ = cache.view()
+    keys, values = cache.held().keys, cache.held().values
     assert keys.stride(-2) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
     q = torch.randn(2, H, 1, D)
     pad = torch.zeros(2, S, dtype=torch.bool)
     pad[1, :57] = True  # a left-padded prompt
     chunks = plan(window, q_start=S - 1, q_len=1, has_bias=bias, padded=padded)
-    got = attend(q, keys, values, chunks, spec=AttentionSpec(window), scheme=scheme, q_start=S - 1, center=0,
-                 key_padding_mask=pad if padded else None, feature_major=True)
+    held = HeldKeys(keys, values, pad if padded else None, center=0, feature_major=True)
+    got = attend(q, held, chunks, spec=AttentionSpec(window), scheme=scheme, q_start=S - 1)
     logits = q.double() @ k[order].double().transpose(-1, -2) / math.sqrt(D)
     if bias:
         logits = logits + torch.tensor(alibi_slopes(H), dtype=torch.float64)[:, None, None] * -torch.arange(
@@ -190,7 +190,7 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
         logits = logits.masked_fill(pad[:, None, None, :], float("-inf"))
     expected = torch.softmax(logits, dim=-1) @ v[order].double()
     assert (got.double() - expected).abs().max() <= 1e-5
-    keys, values, _ = cache.view(queries=2)
+    keys, values = cache.held(queries=2).keys, cache.held(queries=2).values
     assert keys.stride(-1) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
 
 
@@ -202,7 +202,7 @@ def test_half_precision_caches_stay_sequence_major(monkeypatch):
     monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 1)
     cache = KeyValueCache(AttentionSpec())
     cache.append(torch.randn(1, 2, 5, 8, dtype=torch.bfloat16), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16))
-    assert cache.view(queries=1)[0].stride(-1) == 1
+    assert cache.held(queries=1).keys.stride(-1) == 1
 
 
 @pytest.mark.parametrize("pos_emb", ["xpos", "alibi"])
@@ -355,7 +355,8 @@ def test_a_beam_reorder_moves_the_padding_with_the_keys():
     cache.append(k, v, pad)
     order = torch.tensor([1, 1, 0])
     cache.reorder(order)
-    keys, values, padding = cache.view()
+    held = cache.held()
+    keys, values, padding = held.keys, held.values, held.padding
     assert torch.equal(keys, k[order]) and torch.equal(values, v[order]) and torch.equal(padding, pad[order])
 
 

@@ -37,7 +37,7 @@ Notation (shape comments and names in this module):
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -47,6 +47,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
+from .kv_cache import HeldKeys
 from .planner import Chunk
 from .position_map import PositionMap
 from .temperature import logn_scale
@@ -65,45 +66,34 @@ Observer = Callable[[Tensor, Tensor, Tensor], None]
 
 def attend(
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    held: HeldKeys,
     chunks: List[Chunk],
     *,
     spec: AttentionSpec,
     scheme: PositionScheme,
     q_start: int = 0,
-    k_start: int = 0,
-    center: Optional[int] = None,
-    key_padding_mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     observer: Optional[Observer] = None,
-    sinks: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None,
     positions: Optional[Tensor] = None,
-    feature_major: bool = False,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
 
     Args:
-        q: (B, H, T, D) queries at positions q_start .. q_start + T - 1.
-        k, v: (B, H, S, D) keys and values at positions k_start .. q_start + T - 1.
-        chunks: ``plan(spec.window, q_start=q_start, q_len=T, k_start=k_start, ...)``.
+        q: (B, H, T, D) queries at positions q_start .. q_start + T - 1, rotated at ``held.center`` if it is set.
+        held: the keys and values (B, H, S, D) at positions held.start .. q_start + T - 1 and what attention must
+            know about them (:class:`~.kv_cache.HeldKeys`: padding, whether and where they are rotated, the sinks,
+            the layout): ``HeldKeys(k, v, padding)`` for a parallel pass, ``KeyValueCache.held`` for a cache.
+            A padded query still sees itself (``see_self``), so no softmax row is empty; the loss ignores those rows.
+            Feature-major keys (a cache laid out for one query) run a one-query chunk as two matrix-vector products.
+        chunks: ``plan(spec.window, q_start=q_start, q_len=T, k_start=held.start, ...)``.
         spec: the window the plan was made for (explicit masks are built from it) and the RoPE scaling
             the scheme rotates with.
         scheme: the position scheme (rotation and / or bias; a no-op for NoPE and absolute schemes).
-        center: None: q and k are raw and each chunk rotates them; an int: both already carry the scheme's
-            rotation at this centre (a generation cache's, ``KeyValueCache.center``).
-        key_padding_mask: (B, S) bool, True at padding, or None. A padded query still sees itself
-            (``see_self``), so no softmax row is empty; those rows are ignored by the loss.
         dropout_p: attention dropout.
         observer: called once per chunk (per window for windows chunks) with the fp32 pre-softmax
             logits, the distances n - m and the visibility mask.
-        sinks: (keys, values, padding): keys and values (B, H, s, D) of positions 0 .. s - 1 before rotation,
-            s <= the window's sinks, and their (B, s) padding or None; default the first keys, values and
-            padding of ``k``, ``v``, ``key_padding_mask`` (a pass that starts at position 0).
         positions: (B, T) int64 strictly increasing position ids of each sample's queries and keys
             (randomized positions at training), or None: positions q_start ..; full attention, no cache.
-        feature_major: k and v are views of (B, H, D, S) memory (``KeyValueCache`` laid out for one
-            query): a one-query chunk then runs as two matrix-vector products.
 
     Under ``torch.autocast`` (``modules.autocast``) q, k and v are cast to its dtype and attention runs with
     autocast off, exactly as in a model of that dtype: rotation and biases in fp32, softmax statistics in fp32.
@@ -118,16 +108,17 @@ def attend(
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
         with torch.autocast(q.device.type, enabled=False):  # (a cache's sink keys already hold its dtype)
-            return attend(q.to(dtype), k.to(dtype), v.to(dtype), chunks, spec=spec, scheme=scheme, q_start=q_start,
-                          k_start=k_start, center=center, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                          observer=observer, sinks=sinks, positions=positions, feature_major=feature_major)
+            cast = replace(held, keys=held.keys.to(dtype), values=held.values.to(dtype))
+            return attend(q.to(dtype), cast, chunks, spec=spec, scheme=scheme, q_start=q_start, dropout_p=dropout_p,
+                          observer=observer, positions=positions)
     if spec.logn:
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
         visible = spec.window.visible_keys(torch.arange(q_start, q_start + q.size(2), device=q.device))
         q = (q.float() * logn_scale(visible, spec.logn)[:, None]).to(q.dtype)  # one rounding, the factor exact in fp32
-    run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, k_start, center, key_padding_mask,
-               dropout_p, observer, feature_major)
+    k, v, center, sinks = held.keys, held.values, held.center, held.sinks
+    run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, held.start, center, held.padding,
+               dropout_p, observer, held.feature_major)
     if spec.position_map is not None:
         if center is not None or positions is not None:
             raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
@@ -141,10 +132,10 @@ def attend(
                          "its attention with local_positions=False (no batched windows).")
     if run.window.sinks:
         if sinks is None:
-            if center is not None or k_start:
+            if center is not None or held.start:
                 raise ValueError("attention with sink tokens over a cache needs the cache's un-rotated sink keys.")
             s = run.window.sinks
-            sinks = (k[:, :, :s], v[:, :, :s], None if key_padding_mask is None else key_padding_mask[:, :s])
+            sinks = (k[:, :, :s], v[:, :, :s], None if held.padding is None else held.padding[:, :s])
         outs = [run.with_sinks(chunk, *sinks) for chunk in chunks]
     else:
         outs = [run.blocks(chunk) if chunk.blocks else run.dense(chunk) for chunk in chunks]

@@ -18,7 +18,7 @@ generation step's single query over at least ``FEATURE_MAJOR_KEYS`` keys on CPU 
 (B, H, D, cap) in memory: the step's two matrix-vector products (``executor``) then read keys and values
 as long contiguous rows, at about the memory bandwidth. ``view(queries)`` re-lays the buffers when the
 kind of reader changes (once when generation starts after a chunked prefill; back if several queries
-come again); ``view`` always gives (B, H, T, D) views.
+come again); ``held`` always gives (B, H, T, D) views.
 
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
@@ -28,15 +28,42 @@ with attention sinks, the first k keys and values un-rotated (``sinks``: they ar
 virtual place at every use).
 """
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["KeyValueCache"]
+__all__ = ["HeldKeys", "KeyValueCache"]
 
 MIN_CAPACITY = 64
 FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md, fourth run)
+
+
+@dataclass(frozen=True)
+class HeldKeys:
+    """The keys and values attention reads, and what it must know about them, in one frozen value: a parallel
+    pass's (``HeldKeys(k, v, padding)``) or a generation cache's (:meth:`KeyValueCache.held`), handed to
+    ``executor.attend`` whole.
+
+    Attributes:
+        keys, values: (B, H, S, D) at positions start .. start + S - 1.
+        padding: (B, S) bool, True at padding, or None (no held key is padding).
+        start: the position of the first key.
+        center: the centre the keys (and the queries read against them) are rotated at; None: raw, each chunk
+            rotates them (a parallel pass; a cache under a position map).
+        sinks: (keys, values, padding) of the sink positions 0 .. s - 1, keys raw, padding (B, s) or None; None: the
+            first keys of ``keys`` (a pass that starts at position 0).
+        feature_major: keys and values are views of (B, H, D, S) memory (a cache laid out for one query).
+    """
+
+    keys: Tensor
+    values: Tensor
+    padding: Optional[Tensor] = None
+    start: int = 0
+    center: Optional[int] = None
+    sinks: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
+    feature_major: bool = False
 
 
 class KeyValueCache:
@@ -130,8 +157,10 @@ class KeyValueCache:
             self._pad[:, rows] = False if key_padding_mask is None else key_padding_mask
         self._length += tokens
 
-    def view(self, queries: Optional[int] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        """(keys (B, H, length, D), values, padding (B, length) or None): views, no copy.
+    def held(self, queries: Optional[int] = None) -> HeldKeys:
+        """What attention reads now, in one frozen value: the live keys and values (views, no copy), their
+        padding (None when none is padding), the first position, the centre (None: raw keys), the sinks and the
+        layout.
 
         Args:
             queries: how many new queries will read the views, to lay the buffers out for them (module
@@ -147,7 +176,10 @@ class KeyValueCache:
                 self._move(self._k, self.capacity, True)
         live = slice(self._offset, self._offset + self._length)
         pad = None if self._pad is None else self._pad[:, live]
-        return self._k[:, :, live], self._v[:, :, live], pad
+        if pad is not None and not bool(pad.any()):
+            pad = None
+        return HeldKeys(self._k[:, :, live], self._v[:, :, live], pad, self.start, None if self.raw else self.center,
+                        self.sinks, self.feature_major)
 
     def drop_before(self, position: int) -> None:
         """Forget keys at positions < ``position`` (no copy)."""

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..autocast import autocast_dtype
 from ..positions.scheme import NoPositions, PositionScheme
 from .executor import Observer, attend
-from .kv_cache import KeyValueCache
+from .kv_cache import HeldKeys, KeyValueCache
 from .planner import dense_query_limit, plan
 from .spec import FULL_SPEC, AttentionSpec
 
@@ -143,8 +143,8 @@ class LexSelfAttention(nn.Module):
         if cache is None or cache.end == 0:
             chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
                                 observer=observer)
-            out = attend(q, k, v, chunks, spec=spec, scheme=scheme, key_padding_mask=key_padding_mask,
-                         dropout_p=dropout_p, observer=observer, positions=positions)
+            out = attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=spec, scheme=scheme, dropout_p=dropout_p,
+                         observer=observer, positions=positions)
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -180,15 +180,11 @@ class LexSelfAttention(nn.Module):
             first = cache.end
             pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
             qr = cache.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad)
-            keys, values, kpm = cache.view(queries=b - a)
-            if kpm is not None and not bool(kpm.any()):
-                kpm = None
-            chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=cache.start,
-                                key_padding_mask=kpm, observer=observer)
-            center = None if cache.raw else cache.center
-            outs.append(attend(qr, keys, values, chunks, spec=spec, scheme=scheme, q_start=first, k_start=cache.start,
-                               center=center, key_padding_mask=kpm, dropout_p=dropout_p, observer=observer,
-                               sinks=cache.sinks, feature_major=cache.feature_major))
+            held = cache.held(queries=b - a)
+            chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=held.start,
+                                key_padding_mask=held.padding, observer=observer)
+            outs.append(attend(qr, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
+                               observer=observer))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
