@@ -23,7 +23,9 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import METHODS, PROBES, PROFILES, RUNS, ReproduceError, profile_flags, reproduce
+from lex_plugin.evaluation.reproduce import (METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
+                                             reproduce)
+from lex_plugin.options import parse_int_list, parse_name_list
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,11 +69,11 @@ def main(ctx, **params):
         given = {k for k in params if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
         params.update({k: v for k, v in PROFILES[params["profile"]].items() if k not in given})
     p = params
-    runs = [r.strip() for r in p["run_names"].split(",") if r.strip()]
+    runs = parse_name_list(p["run_names"], "--runs")
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         raise click.BadParameter(f"unknown runs {unknown}; choose from {', '.join(RUNS)}", param_hint="--runs")
-    methods = [m.strip() for m in p["method_names"].split(",") if m.strip()]
+    methods = parse_name_list(p["method_names"], "--methods")
     unknown = [m for m in methods if m not in METHODS and m not in PROBES]
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
@@ -79,18 +81,18 @@ def main(ctx, **params):
     l, max_update = p["training_length"], p["max_update"]
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
-    lengths = (sorted({int(x) for x in p["lengths"].split(",")}) if p["lengths"]
-               else [l * 2 ** i for i in range(p["longest"].bit_length()) if 2 ** i <= p["longest"]])
+    try:
+        lengths = (sorted(set(parse_int_list(p["lengths"], "--lengths"))) if p["lengths"]
+                   else [l * 2 ** i for i in range(p["longest"].bit_length()) if 2 ** i <= p["longest"]])
+        budgets = sorted(set(parse_int_list(str(p["budgets"]), "--budgets")))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     if l not in lengths or min(lengths) < l:
         raise click.BadParameter(f"--lengths must include the training length {l} and nothing shorter", param_hint="--lengths")
     if p["eval_tokens"] < max(lengths):
         raise click.BadParameter(f"--eval-tokens {p['eval_tokens']} is shorter than the longest length {max(lengths)}",
                                  param_hint="--eval-tokens")
-    try:
-        budgets = sorted({int(b) for b in str(p["budgets"]).split(",") if b.strip()})
-    except ValueError:
-        raise click.BadParameter(f"{p['budgets']!r}: give comma-separated update counts", param_hint="--budgets") from None
-    if budgets and (budgets[0] < 1 or budgets[-1] >= max_update):
+    if budgets and budgets[-1] >= max_update:
         raise click.BadParameter(f"budgets {budgets} must lie in 1..{max_update - 1}: the last checkpoint "
                                  f"(--max-update {max_update}) is always evaluated; give --budgets with --max-update",
                                  param_hint="--budgets")
@@ -104,9 +106,10 @@ def main(ctx, **params):
             check_autocast(device, torch.bfloat16, torch.float32)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--bf16-autocast") from None
-    o = dict(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
-             seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"], resolution_texts=p["resolution_texts"],
-             methods=methods, passkey_trials=p["passkey_trials"], budgets=budgets, bf16_autocast=p["bf16_autocast"])
+    o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
+                         seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
+                         resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
+                         budgets=budgets, bf16_autocast=p["bf16_autocast"])
     try:
         reproduce(Path(p["work"]), o, runs, p["corpus"], p["data_bin"])
     except ReproduceError as e:

@@ -141,7 +141,7 @@ def test_missing_numbers_give_no_verdict():
 
 
 def test_commands_load_this_repository_plugin(tmp_path):
-    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+    o = reproduce.ReproduceOptions(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
              eval_tokens=512, resolution_texts=2)
     train = reproduce.train_command(tmp_path, tmp_path / "ckpt", ["--pos-emb", "xpos"], o)
     evaluate = reproduce.eval_command(tmp_path, tmp_path / "c.pt", LENGTHS, ["full", "bca"], tmp_path / "r.json", o)
@@ -154,7 +154,7 @@ def test_commands_load_this_repository_plugin(tmp_path):
 
 
 def test_method_and_passkey_commands(tmp_path):
-    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
+    o = reproduce.ReproduceOptions(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=LENGTHS,
              eval_tokens=512, resolution_texts=2, passkey_trials=3)
     sinks = reproduce.method_command(tmp_path, tmp_path / "c.pt", "sliding_sinks", tmp_path / "r.json", o)
     assert sinks[sinks.index("--eval-windows") + 1] == "sliding" and sinks[sinks.index("--sink-tokens") + 1] == 4
@@ -524,6 +524,6 @@ def _recorded_steps(tmp_path, monkeypatch, methods, record):
     monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
     data.mkdir()
     (data / "dict.txt").write_text("")
-    o = dict(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
+    o = reproduce.ReproduceOptions(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
              eval_tokens=512, resolution_texts=2, methods=list(methods))
     return work, data, o, announced

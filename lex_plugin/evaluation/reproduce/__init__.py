@@ -12,12 +12,9 @@ and ``lex passkey`` at l..8l (:func:`passkey_command`). :func:`write_results` tu
 Tables 2-5 in shape, a table per method, the passkey accuracies, the claims check, plots and a JSON of
 everything.
 
-The options dict ``o`` every function here takes holds: ``arch``, ``training_length`` (l), ``max_update``,
-``batch_size``, ``lr``, ``seed``, ``lengths`` (sorted evaluation lengths, l among them), ``eval_tokens``,
-``resolution_texts``, ``methods`` (names from :data:`METHODS` and ``passkey``; optional, default none),
-``passkey_trials`` (optional, default 10), ``budgets`` (optional: updates below ``max_update`` at which each
-run stops, keeps ``checkpoint_uN.pt`` and is evaluated, then resumes the same schedule) and ``bf16_autocast``
-(optional: train under bf16 autocast). :data:`PROFILES` names whole settings (``--profile``).
+Every function here takes the options as one frozen value, ``o``: :class:`~.options.ReproduceOptions` (the model,
+l, the budget and optimizer, the evaluation lengths and tokens, the methods and probes, the snapshot budgets, bf16
+autocast). :data:`PROFILES` names whole settings (``--profile``).
 """
 
 import json
@@ -34,6 +31,7 @@ from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, 
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
                        longppl_command, method_command, passkey_command, passkey_data_command, prepare_command,
                        resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
+from .options import ReproduceOptions
 from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
 from .tables import (check_claims, check_magnitudes, far_context, flat_and_retrieving, markdown_babilong, markdown_budgets,
@@ -45,7 +43,7 @@ __all__ = [
     "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_magnitudes", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
-    "PROFILES", "profile_flags",
+    "PROFILES", "ReproduceOptions", "profile_flags",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command",
     "answer_finetune_command", "babilong_command", "babilong_data_command", "longppl_command",
@@ -53,7 +51,7 @@ __all__ = [
 ]
 
 
-def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
+def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
     """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
     method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
     randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
@@ -64,7 +62,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     Returns:
         The text of tables.md.
     """
-    l = o["training_length"]
+    l = o.training_length
     reports, resolution, passkey, ruler, longppl, babilong = {}, {}, {}, {}, {}, {}
     for name in runs:
         rdir = work / "runs" / name
@@ -93,15 +91,15 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         for name, rep in passkey.get(probe, {}).items():
             tuned.setdefault(name, {"results": []})["results"].extend(rep["results"])
     ppl = ppl_table(reports)
-    # the snapshots of each run (o["budgets"]) and its last checkpoint: {run: {updates: {window: {length: ppl}}}}
+    # the snapshots of each run (o.budgets) and its last checkpoint: {run: {updates: {window: {length: ppl}}}}
     budgets = {}
     for name in runs:
-        snaps = {b: json.loads(p.read_text()) for b in o.get("budgets", [])
+        snaps = {b: json.loads(p.read_text()) for b in o.budgets
                  if (p := work / "runs" / name / f"length_report_u{b}.json").exists()}
         if snaps:
             budgets[name] = {b: ppl_table({name: rep}).get(name, {}) for b, rep in snaps.items()}
             if name in ppl:
-                budgets[name][o["max_update"]] = {w: row for w, row in ppl[name].items() if w in ("full", "sliding", "bca")}
+                budgets[name][o.max_update] = {w: row for w, row in ppl[name].items() if w in ("full", "sliding", "bca")}
     for name in runs:  # each method's report holds one window: file it under the method's name
         for method in METHODS:
             path = work / "runs" / name / f"method_{method}.json"
@@ -113,19 +111,19 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
                     if n in runs and f"{base}_random" in runs]
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
-    claims = check_claims(ppl, resolution, l, o["lengths"])
+    claims = check_claims(ppl, resolution, l, o.lengths)
     flat = (flat_and_retrieving(ppl, tuned, [n for n in runs if n in METHOD_RUNS], l,
-                                o["lengths"]) if methods else [])
-    magnitudes = check_magnitudes(ppl, l, o["lengths"], budgets, o["batch_size"] * l)
+                                o.lengths) if methods else [])
+    magnitudes = check_magnitudes(ppl, l, o.lengths, budgets, o.batch_size * l)
     verdicts = far_context(longppl, babilong, l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
     ab_lengths = [l, 8 * l]
     parts = [
-        f"Training length l = {l}, {o['arch']}, {o['max_update']} updates x {o['batch_size']} x {l} tokens = "
-        f"{o['max_update'] * o['batch_size'] * l:,} training tokens per model; test: first {o['eval_tokens']:,} tokens "
+        f"Training length l = {l}, {o.arch}, {o.max_update} updates x {o.batch_size} x {l} tokens = "
+        f"{o.max_update * o.batch_size * l:,} training tokens per model; test: first {o.eval_tokens:,} tokens "
         "of the test split, cut into non-overlapping windows of each length (every token scored once per length).",
         "", "### Table 2 shape: perplexity by length, each window", "",
-        markdown_ppl(ppl, main, ["full", "sliding", "bca"], o["lengths"], l),
+        markdown_ppl(ppl, main, ["full", "sliding", "bca"], o.lengths, l),
         "", "### Table 3 shape: attention resolution R(s), mean over layers", "",
         markdown_resolution(resolution, [n for n in runs if n in resolution], [l, 2 * l]),
         "", "### Table 4 shape: xPos ablations at l and 8l", "",
@@ -133,16 +131,16 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
         "", "### Table 5 shape: attention window at 4l and 16l", "",
         markdown_ppl(ppl, main, ["full", "sliding", "bca"], [l, 4 * l, 16 * l], l),
         *(["", "### Extrapolation against training tokens: snapshots of each run", "",
-            markdown_budgets(budgets, main, ["full", "sliding", "bca"], o["lengths"], l, o["batch_size"] * l)]
+            markdown_budgets(budgets, main, ["full", "sliding", "bca"], o.lengths, l, o.batch_size * l)]
           if budgets else []),
         *(["", "### Magnitudes: ppl(kl) / ppl(l) beside the paper's (Table 2, PG22, l = 1024) and the targets at 16l", "",
             markdown_magnitudes(magnitudes)] if magnitudes else []),
         *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
-            markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o["lengths"], l)] if random_pairs else []),
+            markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o.lengths, l)] if random_pairs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
-            markdown_methods(ppl, runs, methods, o["lengths"], l)] if methods else []),
+            markdown_methods(ppl, runs, methods, o.lengths, l)] if methods else []),
         *(["", "### Flat and retrieving: perplexity ratio against passkey accuracy at 8l (after fine-tuning)", "",
-            markdown_flat_and_retrieving(flat, l, max(o["lengths"]))] if flat else []),
+            markdown_flat_and_retrieving(flat, l, max(o.lengths))] if flat else []),
         *(["", "### Passkey retrieval: accuracy (mean over depths 0.1..0.9; chance 0.10)", "",
             markdown_passkey(passkey["passkey"], runs, l)] if "passkey" in passkey else []),
         *(["", f"### Passkey retrieval after fine-tuning on the probe's format ({PASSKEY_FINETUNE['updates']} updates "
@@ -168,7 +166,7 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
     text = "\n".join(parts) + "\n"
     (work / "tables.md").write_text(text)
     (work / "results.json").write_text(json.dumps(
-        {"options": o, "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
+        {"options": o.as_json(), "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
          "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
          **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
          **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
@@ -182,18 +180,18 @@ def write_results(work: Path, o: dict, runs: Sequence[str]) -> str:
          "wall_seconds": progress}, indent=1))
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
-                 f"{o['arch']}, l = {l}, {o['max_update'] * o['batch_size'] * l / 1e6:.2f}M training tokens: test ppl vs length")
+                 f"{o.arch}, l = {l}, {o.max_update * o.batch_size * l / 1e6:.2f}M training tokens: test ppl vs length")
     if methods:
         plot_ppl(ppl, [n for n in runs if n in METHOD_RUNS], methods, l, work / "methods_vs_length.png",
                  f"evaluation-time methods on the same checkpoints (l = {l})", {m: METHODS[m][2] for m in methods})
     if flat:
-        plot_flat_and_retrieving(flat, l, max(o["lengths"]), work / "flat_and_retrieving.png")
+        plot_flat_and_retrieving(flat, l, max(o.lengths), work / "flat_and_retrieving.png")
     if budgets:
-        plot_budgets(budgets, main, ["full", "bca"], o["lengths"], l, o["batch_size"] * l, work / "ratio_vs_tokens.png",
-                     f"{o['arch']}, l = {l}: perplexity ratio against training tokens")
+        plot_budgets(budgets, main, ["full", "bca"], o.lengths, l, o.batch_size * l, work / "ratio_vs_tokens.png",
+                     f"{o.arch}, l = {l}: perplexity ratio against training tokens")
     if random_pairs:
         plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
-                 f"trained with and without randomized positions (L_max = {max(o['lengths'])}, l = {l})")
+                 f"trained with and without randomized positions (L_max = {max(o.lengths)}, l = {l})")
     return text
 
 
@@ -235,12 +233,12 @@ def _train_to(run: Runner, key: str, cmd: list, log: Path, stamp: Path, ckpt: Pa
     run(key, cmd, log, stamp, stamp=True, then=keep)
 
 
-def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
+def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
     """Every step of the reproduction, skipping the finished ones: check and record the options
     (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
     evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
     8l under full / BCA), measure resolution at l and 2l under full attention and BCA, and on the
-    :data:`METHOD_RUNS` checkpoints run ``o["methods"]`` (RoPE scaling on rotary schemes only), rewriting the results
+    :data:`METHOD_RUNS` checkpoints run ``o.methods`` (RoPE scaling on rotary schemes only), rewriting the results
     (:func:`write_results`) after each run. Prints each step, then the tables and where they are.
 
     Args:
@@ -258,12 +256,12 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             finished step).
     """
     check_options(work, o)
-    l, lengths = o["training_length"], o["lengths"]
+    l, lengths = o.training_length, o.lengths
     data = data_bin or work / "data-bin"
     ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
 
     passkey_bin = work / "passkey-bin"
-    run_methods = {n: methods_of(n, o.get("methods", [])) for n in runs}
+    run_methods = {n: methods_of(n, o.methods) for n in runs}
     tuned_runs = [n for n in runs if any(m.startswith("passkey_finetuned") for m in run_methods[n])]
 
     def steps_of(method: str) -> int:  # a probe after fine-tuning: the fine-tuning (once, then "done") and its probes
@@ -273,9 +271,9 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             return 1
         return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
 
-    budgets = sorted(o.get("budgets", []))
-    if budgets and budgets[-1] >= o["max_update"]:
-        raise ReproduceError(f"budgets {budgets} must be below --max-update {o['max_update']} (the last checkpoint "
+    budgets = sorted(o.budgets)
+    if budgets and budgets[-1] >= o.max_update:
+        raise ReproduceError(f"budgets {budgets} must be below --max-update {o.max_update} (the last checkpoint "
                              "is the last budget).")
     steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + 2 * len(budgets) + sum(map(steps_of, run_methods[n])) for n in runs)
              + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
@@ -302,7 +300,7 @@ def reproduce(work: Path, o: dict, runs: Sequence[str], corpus: Path, data_bin: 
             run(f"eval {name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
                 rdir / f"eval_u{budget}.log", report)
         _train_to(run, f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done",
-                  ckpt, o["max_update"])
+                  ckpt, o.max_update)
         run(f"eval {name}", eval_command(data, ckpt, run_lengths, windows, rdir / "length_report.json", o), rdir / "eval.log",
             rdir / "length_report.json")
         for w in ("full", "bca"):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR, fairseq_train_command
+from .options import ReproduceOptions
 from .catalogue import (BABILONG_FINETUNE, BABILONG_PROBE, LONGPPL_PROBE, METHODS, PASSKEY_FINETUNE, PROBE_WINDOWS, RULER_FINETUNE,
                         RULER_PROBE)
 
@@ -27,84 +28,84 @@ def prepare_command(corpus: Path, data: Path) -> List:
     return [sys.executable, "-m", "lex_plugin.cli", "prepare", corpus, data, "--workers", os.cpu_count() or 1]
 
 
-def train_command(data: Path, save_dir: Path, run_args: List[str], o: dict, updates: Optional[int] = None) -> List:
-    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o["training_length"]`` into
+def train_command(data: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions, updates: Optional[int] = None) -> List:
+    """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o.training_length`` into
     ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget and optimizer for every run, no
-    validation; under bf16 autocast when ``o["bf16_autocast"]`` (fp32 weights and optimizer state).
+    validation; under bf16 autocast when ``o.bf16_autocast`` (fp32 weights and optimizer state).
 
     Args:
-        updates: stop after this many updates of the ``o["max_update"]``-update schedule (a snapshot budget:
-            resuming with a larger ``updates`` continues the same run); default ``o["max_update"]``.
+        updates: stop after this many updates of the ``o.max_update``-update schedule (a snapshot budget:
+            resuming with a larger ``updates`` continues the same run); default ``o.max_update``.
     """
-    total = o["max_update"]
-    return fairseq_train_command(data, save_dir, arch=o["arch"], model_args=run_args, tokens_per_sample=o["training_length"],
-                                 batch_size=o["batch_size"], lr=o["lr"], updates=updates or total,
+    total = o.max_update
+    return fairseq_train_command(data, save_dir, arch=o.arch, model_args=run_args, tokens_per_sample=o.training_length,
+                                 batch_size=o.batch_size, lr=o.lr, updates=updates or total,
                                  warmup=max(1, total // 8), break_mode="none", save_interval_updates=max(1, min(100, total)),
-                                 log_interval=25, seed=o["seed"], total_updates=total,
-                                 extra=["--bf16-autocast"] if o.get("bf16_autocast") else [])
+                                 log_interval=25, seed=o.seed, total_updates=total,
+                                 extra=["--bf16-autocast"] if o.bf16_autocast else [])
 
 
-def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: dict,
+def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: ReproduceOptions,
                  extra: Sequence = ()) -> List:
-    """fairseq-eval-lm of ``ckpt`` over the first ``o["eval_tokens"]`` test tokens at each of ``lengths``
+    """fairseq-eval-lm of ``ckpt`` over the first ``o.eval_tokens`` test tokens at each of ``lengths``
     under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lm_infinite``), writing the length report JSON
     ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
     return [
         "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
-        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o["training_length"],
+        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o.training_length,
         "--sample-break-mode", "none", "--batch-size", 8, "--num-workers", 0,
         "--eval-lengths", ",".join(map(str, lengths)), "--eval-windows", ",".join(windows),
-        "--eval-tokens", o["eval_tokens"], "--report-json", report,
+        "--eval-tokens", o.eval_tokens, "--report-json", report,
         # fairseq's own pass over the whole split at l would cost minutes per model and duplicates the
         # length table's l row: let it see one shard of 1000 (it says how many tokens it evaluated).
         "--num-shards", 1000, "--shard-id", 0, *extra,
     ]
 
 
-def method_command(data: Path, ckpt: Path, method: str, report: Path, o: dict) -> List:
-    """fairseq-eval-lm of ``ckpt`` under one of :data:`METHODS` at every length of ``o["lengths"]`` (the
+def method_command(data: Path, ckpt: Path, method: str, report: Path, o: ReproduceOptions) -> List:
+    """fairseq-eval-lm of ``ckpt`` under one of :data:`METHODS` at every length of ``o.lengths`` (the
     same tokens as :func:`eval_command`), writing the length report JSON ``report``.
 
     Raises:
         KeyError: ``method`` is not in :data:`METHODS`."""
     window, extra, _, _ = METHODS[method]
-    return eval_command(data, ckpt, o["lengths"], [window], report, o, extra)
+    return eval_command(data, ckpt, o.lengths, [window], report, o, extra)
 
 
-def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:
     """``lex passkey-data``: :data:`PASSKEY_FINETUNE` ``samples`` prompts with their key, at most l / 2 - 8
     tokens each, filler from the training split of ``data`` (encoded as ``ckpt``'s hub encodes), into ``dest``."""
     return [sys.executable, "-m", "lex_plugin.cli", "passkey-data", data, dest, "--path", ckpt,
-            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o["training_length"] // 2 - 8]
+            "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o.training_length // 2 - 8]
 
 
-def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict) -> List:
+def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions) -> List:
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
     row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
     f = PASSKEY_FINETUNE
-    return fairseq_train_command(passkey_data, save_dir, arch=o["arch"], model_args=run_args,
-                                 tokens_per_sample=o["training_length"], batch_size=f["batch_size"], lr=f["lr"],
+    return fairseq_train_command(passkey_data, save_dir, arch=o.arch, model_args=run_args,
+                                 tokens_per_sample=o.training_length, batch_size=f["batch_size"], lr=f["lr"],
                                  updates=f["updates"], warmup=max(1, f["updates"] // 20), break_mode="eos",
-                                 log_interval=50, seed=o["seed"],
+                                 log_interval=50, seed=o.seed,
                                  extra=["--finetune-from-model", ckpt])
 
 
-def passkey_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True, extra: Sequence = (),
+def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, extra: Sequence = (),
                     lengths: Optional[Sequence[int]] = None, windows: Optional[Sequence[str]] = None) -> List:
     """``lex passkey`` of ``ckpt`` at ``lengths`` (default l, 2l, 4l and 8l), depths 0.1..0.9, under each of
     ``windows`` (default :func:`probe_windows`: full attention, BCA, the sliding window, Λ-shaped attention,
-    ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o["passkey_trials"]`` prompts per
+    ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o.passkey_trials`` prompts per
     cell (9 distractor keys), with the further ``lex passkey`` flags ``extra`` (``--logn``, a RoPE scaling),
     writing the JSON ``out`` and the heat map beside it (same name, .png). With ``--logn`` the default windows
     leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
-    l = o["training_length"]
+    l = o.training_length
     if not windows:
         windows = probe_windows(rotary)
         windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(map(str, lengths)), "--depths", "0.1,0.3,0.5,0.7,0.9",
-            "--windows", ",".join(windows), "--trials", o.get("passkey_trials", 10),
+            "--windows", ",".join(windows), "--trials", o.passkey_trials,
             "--json", out, "--plot", out.with_suffix(".png"), *extra]
 
 
@@ -114,68 +115,68 @@ def scaled_passkey_flags(method: str) -> List:
     return ["8" if f == "auto" else f for f in METHODS[method][1]]
 
 
-def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:
     """``lex ruler-data``: :data:`RULER_FINETUNE` ``samples`` prompts of every RULER-lite task with an answer, at
     most l - 1 tokens each, haystacks from the training split of ``data``, into ``dest``."""
     return [sys.executable, "-m", "lex_plugin.cli", "ruler-data", "--path", ckpt, data, dest,
-            "--samples", RULER_FINETUNE["samples"], "--max-length", o["training_length"] - 1]
+            "--samples", RULER_FINETUNE["samples"], "--max-length", o.training_length - 1]
 
 
-def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: dict,
+def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions,
                             recipe: dict) -> List:
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on a probe's data-bin of prompts with recorded
     answers (``lex ruler-data``, ``lex babilong-data``), one prompt per row at l, as :func:`finetune_command` does for
     the passkey data: ``recipe`` (:data:`RULER_FINETUNE`, :data:`BABILONG_FINETUNE`) gives the updates, batch and peak
     lr, and whether the loss is on the answers alone (``--answer-only-loss``)."""
-    return fairseq_train_command(answers_bin, save_dir, arch=o["arch"], model_args=run_args,
-                                 tokens_per_sample=o["training_length"], batch_size=recipe["batch_size"], lr=recipe["lr"],
+    return fairseq_train_command(answers_bin, save_dir, arch=o.arch, model_args=run_args,
+                                 tokens_per_sample=o.training_length, batch_size=recipe["batch_size"], lr=recipe["lr"],
                                  updates=recipe["updates"], warmup=max(1, recipe["updates"] // 20), break_mode="eos",
-                                 log_interval=50, seed=o["seed"], extra=["--finetune-from-model", ckpt,
+                                 log_interval=50, seed=o.seed, extra=["--finetune-from-model", ckpt,
                                                         *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 
-def ruler_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
     """``lex ruler`` of ``ckpt``: every task at l, 2l, 4l and 8l, :data:`RULER_PROBE`'s depths and trials, under
     :func:`probe_windows`, writing the JSON ``out`` and a heat map
     per task beside it (``out``'s name + ``_TASK.png``)."""
-    l = o["training_length"]
+    l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
             "--windows", ",".join(probe_windows(rotary)), "--trials", RULER_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png")]
 
 
-def longppl_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
     in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
-    p, l = LONGPPL_PROBE, o["training_length"]
+    p, l = LONGPPL_PROBE, o.training_length
     return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary)), out, o,
                         ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only"])
 
 
-def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: dict) -> List:
+def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:
     """``lex babilong-data``: :data:`BABILONG_FINETUNE` ``samples`` stories of its tasks with their answers, at most
     l - 1 tokens each, book text from the training split of ``data``, into ``dest``."""
     f = BABILONG_FINETUNE
     return [sys.executable, "-m", "lex_plugin.cli", "babilong-data", "--path", ckpt, data, dest, "--tasks", f["tasks"],
-            "--samples", f["samples"], "--max-length", o["training_length"] - 1, "--seed", o["seed"]]
+            "--samples", f["samples"], "--max-length", o.training_length - 1, "--seed", o.seed]
 
 
-def babilong_command(data: Path, ckpt: Path, out: Path, o: dict, rotary: bool = True) -> List:
+def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
     """``lex babilong`` of ``ckpt``: :data:`BABILONG_FINETUNE`'s tasks at :data:`BABILONG_PROBE`'s multiples of l,
     its trials per cell, under :func:`probe_windows`, on the test split, writing the JSON ``out`` and its heat map
     beside it (same name, .png)."""
-    l = o["training_length"]
+    l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "babilong", data, "--path", ckpt, "--tasks", BABILONG_FINETUNE["tasks"],
             "--lengths", ",".join(str(l * k) for k in BABILONG_PROBE["multiples"]),
             "--windows", ",".join(probe_windows(rotary)), "--trials", BABILONG_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png")]
 
 
-def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: dict) -> List:
-    """``lex resolution`` of ``ckpt`` at ``lengths`` over ``o["resolution_texts"]`` texts, with BCA when
+def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: ReproduceOptions) -> List:
+    """``lex resolution`` of ``ckpt`` at ``lengths`` over ``o.resolution_texts`` texts, with BCA when
     ``window`` is ``bca`` (else full attention), writing the JSON ``out``."""
     cmd = [sys.executable, "-m", "lex_plugin.cli", "resolution", data, "--path", ckpt,
-           "--lengths", ",".join(map(str, lengths)), "--texts", o["resolution_texts"], "--json", out]
+           "--lengths", ",".join(map(str, lengths)), "--texts", o.resolution_texts, "--json", out]
     return cmd + (["--bca"] if window == "bca" else [])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ...recipe import PLUGIN_DIR
+from .options import ReproduceOptions
 
 __all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time"]
 
@@ -90,7 +91,7 @@ OPTIONS_ADDED_LATER = {"bf16_autocast": False}
 MAY_DIFFER = ("methods", "budgets")
 
 
-def check_options(work: Path, o: dict) -> None:
+def check_options(work: Path, o: ReproduceOptions) -> None:
     """Record ``o`` in WORK/options.json (creating WORK), after checking that a run already there used the
     same options (``methods`` and ``budgets`` may differ: :data:`MAY_DIFFER`).
 
@@ -104,8 +105,8 @@ def check_options(work: Path, o: dict) -> None:
         # which methods run does not change the numbers of the others; an option a run directory predates is recorded
         # an option added since a directory was run had its default there
         before = {**OPTIONS_ADDED_LATER, **before}
-        changed = {k: (before[k], v) for k, v in o.items() if k not in MAY_DIFFER and k in before and before[k] != v}
+        changed = {k: (before[k], v) for k, v in o.as_json().items() if k not in MAY_DIFFER and k in before and before[k] != v}
         if changed:
             raise ReproduceError(f"{work} holds a run with other options {changed}: use another --work "
                                  "or remove it; mixing budgets would make the tables unequal.")
-    saved.write_text(json.dumps(o, indent=1))
+    saved.write_text(json.dumps(o.as_json(), indent=1))
