@@ -31,6 +31,7 @@ HF_NAMES = {
     "deepnorm": "deepnorm",
     "subln": "subln",
     "layernorm_embedding": "layernorm_embedding",
+    "qk_norm": "qk_norm",
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
@@ -51,6 +52,7 @@ class LexConfig(PretrainedConfig):
         attention: the default attention spec's ``AttentionOptions`` fields (name -> value; ``{}``: full
             attention as trained).
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
+        qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
         use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
@@ -80,6 +82,7 @@ class LexConfig(PretrainedConfig):
         deepnorm: bool = False,
         subln: bool = False,
         layernorm_embedding: bool = False,
+        qk_norm: bool = False,
         scale_embedding: bool = True,
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
@@ -109,6 +112,7 @@ class LexConfig(PretrainedConfig):
         self.deepnorm = deepnorm
         self.subln = subln
         self.layernorm_embedding = layernorm_embedding
+        self.qk_norm = qk_norm
         self.scale_embedding = scale_embedding
         self.dictionary_digest = dictionary_digest
         self.use_cache = use_cache

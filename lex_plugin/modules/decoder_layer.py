@@ -42,6 +42,7 @@ class LexDecoderLayer(nn.Module):
             dropout=config.attention_dropout,
             subln=config.subln,
             layernorm_eps=config.layernorm_eps,
+            qk_norm=bool(getattr(config, "qk_norm", False)),
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

@@ -11,6 +11,7 @@ import uuid
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..autocast import autocast_dtype
@@ -27,6 +28,11 @@ IncrementalState = Dict[str, object]
 NOPE = NoPositions()
 
 
+def _rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
+    """``norm`` over the last dimension of x, in fp32 (input and weight) whatever their dtypes; x's dtype back."""
+    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).to(x.dtype)
+
+
 class LexSelfAttention(nn.Module):
     """Causal self-attention for a decoder-only LM, with xPos on queries and keys (or another relative
     position: RoPE, an additive bias, none).
@@ -36,7 +42,10 @@ class LexSelfAttention(nn.Module):
         num_heads: H; C must be divisible by H.
         dropout: dropout on the attention probabilities (training only).
         subln: add TorchScale's ``inner_attn_ln`` (Magneto sub-LayerNorm) before ``out_proj``.
-        layernorm_eps: epsilon of that LayerNorm.
+        layernorm_eps: epsilon of that LayerNorm, and of QK-norm's RMSNorms.
+        qk_norm: QK-norm (OLMo 2, Gemma 3): each head's queries and keys go through an RMSNorm over the head
+            dimension d (one learned (d,) weight for queries, one for keys, shared by the heads; computed in fp32)
+            before the position scheme rotates them: q <- q / sqrt(mean(q^2) + eps) * w_q, the same for k.
 
     Raises:
         ValueError: C not divisible by H.
@@ -49,6 +58,7 @@ class LexSelfAttention(nn.Module):
         dropout: float = 0.0,
         subln: bool = False,
         layernorm_eps: float = 1e-5,
+        qk_norm: bool = False,
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -65,6 +75,8 @@ class LexSelfAttention(nn.Module):
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -131,6 +143,8 @@ class LexSelfAttention(nn.Module):
         """
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        if self.q_norm is not None:  # QK-norm, before any rotation; its statistics in fp32 whatever the model's dtype
+            q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
         dropout_p = self.dropout if self.training else 0.0
         cache = self.cache(incremental_state)
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):

@@ -1,0 +1,115 @@
+"""Designs a model is trained with (issue: trained to extrapolate): QK-norm so far.
+
+Each against a float64 reference written out here, gradients included, and through generation and the Hugging Face
+export."""
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
+from lex_plugin.modules.positions import XPos
+from lex_plugin.modules.positions.scheme import NoPositions
+
+L = 16  # training length of the windows
+
+
+def _qk_norm_reference(attn: LexSelfAttention, x: torch.Tensor, scheme, window: AttentionWindow) -> torch.Tensor:
+    """QK-norm attention in float64, written out: projections, RMSNorm of each head's q and k over d with the
+    learned weights, the position scheme, softmax(q k^T / sqrt(d)) under the window's mask, the output projection."""
+    B, T, C = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    x = x.double()
+
+    def heads(proj):
+        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
+
+    def rms(t, weight, eps):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+    q = rms(heads(attn.q_proj), attn.q_norm.weight, attn.q_norm.eps)
+    k = rms(heads(attn.k_proj), attn.k_norm.weight, attn.k_norm.eps)
+    v = heads(attn.v_proj)
+    if isinstance(scheme, XPos):
+        q, k = xpos_pair(scheme, q, k, 0)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+    logits = logits.masked_fill(~window_mask(window, T), float("-inf"))
+    out = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(B, T, C)
+    return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("scheme", [NoPositions(), XPos(16)], ids=["nope", "xpos"])
+@pytest.mark.parametrize("window,length", [(AttentionWindow.full(), L), (AttentionWindow.full(), 4 * L),
+                                           (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
+def test_qk_norm_equals_its_formula_in_float64_with_its_gradients(scheme, window, length):
+    torch.manual_seed(0)
+    attn = LexSelfAttention(64, 4, qk_norm=True)
+    with torch.no_grad():  # weights away from their initial ones, so that a missing weight shows
+        attn.q_norm.weight.uniform_(0.5, 2.0)
+        attn.k_norm.weight.uniform_(0.5, 2.0)
+    x = torch.randn(2, length, 64)
+    got = attn(x, scheme=scheme, spec=AttentionSpec(window))
+    expected = _qk_norm_reference(attn, x, scheme, window)
+    assert (got.double() - expected).abs().max() < 1e-5
+    # gradients of the two norm weights and of q_proj against float64 autograd of the formula
+    grad_out = torch.randn_like(got)
+    got.backward(grad_out)
+    mine = [attn.q_norm.weight.grad.clone(), attn.k_norm.weight.grad.clone(), attn.q_proj.weight.grad.clone()]
+    attn.zero_grad()
+    expected.backward(grad_out.double())
+    for a, b in zip(mine, [attn.q_norm.weight.grad, attn.k_norm.weight.grad, attn.q_proj.weight.grad]):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+
+
+def test_qk_norm_changes_the_logits_and_stays_off_by_default():
+    plain = build_lex_model(tokens_per_sample=L, seed=3)
+    normed = build_lex_model(tokens_per_sample=L, seed=3, qk_norm=True)
+    assert plain.decoder.layers[0].self_attn.q_norm is None
+    names = {n for n, _ in normed.named_parameters()} - {n for n, _ in plain.named_parameters()}
+    assert names == {f"decoder.layers.{i}.self_attn.{w}_norm.weight" for i in range(4) for w in "qk"}
+    tokens = random_tokens(plain.decoder.dictionary, 1, 20)
+    with torch.no_grad():
+        assert (plain(tokens)[0] - normed(tokens)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("window", [AttentionWindow.full(), AttentionWindow.bca(L)], ids=str)
+def test_qk_norm_generation_equals_the_parallel_forward(window):
+    model = build_lex_model(tokens_per_sample=L, qk_norm=True, pos_emb="xpos", seed=5)
+    view = model.under(AttentionSpec(window))
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=7)
+    with torch.no_grad():
+        parallel, _ = view(tokens)
+        state = {}
+        steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+        steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+    assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
+
+
+def test_qk_norm_is_recorded_and_exported():
+    """The fairseq model's config carries --qk-norm into the Hugging Face config, whose model gives the same logits."""
+    pytest.importorskip("transformers")
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+    from lex_plugin.models.lex_lm import LexLanguageModel
+
+    dictionary = Dictionary()
+    for i in range(50):
+        dictionary.add_symbol(f"w{i}")
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, qk_norm=True, decoder_layers=2)
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    model = LexLanguageModel.build_model(args, argparse.Namespace(source_dictionary=dictionary,
+                                                                  target_dictionary=dictionary)).eval()
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 2.0)
+    config = hf_config(args, dictionary, L)
+    assert config.qk_norm and config.decoder_config().qk_norm
+    hf = from_fairseq(model, config)
+    tokens = random_tokens(dictionary, 1, 3 * L)
+    with torch.no_grad():
+        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
