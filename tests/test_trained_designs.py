@@ -1,4 +1,4 @@
-"""Designs a model is trained with (issue: trained to extrapolate): QK-norm so far.
+"""Designs a model is trained with (issue: trained to extrapolate): QK-norm and Scalable-Softmax so far.
 
 Each against a float64 reference written out here, gradients included, and through generation and the Hugging Face
 export."""
@@ -89,7 +89,8 @@ def test_qk_norm_generation_equals_the_parallel_forward(window):
 
 
 def test_qk_norm_is_recorded_and_exported():
-    """The fairseq model's config carries --qk-norm into the Hugging Face config, whose model gives the same logits."""
+    """The fairseq model's config carries --qk-norm and --ssmax into the Hugging Face config, whose model gives the same
+    logits."""
     pytest.importorskip("transformers")
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY
@@ -100,16 +101,74 @@ def test_qk_norm_is_recorded_and_exported():
     dictionary = Dictionary()
     for i in range(50):
         dictionary.add_symbol(f"w{i}")
-    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, qk_norm=True, decoder_layers=2)
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, qk_norm=True, ssmax=True, decoder_layers=2)
     ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
     model = LexLanguageModel.build_model(args, argparse.Namespace(source_dictionary=dictionary,
                                                                   target_dictionary=dictionary)).eval()
     with torch.no_grad():
         for layer in model.decoder.layers:
             layer.self_attn.q_norm.weight.uniform_(0.5, 2.0)
+            layer.self_attn.ssmax.uniform_(0.2, 0.6)
     config = hf_config(args, dictionary, L)
-    assert config.qk_norm and config.decoder_config().qk_norm
+    assert config.qk_norm and config.decoder_config().qk_norm and config.ssmax and config.decoder_config().ssmax
     hf = from_fairseq(model, config)
     tokens = random_tokens(dictionary, 1, 3 * L)
     with torch.no_grad():
         assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+
+
+def _ssmax_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionWindow) -> torch.Tensor:
+    """SSMax attention in float64, written out (Nakanishi 2025, Eq. 3): softmax((s_h log n) q k^T / sqrt(d)) v,
+    n the keys query p sees under the window (counted here from its mask)."""
+    B, T, C = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    x = x.double()
+
+    def heads(proj):
+        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
+
+    mask = window_mask(window, T)
+    n = mask.sum(-1).double()  # (T,) keys each query sees
+    logits = (heads(attn.q_proj) @ heads(attn.k_proj).transpose(-1, -2)) / math.sqrt(d)
+    logits = logits * (attn.ssmax.double()[:, None, None] * torch.log(n)[None, :, None])
+    out = torch.softmax(logits.masked_fill(~mask, float("-inf")), -1) @ heads(attn.v_proj)
+    out = out.transpose(1, 2).reshape(B, T, C)
+    return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("window,length", [(AttentionWindow.full(), L), (AttentionWindow.full(), 4 * L),
+                                           (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
+def test_ssmax_equals_its_formula_in_float64_with_the_gradient_of_s(window, length):
+    torch.manual_seed(1)
+    attn = LexSelfAttention(64, 4, ssmax_length=L)
+    assert torch.allclose(attn.ssmax, torch.full((4,), 1 / math.log(L)))  # 1 at n = l
+    with torch.no_grad():
+        attn.ssmax.uniform_(0.2, 0.6)  # per head, away from the initial value
+    x = torch.randn(2, length, 64)
+    got = attn(x, spec=AttentionSpec(window))
+    expected = _ssmax_reference(attn, x, window)
+    assert (got.double() - expected).abs().max() < 1e-5
+    grad_out = torch.randn_like(got)
+    got.backward(grad_out)
+    mine = attn.ssmax.grad.clone()
+    attn.zero_grad()
+    expected.backward(grad_out.double())
+    assert torch.allclose(mine.double(), attn.ssmax.grad.double(), rtol=1e-4, atol=1e-6)
+
+
+def test_ssmax_generation_equals_the_parallel_forward_and_refuses_logn():
+    model = build_lex_model(tokens_per_sample=L, ssmax=True, qk_norm=True, pos_emb="xpos", seed=6)
+    assert {n for n, _ in model.named_parameters() if "ssmax" in n} == {f"decoder.layers.{i}.self_attn.ssmax" for i in range(4)}
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=8)
+    for window in (AttentionWindow.full(), AttentionWindow.bca(L)):
+        view = model.under(AttentionSpec(window))
+        with torch.no_grad():
+            parallel, _ = view(tokens)
+            state = {}
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, window
+    with pytest.raises(ValueError, match="--logn on an SSMax model"):
+        model.under(AttentionSpec(logn=L))
+    with pytest.raises(ValueError, match="needs the training length"):
+        build_lex_model(tokens_per_sample=None, ssmax=True)

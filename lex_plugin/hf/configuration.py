@@ -32,6 +32,7 @@ HF_NAMES = {
     "subln": "subln",
     "layernorm_embedding": "layernorm_embedding",
     "qk_norm": "qk_norm",
+    "ssmax": "ssmax",
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
@@ -53,6 +54,7 @@ class LexConfig(PretrainedConfig):
             attention as trained).
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
         qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
+        ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
         use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
@@ -83,6 +85,7 @@ class LexConfig(PretrainedConfig):
         subln: bool = False,
         layernorm_embedding: bool = False,
         qk_norm: bool = False,
+        ssmax: bool = False,
         scale_embedding: bool = True,
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
@@ -113,6 +116,7 @@ class LexConfig(PretrainedConfig):
         self.subln = subln
         self.layernorm_embedding = layernorm_embedding
         self.qk_norm = qk_norm
+        self.ssmax = ssmax
         self.scale_embedding = scale_embedding
         self.dictionary_digest = dictionary_digest
         self.use_cache = use_cache

@@ -63,6 +63,11 @@ class LexModelOptions(FairseqDataclass):
         default=False, metadata={"help": "tie the input embedding and the output projection"}
     )
     layernorm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
+    ssmax: bool = field(
+        default=False,
+        metadata={"help": "Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), n the keys a query sees, "
+                          "s_h learned, starting at 1 / log(l)"},
+    )
     qk_norm: bool = field(
         default=False,
         metadata={"help": "QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and keys before the position "
@@ -117,7 +122,8 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     for name in SCHEME_OPTIONS:
         setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
-    config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not a DecoderConfig field: an attribute, as pos_emb
+    config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not DecoderConfig fields: attributes, as pos_emb
+    config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 

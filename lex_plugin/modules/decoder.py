@@ -72,6 +72,7 @@ class DecoderStack:
         self.pos_emb = config.pos_emb
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
+        self.ssmax = bool(getattr(config, "ssmax", False))  # queries carry a learned s log(n): --logn is refused
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
         self._spec = self.check_spec(spec)
         self._autocast: Optional[torch.dtype] = None  # a view's (with_autocast); the model itself runs in its dtype
@@ -204,7 +205,7 @@ class DecoderStack:
             TypeError: not an :class:`AttentionSpec`.
             ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
-                not translation-invariant; log-n on learned positions.
+                not translation-invariant; log-n on learned positions or on an SSMax model.
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
@@ -231,6 +232,9 @@ class DecoderStack:
                                  "distances. Use rerope, self_extend or dca with bias schemes.")
             if not all(scheme.translation_invariant for scheme in self.positions):
                 raise ValueError(f"{name} needs a translation-invariant scheme (logits a function of n - m).")
+        if spec.logn and self.ssmax:
+            raise ValueError("--logn on an SSMax model (--ssmax): its queries already carry a learned s log(n); a second "
+                             "log-n factor would scale them twice. Evaluate it without --logn.")
         if spec.logn and self.pos_emb == "learned":
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")

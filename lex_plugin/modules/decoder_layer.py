@@ -15,6 +15,19 @@ from .positions.scheme import PositionScheme
 __all__ = ["LexDecoderLayer"]
 
 
+def _ssmax_length(config):
+    """l for SSMax's initial s = 1 / log(l) when ``config.ssmax`` (the recorded ``tokens_per_sample``), else None.
+
+    Raises:
+        ValueError: --ssmax without a training length.
+    """
+    if not getattr(config, "ssmax", False):
+        return None
+    if not getattr(config, "tokens_per_sample", None):
+        raise ValueError("--ssmax starts each head's s at 1 / log(l): it needs the training length (--tokens-per-sample).")
+    return int(config.tokens_per_sample)
+
+
 class LexDecoderLayer(nn.Module):
     """TorchScale's ``DecoderLayer`` (decoder-only, dense FFN) with :class:`LexSelfAttention`.
 
@@ -43,6 +56,7 @@ class LexDecoderLayer(nn.Module):
             subln=config.subln,
             layernorm_eps=config.layernorm_eps,
             qk_norm=bool(getattr(config, "qk_norm", False)),
+            ssmax_length=_ssmax_length(config),
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

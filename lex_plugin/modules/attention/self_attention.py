@@ -7,6 +7,7 @@ The math is TorchScale's (softmax(q k^T / sqrt(d)) v with xPos on q and k) compu
 chunked prefill and generation steps.
 """
 
+import math
 import uuid
 from typing import Dict, Optional
 
@@ -46,6 +47,10 @@ class LexSelfAttention(nn.Module):
         qk_norm: QK-norm (OLMo 2, Gemma 3): each head's queries and keys go through an RMSNorm over the head
             dimension d (one learned (d,) weight for queries, one for keys, shared by the heads; computed in fp32)
             before the position scheme rotates them: q <- q / sqrt(mean(q^2) + eps) * w_q, the same for k.
+        ssmax_length: Scalable-Softmax (SSMax, Nakanishi 2025, Eq. 3: softmax((s log n) z)) with the training length
+            l = this value, or None (off): each query of head h is multiplied by s_h log(n), n the keys it sees under
+            the window (its padding included), s_h a learned scalar initialised to 1 / log(l), so that the factor is
+            1 at n = l (ordinary softmax at the training length); formed in fp32.
 
     Raises:
         ValueError: C not divisible by H.
@@ -59,6 +64,7 @@ class LexSelfAttention(nn.Module):
         subln: bool = False,
         layernorm_eps: float = 1e-5,
         qk_norm: bool = False,
+        ssmax_length: Optional[int] = None,
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -77,6 +83,10 @@ class LexSelfAttention(nn.Module):
         self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
         self.q_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
+        if ssmax_length is not None and int(ssmax_length) < 2:
+            raise ValueError(f"--ssmax starts at s = 1 / log(l) and needs the training length l >= 2; got {ssmax_length}.")
+        self.ssmax = (nn.Parameter(torch.full((num_heads,), 1.0 / math.log(int(ssmax_length))))
+                      if ssmax_length is not None else None)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -143,10 +153,15 @@ class LexSelfAttention(nn.Module):
         """
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        cache = self.cache(incremental_state)
         if self.q_norm is not None:  # QK-norm, before any rotation; its statistics in fp32 whatever the model's dtype
             q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
+        if self.ssmax is not None:  # SSMax: q times s_h log(n), n the keys each query sees (positions first ..)
+            first = 0 if cache is None else cache.end
+            seen = spec.window.visible_keys(torch.arange(first, first + tgt_len, device=q.device))
+            factor = self.ssmax.float()[:, None] * seen.double().log().float()  # (H, T)
+            q = (q.float() * factor[:, :, None]).to(q.dtype)
         dropout_p = self.dropout if self.training else 0.0
-        cache = self.cache(incremental_state)
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
         if cache is not None and cache.spec != spec:
