@@ -1,4 +1,4 @@
-"""Designs a model is trained with (issue: trained to extrapolate): QK-norm and Scalable-Softmax so far.
+"""Designs a model is trained with (issue: trained to extrapolate): QK-norm, Scalable-Softmax and DroPE so far.
 
 Each against a float64 reference written out here, gradients included, and through generation and the Hugging Face
 export."""
@@ -11,6 +11,7 @@ import torch
 
 from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
+from lex_plugin.modules.attention.position_map import ReRoPE
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.scheme import NoPositions
 
@@ -172,3 +173,60 @@ def test_ssmax_generation_equals_the_parallel_forward_and_refuses_logn():
         model.under(AttentionSpec(logn=L))
     with pytest.raises(ValueError, match="needs the training length"):
         build_lex_model(tokens_per_sample=None, ssmax=True)
+
+
+def test_drope_switches_from_rope_to_nope_at_the_stated_update():
+    """Before update N the logits are the RoPE model's, from N on the NoPE model's with the same weights; a spec that
+    needs positions is refused once they are dropped; only rotary schemes take the option."""
+    drope = build_lex_model(tokens_per_sample=L, pos_emb="rope", drope_start=5, seed=9)
+    rope = build_lex_model(tokens_per_sample=L, pos_emb="rope", seed=1)
+    nope = build_lex_model(tokens_per_sample=L, pos_emb="none", seed=2)
+    rope.load_state_dict(drope.state_dict())
+    nope.load_state_dict(drope.state_dict())  # RoPE has no parameters: the same state dict
+    tokens = random_tokens(drope.decoder.dictionary, 2, 3 * L, seed=3)
+    with torch.no_grad():
+        for updates, reference in ((0, rope), (4, rope), (5, nope), (9, nope)):
+            drope.set_num_updates(updates)  # what fairseq's train step and checkpoint loader call
+            assert torch.equal(drope(tokens)[0], reference(tokens)[0]), updates
+        assert (rope(tokens)[0] - nope(tokens)[0]).abs().max() > 1e-3  # the switch changes something
+    drope.set_num_updates(5)
+    with pytest.raises(ValueError, match="NoPE has no positions"):
+        drope.under(AttentionSpec(position_map=ReRoPE(8)))
+    drope.set_num_updates(3)
+    assert drope.under(AttentionSpec(window=AttentionWindow.bca(L)))  # before the switch, every rotary option
+    with pytest.raises(ValueError, match="--drope-start drops rotary positions"):
+        build_lex_model(tokens_per_sample=L, pos_emb="alibi", drope_start=5)
+
+
+def test_a_drope_run_switches_at_the_stated_update_and_a_resumed_run_too(data_bin, tmp_path):
+    """fairseq-train with --drope-start 2: stopped after 1 update and resumed to 3. The checkpoint of update 1
+    evaluates as RoPE, that of update 3 as NoPE (the same weights); the resumed run logs the switch at update 2."""
+
+    from conftest import run_cli
+    from lex_plugin.hub_interface import from_pretrained
+    from lex_plugin.recipe import fairseq_train_command
+
+    save = tmp_path / "ckpt"
+    env = {"OMP_NUM_THREADS": "1"}
+    logs = []
+    for updates in (1, 3):
+        cmd = fairseq_train_command(data_bin, save, model_args=["--pos-emb", "rope", "--drope-start", "2",
+                                                                "--decoder-layers", "2"],
+                                    tokens_per_sample=32, batch_size=2, updates=updates, total_updates=3, warmup=1,
+                                    save_interval_updates=1)
+        cmd[cmd.index("--keep-interval-updates") + 1] = "-1"  # keep every interval checkpoint
+        done = run_cli(cmd, env=env, timeout=300)
+        logs.append(done.stdout + done.stderr)
+    assert "DroPE" not in logs[0]
+    assert logs[1].count("DroPE: positions dropped from update 2 on") == 1
+    before = from_pretrained(save, "checkpoint_1_1.pt", data_bin)
+    after = from_pretrained(save, "checkpoint_last.pt", data_bin)
+    assert not before.models[0].decoder.positions_dropped and after.models[0].decoder.positions_dropped
+    tokens = before.encode("It was a dark and stormy night; the rain fell in torrents.")[None]
+    with torch.no_grad():
+        for hub, dropped in ((before, False), (after, True)):
+            model = hub.models[0]
+            other = build_lex_model(dictionary=model.decoder.dictionary, tokens_per_sample=32, decoder_layers=2,
+                                    pos_emb="none" if dropped else "rope", share_decoder_input_output_embed=True)
+            other.load_state_dict(model.state_dict())
+            assert torch.equal(model(tokens)[0], other(tokens)[0])

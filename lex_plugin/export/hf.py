@@ -49,12 +49,13 @@ def _attention_fields(options: AttentionOptions) -> dict:
 
 
 def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Optional[AttentionOptions] = None,
-              max_position_embeddings: Optional[int] = None) -> LexConfig:
+              max_position_embeddings: Optional[int] = None, positions_dropped: bool = False) -> LexConfig:
     """The :class:`LexConfig` of a lex_lm built from ``model_cfg`` (fairseq's model config: the checkpoint's
     ``cfg.model`` or an argparse Namespace of ``--arch lex_lm`` options) over ``dictionary`` (fairseq's), trained
     at ``training_length``, with ``options`` as the default attention (None: full).
     ``max_position_embeddings``: what tools read as the length to feed at once (None: 16 l, or a learned
-    table's size, or 2,048 without l); not a limit of the model.
+    table's size, or 2,048 without l); not a limit of the model. ``positions_dropped``: DroPE has dropped the
+    model's rotary positions (``DecoderStack.positions_dropped``): the export is the NoPE model it now is.
 
     Raises:
         ValueError: a RoPE scaling factor ``auto`` (it depends on each evaluation's length: give s); options
@@ -71,6 +72,8 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
                          "give the factor s (evaluation length / l).")
     options.spec(training_length)  # refuse now what the export could not run
     decoder = build_decoder_config(model_cfg, len(dictionary))
+    if positions_dropped:  # DroPE's model from its switch on: the same weights without positions
+        decoder.pos_emb = "none"
     # the scheme's own options, resolved (the task's config may carry others' values, e.g. max_target_positions)
     own = SimpleNamespace(**{o.name: getattr(decoder, o.name, None) for o in get_scheme(decoder.pos_emb).options})
     position_options = scheme_option_values(decoder.pos_emb, own)
@@ -144,7 +147,8 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         raise ValueError(f"{checkpoint} is not a lex_lm checkpoint (arch {hub.cfg.model._name}); only lex_lm exports.")
     model = hub.models[0]
     model.decoder.check_spec(hub.spec_for(options))  # refuse now what the scheme could not run
-    config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings)
+    config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings,
+                       positions_dropped=hub.models[0].decoder.positions_dropped)
     model = from_fairseq(hub.models[0], config)
     card = model_card(config, str(model.spec), checkpoint, length_report)
     scaling_file = options.rope_scaling_file

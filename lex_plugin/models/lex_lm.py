@@ -63,6 +63,11 @@ class LexModelOptions(FairseqDataclass):
         default=False, metadata={"help": "tie the input embedding and the output projection"}
     )
     layernorm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
+    drope_start: int = field(
+        default=0,
+        metadata={"help": "DroPE: from this update on, train (and evaluate) with the rotary positions dropped (NoPE), "
+                          "e.g. the last ~12%% of --max-update; rope / xpos only; 0: off"},
+    )
     ssmax: bool = field(
         default=False,
         metadata={"help": "Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), n the keys a query sees, "
@@ -124,6 +129,7 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not DecoderConfig fields: attributes, as pos_emb
     config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
+    config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
     config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 

@@ -12,6 +12,7 @@ views with another default, never a setting changed and restored.
 import contextlib
 import copy
 import hashlib
+import logging
 import math
 from functools import partial
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -19,11 +20,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .attention.self_attention import IncrementalState
+from .attention.self_attention import NOPE, IncrementalState
 from .attention.spec import FULL_SPEC, AttentionSpec
 from .autocast import AUTOCAST_DTYPES, autocast, check_autocast
 from .decoder_layer import LexDecoderLayer
 from .positions import PositionScheme, build_positions
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DecoderStack", "UNBOUNDED_POSITIONS", "is_right_padded", "symbols_digest"]
 
@@ -73,6 +76,15 @@ class DecoderStack:
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         self.ssmax = bool(getattr(config, "ssmax", False))  # queries carry a learned s log(n): --logn is refused
+        # DroPE: positions used for the updates before drope_start, dropped (NoPE) from it on; fairseq tells the
+        # update through set_num_updates (each training step, and when it loads a checkpoint)
+        self.drope_start = int(getattr(config, "drope_start", 0) or 0)
+        if self.drope_start < 0:
+            raise ValueError(f"--drope-start is the update from which positions are dropped (0: off); got {self.drope_start}.")
+        if self.drope_start and self.position_kind != "rotary":
+            raise ValueError(f"--drope-start drops rotary positions (DroPE: RoPE has no parameters, so the weights stay "
+                             f"valid without it); --pos-emb {self.pos_emb} is {self.position_kind}. Use rope or xpos.")
+        self._num_updates = 0
         self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
         self._spec = self.check_spec(spec)
         self._autocast: Optional[torch.dtype] = None  # a view's (with_autocast); the model itself runs in its dtype
@@ -159,7 +171,7 @@ class DecoderStack:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x)
         inner_states = [x]
-        spec = self._spec if spec is None else self.check_spec(spec)
+        spec = self._spec if spec is None and not self.positions_dropped else self.check_spec(spec or self._spec)
         for i, layer in enumerate(self.layers):
             x = self.run_layer(layer, x, self.position(i), padding_mask, incremental_state, spec, positions,
                                None if observer is None else partial(observer, i))
@@ -190,8 +202,30 @@ class DecoderStack:
         return draws.sort(dim=1).values
 
     def position(self, layer: int) -> PositionScheme:
-        """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes)."""
+        """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes); none once DroPE has
+        dropped the positions."""
+        if self.positions_dropped:
+            return NOPE
         return self.positions[layer if len(self.positions) > 1 else 0]
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """fairseq's hook, called with the updates done before each training step and when a checkpoint is loaded:
+        under DroPE (``--drope-start N``) the positions are dropped from update N on."""
+        dropped = self.positions_dropped
+        self._num_updates = int(num_updates)
+        if self.positions_dropped and not dropped:
+            logger.info("DroPE: positions dropped from update %d on (now at update %d): the model runs as NoPE",
+                        self.drope_start, self._num_updates)
+
+    @property
+    def positions_dropped(self) -> bool:
+        """Whether DroPE has dropped the positions: ``--drope-start`` N given and N updates done."""
+        return bool(self.drope_start) and self._num_updates >= self.drope_start
+
+    @property
+    def active_position_kind(self) -> str:
+        """The kind of the positions the layers use now: the scheme's, or ``none`` once DroPE has dropped them."""
+        return "none" if self.positions_dropped else self.position_kind
 
     @property
     def spec(self) -> AttentionSpec:
@@ -209,10 +243,10 @@ class DecoderStack:
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
-        if spec.rope_scaling is not None and self.position_kind != "rotary":
+        if spec.rope_scaling is not None and self.active_position_kind != "rotary":
             raise ValueError(
                 f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
-                f"({self.position_kind}). Use it with rope or xpos checkpoints."
+                f"({self.active_position_kind}{', dropped by DroPE' if self.positions_dropped else ''}). Use it with rope or xpos checkpoints."
             )
         if spec.rope_scaling is not None and not all(getattr(scheme, "rotation", True) for scheme in self.positions):
             raise ValueError(
@@ -222,12 +256,12 @@ class DecoderStack:
         method = spec.position_map
         if method is not None:
             name = f"--position-map {method.name}"
-            if self.position_kind == "none":
+            if self.active_position_kind == "none":
                 raise ValueError(f"{name} remaps the distances a position scheme sees; NoPE has no positions to remap.")
-            if self.position_kind == "absolute":
+            if self.active_position_kind == "absolute":
                 raise ValueError(f"{name} remaps relative distances; --pos-emb {self.pos_emb} adds absolute positions to the "
                                  "embeddings, which attention never sees as distances. Use it with a rotary or bias scheme.")
-            if self.position_kind == "bias" and not method.integer:
+            if self.active_position_kind == "bias" and not method.integer:
                 raise ValueError(f"{name} gives fractional distances; --pos-emb {self.pos_emb}'s bias is tabulated at integer "
                                  "distances. Use rerope, self_extend or dca with bias schemes.")
             if not all(scheme.translation_invariant for scheme in self.positions):
