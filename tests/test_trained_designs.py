@@ -230,3 +230,25 @@ def test_a_drope_run_switches_at_the_stated_update_and_a_resumed_run_too(data_bi
                                     pos_emb="none" if dropped else "rope", share_decoder_input_output_embed=True)
             other.load_state_dict(model.state_dict())
             assert torch.equal(model(tokens)[0], other(tokens)[0])
+
+
+def test_the_attention_temperature_is_drope_recalibration():
+    """--attention-temperature C: every logit times beta = 1 + C ln(L / l) (1 up to l), in any mode, with one row label
+    per C; attention under it equals softmax(beta q k^T / sqrt(d)) v in float64; no evaluation length, no beta."""
+    from lex_plugin.modules.attention import AttentionOptions, HeldKeys, attend, plan
+    from lex_plugin.tasks.lex_language_modeling import row_label
+
+    options = AttentionOptions("bca", attention_temperature=0.25)
+    spec = options.spec(64, 1024)
+    assert spec.logit_scale == pytest.approx(1 + 0.25 * math.log(16)) and spec.window == AttentionWindow.bca(64)
+    assert options.spec(64, 64).logit_scale == 1.0 and options.spec(64, 32).logit_scale == 1.0
+    assert row_label(spec, options) == "bca(32)+beta(C=0.25)" == row_label(options.spec(64, 4096), options)
+    with pytest.raises(ValueError, match="needs the evaluation length"):
+        options.spec(64)
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    spec = AttentionSpec(logit_scale=1.7)
+    got = attend(q, HeldKeys(k, v), plan(spec.window, q_len=40), spec=spec, scheme=NoPositions())
+    logits = 1.7 * q.double() @ k.double().transpose(-1, -2) / 4.0
+    logits = logits.masked_fill(~window_mask(AttentionWindow.full(), 40), float("-inf"))
+    assert (got.double() - torch.softmax(logits, -1) @ v.double()).abs().max() < 1e-6

@@ -141,6 +141,17 @@ def _key_token_rule(args, eval_lengths: bool):
     return rule
 
 
+def row_label(spec, options: AttentionOptions) -> str:
+    """The label of a length table's rows under ``spec`` whatever their length: the RoPE scaling with the factor as
+    given (``yarn(s=auto)``), the temperature with its C (``beta(C=0.1)``) instead of their per-length values."""
+    label = str(spec)
+    if spec.rope_scaling is not None and options.rope_scaling_factor is not None:
+        label = label.replace(str(spec.rope_scaling), f"{options.rope_scaling}(s={options.rope_scaling_factor})")
+    if spec.logit_scale is not None:
+        label = label.replace(f"+beta({spec.logit_scale:.4g})", f"+beta(C={options.attention_temperature:g})")
+    return label
+
+
 @register_task("lex_language_modeling", dataclass=LexLanguageModelingConfig)
 class LexLanguageModelingTask(LanguageModelingTask):
     """fairseq ``language_modeling`` with BCA / sliding-window evaluation and length-stratified reports."""
@@ -241,10 +252,11 @@ class LexLanguageModelingTask(LanguageModelingTask):
             key_tokens, longppl = self._key_tokens(model, stream, l, max_tokens)
         modes = self.modes
         results = []
-        scaled = self.args.rope_scaling is not None
+        # a RoPE scaling (auto: s per length) or a temperature (beta per length): one spec per length
+        scaled = self.args.rope_scaling is not None or self.args.attention_temperature is not None
         for mode in modes:
             options = self.attention_options.for_mode(mode)
-            for lengths in ([[L] for L in self.eval_lengths] if scaled else [self.eval_lengths]):  # auto: s per length
+            for lengths in ([[L] for L in self.eval_lengths] if scaled else [self.eval_lengths]):
                 spec = options.spec(l, lengths[0])
                 rows = evaluate_lengths(model, stream, lengths, spec, self.dictionary.eos(), self.dictionary.pad(),
                                         max_tokens=max_tokens, training_length=l, key_tokens=key_tokens)
@@ -252,11 +264,9 @@ class LexLanguageModelingTask(LanguageModelingTask):
                     rows += evaluate_fixed_target(model, stream, lengths, spec, self.dictionary.pad(),
                                                   self.args.fixed_target_tokens, self.args.fixed_target_samples, max_tokens,
                                                   longest=max(self.eval_lengths))
-                if scaled:  # one label for every length: "full+yarn(s=auto)"
-                    label = str(spec) if self.args.rope_scaling_factor is None else str(spec).replace(
-                        str(spec.rope_scaling), f"{self.args.rope_scaling}(s={self.args.rope_scaling_factor})")
+                if scaled:  # one label for every length: "full+yarn(s=auto)", "full+beta(C=0.1)"
                     for r in rows:
-                        r.window = label
+                        r.window = row_label(spec, self.attention_options)
                 results += rows
         table = format_table(results, l)
         print(f"\nLength-stratified evaluation of {split} ({stream.numel():,} tokens), training length l = {l}\n{table}\n", flush=True)

@@ -116,6 +116,8 @@ def attend(
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
         visible = spec.window.visible_keys(torch.arange(q_start, q_start + q.size(2), device=q.device))
         q = (q.float() * logn_scale(visible, spec.logn)[:, None]).to(q.dtype)  # one rounding, the factor exact in fp32
+    if spec.logit_scale is not None and spec.logit_scale != 1.0:  # a constant temperature (DroPE's recalibration)
+        q = (q.float() * spec.logit_scale).to(q.dtype)
     k, v, center, sinks = held.keys, held.values, held.center, held.sinks
     run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, held.start, center, held.padding,
                dropout_p, observer, held.feature_major)

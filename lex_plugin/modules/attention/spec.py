@@ -8,6 +8,7 @@ view with another default spec (``LexDecoder.under``) shares every weight; fairs
 generator, which call the model without arguments, get that default.
 """
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Union
 
@@ -34,6 +35,8 @@ class AttentionSpec:
             or None (as trained). A model refuses a scaling when its scheme is not rotary.
         position_map: a bounded-distance method (:mod:`.position_map`: ReRoPE, Leaky ReRoPE, Self-Extend,
             DCA) over full attention, or None. A model refuses one its scheme has no distance for.
+        logit_scale: beta, a constant factor on every logit (queries times beta; DroPE's recalibration
+            ``--attention-temperature``), or None (1).
         logn: the training length l of log-n attention scaling (queries times max(1, log(n) / log(l)), n the
             number of keys a query sees), or None (off).
 
@@ -50,6 +53,7 @@ class AttentionSpec:
     rope_scaling: Optional[RopeScaling] = None
     position_map: Optional[PositionMap] = None
     logn: Optional[int] = None
+    logit_scale: Optional[float] = None
 
     def __post_init__(self):
         if not isinstance(self.window, AttentionWindow):
@@ -64,19 +68,22 @@ class AttentionSpec:
                                  f"visible); it does not combine with the {self.window} window.")
         if self.logn is not None and int(self.logn) < 2:
             raise ValueError(f"log-n scaling divides by log(l); l must be >= 2, got {self.logn}.")
+        if self.logit_scale is not None and not float(self.logit_scale) > 0:
+            raise ValueError(f"the logit scale beta must be > 0, got {self.logit_scale}.")
 
     def __str__(self) -> str:
         label = str(self.window) if self.position_map is None else str(self.position_map)
         if self.rope_scaling is not None:
             label += f"+{self.rope_scaling}"
-        return label + ("+logn" if self.logn else "")
+        label += "+logn" if self.logn else ""
+        return label + (f"+beta({self.logit_scale:.4g})" if self.logit_scale is not None else "")
 
     def fields(self) -> dict:
         """The spec as structured report fields: mode, stride, sinks, rope_scaling (kind) and
         rope_scaling_factor (s), None where absent."""
         w = self.window
         return {"mode": w.mode if self.position_map is None else self.position_map.name, "stride": w.stride or None,
-                "sinks": w.sinks, "logn": bool(self.logn),
+                "sinks": w.sinks, "logn": bool(self.logn), "logit_scale": self.logit_scale,
                 "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,
                 "rope_scaling_factor": None if self.rope_scaling is None else float(self.rope_scaling.factor)}
 
@@ -101,6 +108,8 @@ class AttentionOptions:
         rope_scaling, rope_scaling_factor, rope_scaling_file: a kind of ``rope_scaling.ROPE_SCALINGS``, s > 0
             or ``auto``, and LongRoPE's JSON factor lists.
         logn: log-n query scaling against l (any mode).
+        attention_temperature: C of DroPE's recalibration: every logit times beta = 1 + C ln(L / l) at an evaluation
+            length L > l (1 up to l); needs the evaluation length (any mode).
         rerope_window ... dca_local_window: the position maps' options (``position_map.MAP_OPTIONS``).
 
     Every value defaults to None, "not given" (the mode's own default applies), so that an option of another
@@ -117,6 +126,7 @@ class AttentionOptions:
     rope_scaling_factor: Optional[Union[str, float]] = None
     rope_scaling_file: Optional[str] = None
     logn: bool = False
+    attention_temperature: Optional[float] = None
     rerope_window: Optional[int] = None
     leaky_rerope_k: Optional[float] = None
     self_extend_group: Optional[int] = None
@@ -193,6 +203,14 @@ class AttentionOptions:
                                          self.sink_tokens or 0, self.n_global, self.l_local)
         if self.logn and not length:
             raise ValueError("--logn scales queries by log(n) / log(l): give --training-length l (the checkpoint records none).")
+        beta = None
+        if self.attention_temperature is not None:
+            if float(self.attention_temperature) < 0:
+                raise ValueError(f"--attention-temperature C must be >= 0, got {self.attention_temperature}.")
+            if not length or not evaluation_length:
+                raise ValueError("--attention-temperature scales logits by 1 + C ln(L / l): it needs the evaluation length "
+                                 "L (a length table's rows, a probe's lengths) and the training length l.")
+            beta = 1.0 + float(self.attention_temperature) * math.log(max(int(evaluation_length), int(length)) / int(length))
         scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length,
                                             self.rope_scaling_file)
-        return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None)
+        return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None, beta)
