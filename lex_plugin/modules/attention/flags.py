@@ -73,7 +73,8 @@ ATTENTION_FLAGS: Dict[str, AttentionFlag] = {f.name: f for f in (
     AttentionFlag("logn", bool, "log-n attention scaling: queries times max(1, log(n) / log(l)), n the keys each "
                   "query sees"),
     AttentionFlag("attention_temperature", float, "DroPE's recalibration at evaluation: every logit times beta = 1 + C "
-                  "ln(L / l) at evaluation length L > l (1 up to l); any mode", minimum=0, metavar="C"),
+                  "ln(L / l) at evaluation length L > l (1 up to l; a probe's L is its longest length, as for --rope-scaling-factor "
+                  "auto); any mode", minimum=0, metavar="C"),
     AttentionFlag("rope_scaling", str, "RoPE scaling at evaluation for rope / xpos checkpoints: linear (position "
                   "interpolation), ntk (NTK-aware base), yarn (YaRN), dynamic (dynamic NTK), llama3, longrope (with "
                   "--rope-scaling-file), resonance (no factor); with --rope-scaling-factor", choices=tuple(ROPE_SCALINGS)),
