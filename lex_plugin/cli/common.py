@@ -1,0 +1,124 @@
+"""The options and helpers every ``lex`` command family shares: the attention flags (generated from their one
+declaration, ``flags.ATTENTION_FLAGS``), the checkpoint / data-bin / output options, and loading a model under them."""
+
+from pathlib import Path
+
+import click
+
+from ..modules.attention.flags import ATTENTION_FLAGS, ATTENTION_MODES, MODE_SELECTORS
+from ..modules.attention.spec import AttentionOptions
+
+
+def attention_options(names):
+    """A decorator adding the attention flags ``names`` (their one declaration, ``flags.ATTENTION_FLAGS``) as
+    click options: switches off unless given, values None unless given (``AttentionOptions.from_flags``)."""
+    def decorate(fn):
+        for name in reversed(names):
+            flag = ATTENTION_FLAGS[name]
+            if flag.type is bool:
+                fn = click.option(flag.flag, is_flag=True, help=flag.help)(fn)
+                continue
+            kind = (click.Choice(list(flag.choices)) if flag.choices
+                    else click.IntRange(min=flag.minimum) if flag.type is int
+                    else click.FloatRange(min=flag.minimum) if flag.type is float else str)
+            fn = click.option(flag.flag, type=kind, default=None, metavar=flag.metavar, help=flag.help)(fn)
+        return fn
+    return decorate
+
+
+def window_options(fn):
+    """Every attention flag (the task's) and --bf16-autocast."""
+    return precision_options(attention_options(list(ATTENTION_FLAGS))(fn))
+
+
+def precision_options(fn):
+    """--bf16-autocast, as in the task."""
+    return click.option("--bf16-autocast", is_flag=True,
+                        help="run the model under torch.autocast in bf16, fp32 weights (needs native bf16: "
+                             "a CPU with AVX-512 BF16 / AMX, CUDA 8.0+)")(fn)
+
+
+WINDOWS = click.option("--windows", default="full,bca", show_default=True,
+                        help=f"comma-separated attention modes among {', '.join(ATTENTION_MODES)}")
+
+
+def key_token_options(fn):
+    """LongPPL's rule flags (``--longppl-alpha`` ..., declared once in ``evaluation.longppl.KEY_TOKEN_FLAGS``)."""
+    from ..evaluation.longppl import KEY_TOKEN_FLAGS
+
+    for name, kind, text in reversed(KEY_TOKEN_FLAGS):
+        fn = click.option(f"--longppl-{name.replace('_', '-')}", f"longppl_{name}", default=None,
+                          type=click.IntRange(min=1) if kind is int else kind, help=text)(fn)
+    return fn
+
+
+def probe_options(fn):
+    """The flags of a probe that compares modes (--windows): every attention flag but the switches that select a
+    mode (--sliding-window stays: W of the sliding mode), and --bf16-autocast."""
+    names = [name for name in ATTENTION_FLAGS if name not in MODE_SELECTORS or name == "sliding_window"]
+    return precision_options(attention_options(names)(fn))
+
+
+def probe_specs(hub, flags: dict, modes, longest: int):
+    """One attention spec per mode of a probe's --windows, the other flags shared (``AttentionOptions.for_mode``;
+    ValueError for an option no mode takes)."""
+    options = AttentionOptions.from_flags(flags)  # the modes come from --windows
+    options.check_modes(modes)
+    return [hub.spec_for(options.for_mode(m), longest) for m in modes]
+
+
+def load_hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
+    """The hub of ``checkpoint`` under the attention spec of the flags of :func:`window_options`
+    (``AttentionOptions.from_flags``; ValueError as ``AttentionOptions.spec``)."""
+    from ..hub_interface import from_pretrained
+
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bool(flags.get("bf16_autocast")))
+    return hub.under(hub.spec_for(AttentionOptions.from_flags(flags), evaluation_length))
+
+
+def analysis_model(checkpoint, data, window: dict, evaluation_length=None):
+    from ..analysis.report import load_model
+
+    return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length,
+                      bf16_autocast=bool(window.get("bf16_autocast")))
+
+
+def write_outputs(report, table, json_out, plot_out, plotter):
+    from ..analysis.report import write_json
+
+    click.echo(table)
+    write_json(report, json_out)
+    if plot_out:
+        plotter(report, plot_out)
+    for label, path in (("JSON", json_out), ("plot", plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
+def probe_outputs(report: dict, json_out, plot_out, draw, plots_shown=None):
+    """A probe's files: the plot first (``draw(plot_out)``; the JSON is what a resumed run, scripts/reproduce.py,
+    takes as done), then the JSON; each path echoed (``plots_shown``: how to name several PNGs)."""
+    from ..analysis.report import write_json
+
+    if plot_out:
+        draw(plot_out)
+    write_json(report, json_out)
+    for label, path in (("JSON", json_out), ("plot", plots_shown or plot_out)):
+        if path:
+            click.echo(f"{label} -> {path}")
+
+
+CKPT = click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+                     help="checkpoint file")
+
+
+DATA = click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
+
+
+SPLIT = click.option("--split", default="test", show_default=True, help="split of the data-bin to read texts from")
+
+
+JSON_OUT = click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the results as JSON")
+
+
+PLOT_OUT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write a PNG")

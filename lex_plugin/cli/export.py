@@ -1,0 +1,44 @@
+"""``lex export-hf``: a checkpoint as a self-contained Hugging Face model directory."""
+
+from pathlib import Path
+
+import click
+
+from ..modules.attention.flags import ATTENTION_FLAGS
+from ..modules.attention.spec import AttentionOptions
+from .common import attention_options
+from .group import main
+
+
+@main.command("export-hf")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the data-bin the checkpoint was trained on (dict.txt, spm.model, lex_prepare.json)")
+@attention_options(list(ATTENTION_FLAGS))
+@click.option("--max-position-embeddings", type=click.IntRange(min=1), default=None,
+              help="config.max_position_embeddings: the length tools such as lm-eval feed at once (default 16 l; a "
+                   "learned table's size); not a limit of the model")
+@click.option("--length-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="an --eval-lengths JSON (fairseq-eval-lm --report-json) whose perplexity table the model card shows")
+@click.option("--force", is_flag=True, help="replace the files of an existing OUT")
+def export_hf_cmd(checkpoint, out, data, force, max_position_embeddings, length_report, **window):
+    """Write CHECKPOINT as a self-contained Hugging Face model directory OUT: config.json (model, position
+    scheme, training length, the attention spec of the flags as its default), model.safetensors, the tokenizer
+    (as lex prepare encodes), a model card and the remote code, generated from this package's sources, that
+    AutoModelForCausalLM / AutoModel / AutoTokenizer load with trust_remote_code=True where only torch,
+    transformers, safetensors, sentencepiece and sacremoses are installed."""
+    try:
+        from ..export.hf import export_hf
+    except ImportError as err:
+        raise click.ClickException(f"lex export-hf needs transformers and safetensors (the hf extra: "
+                                   f"pip install -e '.[hf]'): {err}") from None
+    try:
+        model = export_hf(checkpoint, data, out, AttentionOptions.from_flags(window), force,
+                          max_position_embeddings=max_position_embeddings, length_report=length_report)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        raise click.ClickException(str(err)) from None
+    c = model.config
+    click.echo(f"exported {checkpoint} -> {out}: {c.pos_emb}, {c.num_hidden_layers} layers, C = {c.hidden_size}, "
+               f"V = {c.vocab_size}, l = {c.training_length}, attention {model.spec}")
+    click.echo(f"load: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
