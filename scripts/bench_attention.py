@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols
@@ -44,7 +44,7 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     spec = options.spec(training_length)
     model = model.under(spec).with_autocast(autocast)
     if mode == "reference":
-        from lex_plugin.evaluation.torchscale_reference import use_reference_attention
+        from lex_plugin.experiments.torchscale_reference import use_reference_attention
 
         use_reference_attention(model)
     tokens = torch.randint(d.nspecial, len(d), (1, length))

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 # profiler names of the attention's kernels: SDPA's, and the matrix products and softmax of a one-query step
@@ -69,7 +69,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
             k in e.key for k in ATTENTION_KERNELS)) / 1000 / steps
         # the memory floor of a step: read every layer's cached keys and values once; and the machine's
         # read bandwidth: the same number of bytes of a contiguous array (fp32)
-        caches = [layer.self_attn.cache(state).view()[:2] for layer in model.decoder.layers]
+        caches = [(held.keys, held.values) for held in (layer.self_attn.cache(state).held() for layer in model.decoder.layers)]
         read_ms = 1000 * benchmark.median_time(lambda _: [t.sum() for kv in caches for t in kv], range(steps))
         cache_bytes = sum(t.numel() * t.element_size() for kv in caches for t in kv)
         flat = torch.ones(cache_bytes // 4)

@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lex_plugin.evaluation import benchmark  # noqa: E402
+from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols

@@ -30,8 +30,8 @@ import click
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lex_plugin.evaluation import benchmark  # noqa: E402
-from lex_plugin.recipe import fairseq_train_command  # noqa: E402
+from lex_plugin.experiments import benchmark  # noqa: E402
+from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
 
 SIZE = ["--decoder-layers", "4", "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
 # name -> (arch, model options, uses the plugin)
@@ -45,7 +45,7 @@ WPS = [("train tokens/s (median)", "median_wps", "{:,.0f}")]
 def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sample: int, batch_size: int,
               checkout: Optional[Path] = None) -> List[float]:
     """wps of every ``train_inner`` log line past ``warmup`` updates of one fairseq-train run of the project's
-    recipe (``lex_plugin.recipe``; ``arch``: an ``ARCHS`` entry; ``checkout``: with that checkout's lex_plugin)."""
+    recipe (``lex_plugin.experiments.recipe``; ``arch``: an ``ARCHS`` entry; ``checkout``: with that checkout's lex_plugin)."""
     name, model_args, plugin = arch
     user_dir = (Path(checkout).resolve() / "lex_plugin" if checkout is not None else REPO / "lex_plugin") if plugin else None
     cmd = fairseq_train_command(data, None, arch=name, model_args=model_args, tokens_per_sample=tokens_per_sample,

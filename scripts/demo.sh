@@ -37,7 +37,7 @@ else
   echo "data-bin already prepared: $DATA"
 fi
 
-# the project's fairseq-train recipe (lex_plugin/recipe.py); lex train prints the whole command first
+# the project's fairseq-train recipe (lex_plugin/experiments/recipe.py); lex train prints the whole command first
 run lex train "$DATA" "$CKPT" --arch "$ARCH" --tokens-per-sample "$L" --batch-size "$BSZ" --lr "$LR" \
   --max-update "$MAX_UPDATE" --warmup-updates 70 --save-interval-updates 100 --validate-interval-updates 300 \
   --log-file "$WORK/train.log" \

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
-from lex_plugin.evaluation.reproduce.tables import FLAT_RATIO, RETRIEVAL, wilson_interval
+from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
+from lex_plugin.experiments.reproduce.tables import FLAT_RATIO, RETRIEVAL, wilson_interval
 from lex_plugin.options import parse_name_list
 
 

@@ -16,14 +16,14 @@ shape, one per method, passkey accuracy), the claims check, plots and a JSON of 
 Every step leaves a stamp (a finished checkpoint, a JSON report); re-running skips what is done and
 fairseq-train resumes from ``checkpoint_last.pt``, so a killed run continues where it stopped. Each
 command is printed before it runs and logged to WORK/runs/NAME/*.log. Results: examples/lex_lm/RESULTS.md.
-The steps, tables and claims are ``lex_plugin.evaluation.reproduce``; this is its command line.
+The steps, tables and claims are ``lex_plugin.experiments.reproduce``; this is its command line.
 """
 
 from pathlib import Path
 
 import click
 
-from lex_plugin.evaluation.reproduce import (METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
+from lex_plugin.experiments.reproduce import (METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
 from lex_plugin.options import parse_int_list, parse_name_list
 

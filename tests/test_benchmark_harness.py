@@ -1,4 +1,4 @@
-"""lex_plugin.evaluation.benchmark (the bench scripts' harness), lex_plugin.models.builder and
+"""lex_plugin.experiments.benchmark (the bench scripts' harness), lex_plugin.models.builder and
 lex_plugin.data.stream; the bench scripts end to end on tiny sizes, with this checkout as its own baseline."""
 
 import json
@@ -9,7 +9,7 @@ import torch
 
 from conftest import REPO, make_dictionary, run_cli
 from lex_plugin.data.stream import split_stream
-from lex_plugin.evaluation import benchmark
+from lex_plugin.experiments import benchmark
 from lex_plugin.models.builder import build_random_lm
 
 COLUMNS = [("bca tok/s", "tokens_per_s", "{:,.0f}"), ("bca peak MB", "peak_mb_above_start", "{:,.0f}")]

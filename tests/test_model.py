@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import build_lex_model, random_tokens
-from lex_plugin.evaluation.torchscale_reference import torchscale_attention
+from lex_plugin.experiments.torchscale_reference import torchscale_attention
 from lex_plugin.models import UNBOUNDED_POSITIONS
 from lex_plugin.modules.attention import LexSelfAttention
 from lex_plugin.modules.positions import XPos

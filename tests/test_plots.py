@@ -61,7 +61,7 @@ def _flat_rows(n):
 
 def test_flat_and_retrieving_has_a_line_per_label(figures, tmp_path):
     """40 points at four ratios and two accuracies: the old scatter put their labels on top of each other."""
-    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
 
     assert plot_flat_and_retrieving(_flat_rows(40), 256, 4096, tmp_path / "flat.png")
     assert not _overlaps(figures[-1])
@@ -86,8 +86,8 @@ def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
     assert out.stat().st_size > 0 and "(10 rows)" in done.stdout
     data = json.loads(rows.read_text())
     assert len({(r["run"], r["method"]) for r in data["rows"]}) == len(data["rows"]) == 58
-    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
-    from lex_plugin.evaluation.reproduce.tables import wilson_interval
+    from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.tables import wilson_interval
 
     every = [{**r, "passkey": r["retrieved"] / r["trials"], "interval": wilson_interval(r["retrieved"], r["trials"])}
              for r in data["rows"]]
@@ -98,7 +98,7 @@ def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
 def test_probe_heat_maps_and_length_plots(figures, tmp_path):
     from lex_plugin.evaluation.babilong import BabilongResult, plot_babilong
     from lex_plugin.evaluation.passkey import PasskeyResult, plot_passkey
-    from lex_plugin.evaluation.reproduce.plots import plot_ppl
+    from lex_plugin.experiments.reproduce.plots import plot_ppl
     from lex_plugin.evaluation.ruler import RulerResult, plot_ruler
 
     lengths = [256 * 2 ** k for k in range(5)]

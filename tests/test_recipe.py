@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
-from lex_plugin.recipe import fairseq_train_command
+from lex_plugin.experiments.recipe import fairseq_train_command
 
 
 def test_the_recipe_command():
@@ -44,7 +44,7 @@ def test_lex_train_runs_the_recipe(data_bin, tmp_path):
     losses = [json.loads(m)["loss"] for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
     assert len(losses) == 3
     # lex compare-curves' reader: the --log-file copy (messages only, end-of-epoch summary too) reads as stdout does
-    from lex_plugin.evaluation.train_log import read_train_log
+    from lex_plugin.experiments.train_log import read_train_log
 
     logged = read_train_log(proc.stdout + proc.stderr)
     assert read_train_log(tmp_path / "train.log") == logged and sorted(logged) == [1, 2, 3]

@@ -1,4 +1,4 @@
-"""lex_plugin.evaluation.reproduce and scripts/reproduce.py: the tables and claim verdicts from known
+"""lex_plugin.experiments.reproduce and scripts/reproduce.py: the tables and claim verdicts from known
 reports, the step commands, and one tiny resumable run on real text through fairseq-train,
 fairseq-eval-lm and lex resolution."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
-from lex_plugin.evaluation import reproduce
+from lex_plugin.experiments import reproduce
 
 L = 32
 
@@ -286,7 +286,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
 
 
 def test_ruler_table_reads_lex_ruler_reports():
-    from lex_plugin.evaluation.reproduce.tables import markdown_ruler
+    from lex_plugin.experiments.reproduce.tables import markdown_ruler
 
     def cell(task, window, length, depth, score, trials=2):
         return {"task": task, "window": window, "length": length, "depth": depth, "distractors": 9, "trials": trials,
@@ -306,8 +306,8 @@ def test_ruler_table_reads_lex_ruler_reports():
 def test_flat_and_retrieving_verdicts(tmp_path):
     """The verdict table reads perplexity ratios and passkey accuracy at 8l by structured mode (log-n rows
     apart; methods with other arguments unprobed), and names the rows that are both flat and retrieving."""
-    from lex_plugin.evaluation.reproduce.plots import plot_flat_and_retrieving
-    from lex_plugin.evaluation.reproduce.tables import flat_and_retrieving, markdown_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.tables import flat_and_retrieving, markdown_flat_and_retrieving
 
     l, lengths = 16, [16, 32, 256]
     ppl = {"rope": {"full": {16: 10.0, 256: 15.0}, "bca": {16: 10.0, 256: 9.9}, "rerope": {16: 10.0, 256: 10.1},
@@ -338,7 +338,7 @@ def test_flat_and_retrieving_verdicts(tmp_path):
 
 def test_wilson_interval_matches_published_values():
     """The 95% Wilson score interval against values computed by hand from Wilson (1927): 42/50, 50/50, 0/10."""
-    from lex_plugin.evaluation.reproduce.tables import wilson_interval
+    from lex_plugin.experiments.reproduce.tables import wilson_interval
 
     assert wilson_interval(42, 50) == pytest.approx((0.7149, 0.9166), abs=1e-4)
     assert wilson_interval(50, 50) == pytest.approx((0.9287, 1.0), abs=1e-4)
@@ -351,7 +351,7 @@ def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path
     """--budgets trains one run in stages of one schedule: the snapshot holds its budget's updates, the staged
     run ends where one uninterrupted run of the same schedule ends, and each snapshot gets its own report,
     the table of ratios against training tokens and its plot; a run trained past a budget is refused."""
-    from lex_plugin.recipe import fairseq_train_command
+    from lex_plugin.experiments.recipe import fairseq_train_command
 
     work, env = tmp_path / "repro", {"LEX_EMULATED_BF16": "1"}
     args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
@@ -448,7 +448,7 @@ def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypat
 def test_far_context_verdicts():
     """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) / LongPPL(l), retrieves from BABILong-lite's greedy
     accuracy at 8l (mean over the tasks that fitted) against 0.5 and 0.9 x the window's own at l; undecided without it."""
-    from lex_plugin.evaluation.reproduce.tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
+    from lex_plugin.experiments.reproduce.tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
 
     def row(mode, length, ppl, longppl):
         return {"window": mode, "attention": {"mode": mode}, "length": length, "protocol": "stream", "ppl": ppl,

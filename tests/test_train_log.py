@@ -1,4 +1,4 @@
-"""lex_plugin.evaluation.train_log and `lex compare-curves`: fairseq-train's train_inner lines read in both
+"""lex_plugin.experiments.train_log and `lex compare-curves`: fairseq-train's train_inner lines read in both
 log formats, and two runs' curves compared (the gap, its summary past the warm-up, the tolerance's exit)."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from lex_plugin.evaluation.train_log import compare_curves, read_train_log
+from lex_plugin.experiments.train_log import compare_curves, read_train_log
 
 # fairseq 0.12's own lines (a real run of the recipe), in its simple and json formats
 SIMPLE = ("2026-11-24 10:54:32 | INFO | train_inner | epoch 001:     25 / 1922 loss=14.813, ppl=28781, wps=2030.5, "

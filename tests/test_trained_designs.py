@@ -204,7 +204,7 @@ def test_a_drope_run_switches_at_the_stated_update_and_a_resumed_run_too(data_bi
 
     from conftest import run_cli
     from lex_plugin.hub_interface import from_pretrained
-    from lex_plugin.recipe import fairseq_train_command
+    from lex_plugin.experiments.recipe import fairseq_train_command
 
     save = tmp_path / "ckpt"
     env = {"OMP_NUM_THREADS": "1"}

@@ -51,7 +51,7 @@ def compare_curves_cmd(log_a, log_b, labels, after, key, tolerance, plot_path, j
     json) at every update both logged: a table of each run's value and the relative gap b / a - 1, then the
     largest gap past --after and the gap at the last update (bf16 autocast against fp32, one seed against
     another)."""
-    from ..evaluation.train_log import compare_curves, markdown_curves, plot_curves, read_train_log
+    from ..experiments.train_log import compare_curves, markdown_curves, plot_curves, read_train_log
 
     names = [x.strip() for x in labels.split(",")]
     if len(names) != 2 or not all(names):

@@ -26,11 +26,11 @@ from .group import main
 @click.argument("fairseq_args", nargs=-1, type=click.UNPROCESSED)
 def train_cmd(data, save_dir, arch, tokens_per_sample, batch_size, lr, max_update, warmup_updates, save_interval_updates,
               validate_interval_updates, seed, fairseq_args):
-    """fairseq-train DATA into SAVE_DIR with the project's recipe (lex_plugin.recipe: Adam (0.9, 0.98), weight
+    """fairseq-train DATA into SAVE_DIR with the project's recipe (lex_plugin.experiments.recipe: Adam (0.9, 0.98), weight
     decay 0.01, clip 1.0, polynomial decay after a warm-up, tied embeddings), the one the demo, the reproduction
     and the benchmarks use. Further fairseq-train options go after the others (--pos-emb rope, --fp16 ...). The
     command is printed, then runs in place of this one: resuming from SAVE_DIR/checkpoint_last.pt as fairseq does."""
-    from ..recipe import fairseq_train_command
+    from ..experiments.recipe import fairseq_train_command
 
     cmd = fairseq_train_command(data, save_dir, arch=arch, tokens_per_sample=tokens_per_sample, batch_size=batch_size,
                                 lr=lr, updates=max_update, warmup=warmup_updates, save_interval_updates=save_interval_updates,

@@ -417,7 +417,7 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
 def markdown_ruler(ruler: Dict[str, dict], runs: Sequence[str], l: int) -> str:
     """The RULER-lite summary of each run's ``lex ruler`` report: rows run x task x window, columns each length
     (mean over depths), as ``lex ruler`` prints it."""
-    from ..ruler import RulerResult, format_ruler
+    from ...evaluation.ruler import RulerResult, format_ruler
 
     fields = set(RulerResult.__dataclass_fields__)
     parts = []

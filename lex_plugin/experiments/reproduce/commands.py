@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from ...recipe import PLUGIN_DIR, fairseq_train_command
+from ..recipe import PLUGIN_DIR, fairseq_train_command
 from .options import ReproduceOptions
 from .catalogue import (BABILONG_FINETUNE, BABILONG_PROBE, LONGPPL_PROBE, METHODS, PASSKEY_FINETUNE, PROBE_WINDOWS, RULER_FINETUNE,
                         RULER_PROBE)
@@ -30,7 +30,7 @@ def prepare_command(corpus: Path, data: Path) -> List:
 
 def train_command(data: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions, updates: Optional[int] = None) -> List:
     """fairseq-train of one run (``run_args``: its ``RUNS`` arguments) at l = ``o.training_length`` into
-    ``save_dir``: the project's recipe (``lex_plugin.recipe``), the same budget and optimizer for every run, no
+    ``save_dir``: the project's recipe (``lex_plugin.experiments.recipe``), the same budget and optimizer for every run, no
     validation; under bf16 autocast when ``o.bf16_autocast`` (fp32 weights and optimizer state).
 
     Args:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ...recipe import PLUGIN_DIR
+from ..recipe import PLUGIN_DIR
 from .options import ReproduceOptions
 
 __all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time"]

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 __all__ = ["PLUGIN_DIR", "fairseq_train_command"]
 
-PLUGIN_DIR = Path(__file__).resolve().parent  # the --user-dir of every fairseq command
+PLUGIN_DIR = Path(__file__).resolve().parent.parent  # lex_plugin/: the --user-dir of every fairseq command
 
 Arg = Union[str, int, float, Path]
 
