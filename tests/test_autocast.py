@@ -184,7 +184,7 @@ def test_fairseq_train_eval_and_lex_commands_under_autocast(data_bin, trained, t
     scores = {}
     for name, extra in (("fp32", []), ("bf16", ["--bf16-autocast"])):
         out = tmp_path / f"score_{name}.json"
-        run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--data", str(data_bin), "--path", str(ckpt), str(text),
+        run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), str(text), "--path", str(ckpt),
                  "--bca", "--json", str(out), *extra], env=env)
         scores[name] = json.loads(out.read_text())["ppl"]
     assert 0 < abs(scores["bf16"] - scores["fp32"]) / scores["fp32"] < 0.005, scores

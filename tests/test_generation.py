@@ -90,7 +90,7 @@ def test_bca_needs_a_training_length(trained, data_bin, tmp_path):
 
 def test_lex_generate_cli(trained, data_bin):
     ckpt, _ = trained
-    base = [sys.executable, "-m", "lex_plugin.cli", "generate", "--path", str(ckpt), "--data", str(data_bin)]
+    base = [sys.executable, "-m", "lex_plugin.cli", "generate", str(data_bin), "--path", str(ckpt)]
     out = run_cli(base + ["--prompt", PROMPT, "--prompt", "The night", "--bca", "--max-len", "40", "--top-p", "0.9", "--seed", "1"]).stdout
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines[0].startswith(PROMPT) and len(lines[0]) > len(PROMPT) + 10 and lines[1].startswith("The night")
@@ -100,3 +100,9 @@ def test_lex_generate_cli(trained, data_bin):
 
     bad = subprocess.run(base + ["--prompt", " ", "--bca"], capture_output=True, text=True)
     assert bad.returncode != 0 and "empty prompt" in bad.stderr
+    # the data-bin as --data, the form before the one convention: the same text, and a deprecation message
+    old = run_cli([sys.executable, "-m", "lex_plugin.cli", "generate", "--path", str(ckpt), "--data", str(data_bin),
+                   "--prompt", "The night", "--beam", "3", "--max-len", "10"])
+    assert old.stdout == beam and "--data is deprecated" in old.stderr
+    both = subprocess.run(base + ["--data", str(data_bin), "--prompt", "x"], capture_output=True, text=True)
+    assert both.returncode != 0 and "given twice" in both.stderr

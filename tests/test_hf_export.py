@@ -375,8 +375,8 @@ def test_lm_eval_rolling_loglikelihood_equals_lex_score(exports, data_bin, tmp_p
     for i, page in enumerate(pages):
         (tmp_path / f"page{i}.txt").write_text(page, encoding="utf-8")
     report = tmp_path / "score.json"
-    run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data",
-             str(data_bin), *[str(tmp_path / f"page{i}.txt") for i in range(3)], "--json", str(report)])
+    run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), *[str(tmp_path / f"page{i}.txt") for i in range(3)],
+             "--path", str(ckpt), "--json", str(report)])
     docs = json.loads(report.read_text())["documents"]
     expected = -sum(doc["loss"] * doc["tokens"] * math.log(2) for doc in docs)
     assert abs(total - expected) <= 1e-4 * abs(expected), (total, expected, proc.stdout[-500:])

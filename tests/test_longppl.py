@@ -197,8 +197,7 @@ def test_lex_score_longppl_on_a_document(data_bin, trained, pg_slice, tmp_path):
     reports = {}
     for name, window in (("full", []), ("bca", ["--bca"])):
         out = tmp_path / f"{name}.json"
-        proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
-                        str(doc), *map(str, rule), *window, "--json", str(out)])
+        proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), str(doc), "--path", str(ckpt), *map(str, rule), *window, "--json", str(out)])
         assert "key tokens | LongPPL" in proc.stdout
         reports[name] = json.loads(out.read_text())
     hub = from_pretrained(ckpt.parent, ckpt.name, data_bin)

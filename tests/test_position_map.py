@@ -214,8 +214,8 @@ def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp
     hub = from_pretrained(ckpt.parent, ckpt.name, data_bin, window="rerope", rerope_window=16, logn=True)
     assert str(hub.spec) == "rerope(window=16)+logn" and hub.spec.logn == l
 
-    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
-                   "--position-map", "self_extend", "--logn", str(REPO / "README.md")]).stdout
+    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), str(REPO / "README.md"), "--path", str(ckpt),
+                   "--position-map", "self_extend", "--logn"]).stdout
     assert f"window self_extend(G=8,w={l // 4})+logn: ppl" in out
     bad = subprocess.run([sys.executable, "-m", "lex_plugin.cli", "passkey", str(data_bin), "--path", str(ckpt),
                           "--windows", "full,bca", "--dca-chunk-size", "40", "--lengths", "128", "--trials", "1"],

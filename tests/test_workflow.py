@@ -125,8 +125,8 @@ def test_document_score_equals_one_parallel_forward(hub, held_out, mode):
 def test_lex_score_command_prints_the_table_and_json(trained, data_bin, held_out, tmp_path):
     ckpt, _ = trained
     books = sorted((held_out / "test").glob("*.txt"))
-    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
-                   *map(str, books), "--bca", "--json", str(tmp_path / "score.json")])
+    out = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), *map(str, books), "--path", str(ckpt),
+                   "--bca", "--json", str(tmp_path / "score.json")])
     report = json.loads((tmp_path / "score.json").read_text())
     assert report["window"] == f"bca({TRAIN_LEN // 2})" and len(report["documents"]) == 2
     for doc, book in zip(report["documents"], books):
@@ -300,3 +300,18 @@ def test_importing_the_package_registers_all_it_provides():
             "assert 'lex_lm_tiny' in ARCH_MODEL_REGISTRY and 'lex_language_modeling' in TASK_REGISTRY\n"
             "assert 'torch_adamw' in OPTIMIZER_REGISTRY and 'lex_moses' in TOKENIZER_REGISTRY\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
+
+
+def test_lex_score_takes_the_data_bin_first_and_the_old_flag_with_a_message(trained, data_bin):
+    """One argument convention (DATA first, as fairseq-eval-lm): lex score DATA FILE; the form before it (--data)
+    still gives the same numbers for one release, with a deprecation message; DATA given both ways is refused."""
+    ckpt, _ = trained
+    new = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", str(data_bin), str(REPO / "README.md"), "--path", str(ckpt)])
+    old = run_cli([sys.executable, "-m", "lex_plugin.cli", "score", "--path", str(ckpt), "--data", str(data_bin),
+                   str(REPO / "README.md")])
+    assert "ppl" in new.stdout and new.stdout == old.stdout
+    assert "--data is deprecated" in old.stderr and "deprecated" not in new.stderr
+    for args in ([str(data_bin), str(REPO / "README.md"), "--data", str(data_bin)], [str(REPO / "README.md")]):
+        bad = subprocess.run([sys.executable, "-m", "lex_plugin.cli", "score", *args, "--path", str(ckpt)],
+                             capture_output=True, text=True, cwd=REPO)
+        assert bad.returncode != 0 and ("given twice" in bad.stderr or "must be the data-bin" in bad.stderr), bad.stderr

@@ -114,6 +114,33 @@ CKPT = click.option("--path", "checkpoint", type=click.Path(exists=True, dir_oka
 
 DATA = click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
 
+# the data-bin of score and generate before the one convention (DATA first, as fairseq-eval-lm and every other lex
+# command take it): still accepted for one release, with a deprecation message
+DEPRECATED_DATA = click.option("--data", "data_option", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                               default=None, help="deprecated: give the data-bin as the first argument DATA")
+
+
+def data_and_rest(data_option, arguments, rest: str):
+    """(data-bin, the other positional arguments) of a command whose data-bin comes first (``lex score DATA FILE...``)
+    or, deprecated, as ``--data`` (a message on stderr says so).
+
+    Raises:
+        click.UsageError: no data-bin; a data-bin that is not a directory; the data-bin given both ways.
+    """
+    arguments = [Path(a) for a in arguments]
+    if data_option is not None:
+        click.echo("lex: --data is deprecated and goes in the next release: give the data-bin as the first argument "
+                   "(lex score DATA FILE ..., lex generate DATA --prompt ...), as fairseq-eval-lm and the other lex "
+                   "commands take it.", err=True)
+        if arguments and arguments[0].is_dir():
+            raise click.UsageError(f"the data-bin is given twice ({arguments[0]} and --data {data_option}): keep DATA.")
+        return Path(data_option), arguments
+    if not arguments:
+        raise click.UsageError(f"missing DATA, the data-bin (first argument){', then ' + rest if rest else ''}.")
+    if not arguments[0].is_dir():
+        raise click.UsageError(f"DATA, the first argument, must be the data-bin directory; got {arguments[0]}.")
+    return arguments[0], arguments[1:]
+
 
 SPLIT = click.option("--split", default="test", show_default=True, help="split of the data-bin to read texts from")
 

@@ -10,8 +10,8 @@ import click
 
 from ..modules.positions.xpos import GAMMA, SCALE_BASE
 from ..options import parse_int_list
-from .common import (CKPT, DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, key_token_options, load_hub, window_options,
-                     write_outputs)
+from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, data_and_rest,
+                     key_token_options, load_hub, window_options, write_outputs)
 from .group import main
 
 
@@ -75,10 +75,10 @@ def compare_curves_cmd(log_a, log_b, labels, after, key, tolerance, plot_path, j
 
 
 @main.command("generate")
+@click.argument("data", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--path", "checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="checkpoint file (e.g. checkpoints/checkpoint_last.pt)")
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="the data-bin made by lex prepare (dictionary, BPE model)")
+@DEPRECATED_DATA
 @click.option("--prompt", "prompts", multiple=True, required=True, help="text to continue (repeat for several)")
 @click.option("--max-len", type=click.IntRange(min=1), default=50, show_default=True, help="tokens to generate")
 @window_options
@@ -88,9 +88,12 @@ def compare_curves_cmd(log_a, log_b, labels, after, key, tolerance, plot_path, j
 @click.option("--beam", type=click.IntRange(min=1), default=1, show_default=True,
               help="> 1: fairseq's beam search (the prompt is then fed one token per step)")
 @click.option("--seed", type=int, default=None)
-def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, beam, seed, **window):
+def generate_cmd(data, checkpoint, data_option, prompts, max_len, temperature, top_k, top_p, beam, seed, **window):
     """Continue one or more prompts with a LeX checkpoint (sampling with temperature / top-k / top-p, or
-    beam search)."""
+    beam search). DATA: the data-bin made by lex prepare (dictionary, BPE model)."""
+    data, extra = data_and_rest(data_option, data, "")
+    if extra:
+        raise click.UsageError(f"lex generate takes one DATA; give the texts with --prompt (got {', '.join(map(str, extra))}).")
     try:
         hub = load_hub(checkpoint, data, window)
         for prompt in prompts:
@@ -108,9 +111,8 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
 
 @main.command("score")
 @CKPT
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="the data-bin the model was trained on (its spm.model, dict.txt and lex_prepare.json encode the text)")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@DEPRECATED_DATA
+@click.argument("paths", nargs=-1, required=True, metavar="DATA FILE...", type=click.Path(exists=True, path_type=Path))
 @window_options
 @click.option("--longppl", is_flag=True, help="also LongPPL (Fang et al. 2025): perplexity over the key tokens, those the "
               "evaluator predicts better by > alpha nats with the whole document than truncated, at loss < beta")
@@ -118,11 +120,15 @@ def generate_cmd(checkpoint, data, prompts, max_len, temperature, top_k, top_p, 
               help="--longppl evaluator checkpoint (same data-bin), under full attention [default: --path]")
 @key_token_options
 @JSON_OUT
-def score_cmd(checkpoint, data, files, json_out, longppl, key_token_model, **flags):
-    """Perplexity of raw text FILES (one document each, UTF-8), with the loss per position bucket
+def score_cmd(checkpoint, data_option, paths, json_out, longppl, key_token_model, **flags):
+    """Perplexity of raw text FILEs (one document each, UTF-8) under the data-bin DATA the model was trained on (its
+    spm.model, dict.txt and lex_prepare.json encode the text), with the loss per position bucket
     ([0, l), [l, 2l), [2l, 4l) ...), under any window, and with --longppl the LongPPL of each document. No
     binarising: the text is encoded as lex prepare encodes a corpus; long documents run through the key/value
     cache, never truncated."""
+    data, files = data_and_rest(data_option, paths, "the FILEs")
+    if not files or any(f.is_dir() for f in files):
+        raise click.UsageError("lex score DATA FILE ...: give at least one text file after the data-bin.")
     from ..analysis.report import write_json
     from ..evaluation.documents import format_scores
     from ..evaluation.longppl import key_token_rule
