@@ -20,6 +20,7 @@ autocast). :data:`PROFILES` names whole settings (``--profile``).
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -51,17 +52,31 @@ __all__ = [
 ]
 
 
-def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
-    """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
-    method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
-    randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
-    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds) and, once there is a
-    perplexity, WORK/ppl_vs_length.png (plus methods_vs_length.png and random_positions_vs_length.png when
-    those runs exist).
+@dataclass(frozen=True)
+class _Reports:
+    """Every finished report of a work directory, read once (:func:`_collect`), and what the tables derive from them."""
 
-    Returns:
-        The text of tables.md.
-    """
+    ppl: dict  # {run: {window or method: {length: ppl}}}
+    resolution: dict
+    passkey: dict  # {probe: {run: report}}
+    tuned: dict  # {run: every passkey report after fine-tuning, one list}
+    ruler: dict
+    longppl: dict
+    babilong: dict
+    budgets: dict  # {run: {updates: {window: {length: ppl}}}}
+    main: list
+    random_pairs: list
+    methods: list
+    ablations: list
+    claims: list
+    flat: list
+    magnitudes: list
+    verdicts: list
+    progress: dict
+
+
+def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
+    """Read WORK/runs/RUN/*.json and WORK/progress.json, and derive the claims, verdicts and rows of every table."""
     l = o.training_length
     reports, resolution, passkey, ruler, longppl, babilong = {}, {}, {}, {}, {}, {}
     for name in runs:
@@ -117,6 +132,17 @@ def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
     magnitudes = check_magnitudes(ppl, l, o.lengths, budgets, o.batch_size * l)
     verdicts = far_context(longppl, babilong, l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
+    return _Reports(ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets, main, random_pairs, methods,
+                    ablations, claims, flat, magnitudes, verdicts, progress)
+
+
+def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
+    """The text of WORK/tables.md."""
+    l = o.training_length
+    ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets = (
+        r.ppl, r.resolution, r.passkey, r.tuned, r.ruler, r.longppl, r.babilong, r.budgets)
+    main, random_pairs, methods, ablations = r.main, r.random_pairs, r.methods, r.ablations
+    claims, flat, magnitudes, verdicts, progress = r.claims, r.flat, r.magnitudes, r.verdicts, r.progress
     ab_lengths = [l, 8 * l]
     parts = [
         f"Training length l = {l}, {o.arch}, {o.max_update} updates x {o.batch_size} x {l} tokens = "
@@ -163,21 +189,33 @@ def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
         *[f"| {k} | {fmt_time(v)} |" for k, v in progress.items()],
         f"| **total** | **{fmt_time(sum(progress.values()))}** |",
     ]
-    text = "\n".join(parts) + "\n"
-    (work / "tables.md").write_text(text)
-    (work / "results.json").write_text(json.dumps(
-        {"options": o.as_json(), "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
-         "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
-         **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
-         **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
-         **({"longppl": {n: rep["results"] for n, rep in longppl.items()}} if longppl else {}),
-         **({"babilong": {n: rep["results"] for n, rep in babilong.items()}} if babilong else {}),
-         **({"far_context": verdicts} if verdicts else {}),
-         **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
-                         for n, snaps in budgets.items()}} if budgets else {}),
-         "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
-                                           "paper": {str(k): v for k, v in m["paper"].items()}} for m in magnitudes],
-         "wall_seconds": progress}, indent=1))
+    return "\n".join(parts) + "\n"
+
+
+def _results_json(o: ReproduceOptions, r: _Reports) -> dict:
+    """WORK/results.json: the options, ppl, resolution, every probe's results, verdicts, budgets, claims, wall time."""
+    ppl, resolution, passkey, ruler, longppl, babilong, budgets = (
+        r.ppl, r.resolution, r.passkey, r.ruler, r.longppl, r.babilong, r.budgets)
+    claims, magnitudes, verdicts, progress = r.claims, r.magnitudes, r.verdicts, r.progress
+    return {"options": o.as_json(), "ppl": {n: {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for n, d in ppl.items()},
+            "resolution": {n: {w: {L: r["R"] for L, r in d["lengths"].items()} for w, d in res.items()} for n, res in resolution.items()},
+            **{probe: {n: rep["results"] for n, rep in reports.items()} for probe, reports in passkey.items()},
+            **({"ruler": {n: rep["results"] for n, rep in ruler.items()}} if ruler else {}),
+            **({"longppl": {n: rep["results"] for n, rep in longppl.items()}} if longppl else {}),
+            **({"babilong": {n: rep["results"] for n, rep in babilong.items()}} if babilong else {}),
+            **({"far_context": verdicts} if verdicts else {}),
+            **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
+                            for n, snaps in budgets.items()}} if budgets else {}),
+            "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
+                                              "paper": {str(k): v for k, v in m["paper"].items()}} for m in magnitudes],
+            "wall_seconds": progress}
+
+
+def _plots(work: Path, o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> None:
+    """WORK/ppl_vs_length.png and, when their runs exist, the methods', flat-and-retrieving, budget and
+    randomized-positions plots."""
+    l = o.training_length
+    ppl, budgets, main, random_pairs, methods, flat = r.ppl, r.budgets, r.main, r.random_pairs, r.methods, r.flat
     if ppl:
         plot_ppl(ppl, main, ["full", "sliding", "bca"], l, work / "ppl_vs_length.png",
                  f"{o.arch}, l = {l}, {o.max_update * o.batch_size * l / 1e6:.2f}M training tokens: test ppl vs length")
@@ -192,6 +230,24 @@ def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
     if random_pairs:
         plot_ppl(ppl, random_pairs, ["full", "sliding", "bca"], l, work / "random_positions_vs_length.png",
                  f"trained with and without randomized positions (L_max = {max(o.lengths)}, l = {l})")
+
+
+def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
+    """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
+    method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
+    randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
+    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds) and, once there is a
+    perplexity, WORK/ppl_vs_length.png (plus methods_vs_length.png and random_positions_vs_length.png when
+    those runs exist).
+
+    Returns:
+        The text of tables.md.
+    """
+    reports = _collect(work, o, runs)
+    text = _tables(o, runs, reports)
+    (work / "tables.md").write_text(text)
+    (work / "results.json").write_text(json.dumps(_results_json(o, reports), indent=1))
+    _plots(work, o, runs, reports)
     return text
 
 
