@@ -225,6 +225,10 @@ def from_pretrained(
     models = loaded["models"]
     if bf16_autocast:
         models = [m.with_autocast(torch.bfloat16) for m in models]
+    if getattr(loaded["task"].args, "add_bos_token", False):
+        raise ValueError(f"{model_dir / checkpoint_file} was trained with --add-bos-token: the hub, the lex commands and "
+                         "the export feed no leading <s>, so every score would miss the token the model always saw first. "
+                         "Evaluate it with fairseq-eval-lm (without --eval-lengths).")
     hub = LexHubInterface(loaded["args"], loaded["task"], models)
     options = AttentionOptions(window, **attention)
     return hub.under(hub.spec_for(options, evaluation_length))

@@ -143,6 +143,31 @@ def test_samples_fairseq_would_skip_are_refused(data_bin):
     assert sum(int(b["ntokens"]) for b in batches) == split_tokens(data_bin)
 
 
+def test_add_bos_token_is_refused_where_no_leading_bos_is_fed(data_bin, trained, tmp_path):
+    """fairseq's --add-bos-token puts <s> first in every training sample; the length report and the hub feed none,
+    so they refuse such a model instead of scoring it without the token it always saw first."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    import torch
+
+    from lex_plugin.hub_interface import from_pretrained
+
+    parser = options.get_eval_lm_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling", "--add-bos-token",
+        "--tokens-per-sample", str(TRAIN_LEN), "--path", "unused.pt", "--eval-lengths", f"{TRAIN_LEN},{2 * TRAIN_LEN}",
+    ])
+    with pytest.raises(ValueError, match="--add-bos-token"):
+        tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    ckpt, _ = trained
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state["cfg"]["task"]["add_bos_token"] = True  # the same checkpoint, as if trained with --add-bos-token
+    torch.save(state, tmp_path / "bos.pt")
+    with pytest.raises(ValueError, match="trained with --add-bos-token"):
+        from_pretrained(tmp_path, "bos.pt", data_bin)
+
+
 def train_scheme(data_bin, save_dir, scheme, updates):
     run_cli([
         "fairseq-train", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "language_modeling",

@@ -164,6 +164,10 @@ class LexLanguageModelingTask(LanguageModelingTask):
         self.key_token_rule = _key_token_rule(args, bool(self.eval_lengths))
         if args.length_report_only and not self.eval_lengths:
             raise ValueError("--length-report-only skips fairseq's pass after the --eval-lengths report; give --eval-lengths.")
+        if self.eval_lengths and getattr(args, "add_bos_token", False):
+            raise ValueError("--eval-lengths cuts the stream into samples without a leading <s>; a model trained with "
+                             "--add-bos-token would be scored without the token it always saw first. Drop --eval-lengths "
+                             "(fairseq's own pass prepends <s>), or evaluate a model trained without --add-bos-token.")
         self._models = []
 
     @property
