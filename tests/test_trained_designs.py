@@ -119,7 +119,7 @@ def test_qk_norm_is_recorded_and_exported():
 
 
 def _ssmax_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionWindow) -> torch.Tensor:
-    """SSMax attention in float64, written out (Nakanishi 2025, Eq. 3): softmax((s_h log n) q k^T / sqrt(d)) v,
+    """SSMax attention in float64, written out (Nakanishi 2025): softmax((s_h log n) q k^T / sqrt(d)) v,
     n the keys query p sees under the window (counted here from its mask)."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim

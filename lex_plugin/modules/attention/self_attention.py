@@ -21,6 +21,7 @@ from .executor import Observer, attend
 from .kv_cache import HeldKeys, KeyValueCache
 from .planner import dense_query_limit, plan
 from .spec import FULL_SPEC, AttentionSpec
+from .temperature import ssmax_scale
 
 __all__ = ["LexSelfAttention"]
 
@@ -47,7 +48,7 @@ class LexSelfAttention(nn.Module):
         qk_norm: QK-norm (OLMo 2, Gemma 3): each head's queries and keys go through an RMSNorm over the head
             dimension d (one learned (d,) weight for queries, one for keys, shared by the heads; computed in fp32)
             before the position scheme rotates them: q <- q / sqrt(mean(q^2) + eps) * w_q, the same for k.
-        ssmax_length: Scalable-Softmax (SSMax, Nakanishi 2025, Eq. 3: softmax((s log n) z)) with the training length
+        ssmax_length: Scalable-Softmax (SSMax, Nakanishi 2025: softmax((s log n) z) in place of softmax(z)) with the training length
             l = this value, or None (off): each query of head h is multiplied by s_h log(n), n the keys it sees under
             the window (its padding included), s_h a learned scalar initialised to 1 / log(l), so that the factor is
             1 at n = l (ordinary softmax at the training length); formed in fp32.
@@ -159,8 +160,7 @@ class LexSelfAttention(nn.Module):
         if self.ssmax is not None:  # SSMax: q times s_h log(n), n the keys each query sees (positions first ..)
             first = 0 if cache is None else cache.end
             seen = spec.window.visible_keys(torch.arange(first, first + tgt_len, device=q.device))
-            factor = self.ssmax.float()[:, None] * seen.double().log().float()  # (H, T)
-            q = (q.float() * factor[:, :, None]).to(q.dtype)
+            q = (q.float() * ssmax_scale(self.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
         dropout_p = self.dropout if self.training else 0.0
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
