@@ -14,15 +14,16 @@ LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)|!\[[^\]]*\]\(
 FENCE = re.compile(r"^(```|~~~)")
 
 
-def _prose(text: str) -> str:
-    """``text`` without fenced code blocks and inline code spans (links there are examples, not links)."""
+def _prose(text: str, code_spans: bool = False) -> str:
+    """``text`` without fenced code blocks, and without inline code spans unless ``code_spans`` (links there are
+    examples, not links; a heading's code spans are part of its anchor)."""
     out, fenced = [], False
     for line in text.splitlines():
         if FENCE.match(line.lstrip()):
             fenced = not fenced
             continue
         if not fenced:
-            out.append(re.sub(r"`[^`]*`", "", line))
+            out.append(line if code_spans else re.sub(r"`[^`]*`", "", line))
     return "\n".join(out)
 
 
@@ -38,7 +39,7 @@ def github_anchor(heading: str) -> str:
 def anchors(path: Path) -> set:
     seen: Counter = Counter()
     out = set()
-    for line in _prose(path.read_text(encoding="utf-8")).splitlines():
+    for line in _prose(path.read_text(encoding="utf-8"), code_spans=True).splitlines():
         m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if m:
             base = github_anchor(m.group(1))
@@ -76,7 +77,8 @@ def test_relative_links_and_anchors_resolve(doc):
 
 def test_the_link_check_sees_a_broken_link(tmp_path):
     doc = tmp_path / "a.md"
-    doc.write_text("# Title\n\nsee [b](b.md), [here](#title), [gone](#nowhere)\n\n```\n[x](not-a-link.md)\n```\n")
+    doc.write_text("# Title\n\n## The `--bca` flag\n\nsee [b](b.md), [here](#title), [gone](#nowhere)\n\n```\n"
+                   "[x](not-a-link.md)\n# not a heading\n```\n")
     found = list(links(doc))
     assert found == ["b.md", "#title", "#nowhere"]
-    assert anchors(doc) == {"title"}
+    assert anchors(doc) == {"title", "the---bca-flag"}

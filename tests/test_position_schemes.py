@@ -323,7 +323,7 @@ def test_old_checkpoint_names_load():
 def test_readme_scheme_table_is_the_registry():
     from conftest import REPO
 
-    assert scheme_table() in (REPO / "docs" / "architecture.md").read_text()
+    assert scheme_table() in (REPO / "docs" / "positions.md").read_text()
 
 
 def test_position_tables_stay_fp32_under_half():

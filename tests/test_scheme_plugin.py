@@ -1,5 +1,5 @@
 """Adding a position scheme is one module: a scheme registered from this test file is choosable, built,
-validated, refused where it does not apply, and in the table of docs/architecture.md; a scheme that is not
+validated, refused where it does not apply, and in the table of docs/positions.md; a scheme that is not
 translation-invariant gets its true positions under every window, sinks and Λ included."""
 
 import math

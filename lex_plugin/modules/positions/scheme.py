@@ -23,7 +23,7 @@ given true positions: the planner then cuts no batched windows, and sinks are pl
 positions in the true frame. ``POSITION_SCHEMES`` maps each ``--pos-emb`` name to a
 :class:`SchemeSpec` (how to build it from the model config, how to validate the config, its kind, one
 line of help and its source); the choice list of ``--pos-emb``, the model builder, config validation,
-the test parametrisation and the table of docs/architecture.md all read it. Adding a scheme is one module with a
+the test parametrisation and the table of docs/positions.md all read it. Adding a scheme is one module with a
 ``register_position_scheme(SchemeSpec(...))`` call, imported by ``positions/__init__.py``.
 """
 
@@ -141,7 +141,7 @@ class SchemeSpec:
     Attributes:
         name: the ``--pos-emb`` value.
         kind: ``rotary``, ``bias``, ``absolute`` or ``none``.
-        summary: one line for ``--help`` and the table of docs/architecture.md.
+        summary: one line for ``--help`` and the table of docs/positions.md.
         source: paper, section, equation.
         build: (config, layer index) -> :class:`PositionScheme`. ``config`` is the TorchScale
             ``DecoderConfig`` with the plugin's fields; see ``lex_lm.build_decoder_config``.
@@ -269,7 +269,7 @@ def build_positions(config) -> Tuple[str, nn.ModuleList]:
 
 def scheme_table() -> str:
     """The Markdown table of registered schemes (name, kind, what it does, its options with their defaults,
-    source): docs/architecture.md's."""
+    source): docs/positions.md's."""
     lines = ["| `--pos-emb` | kind | what it does | options (default) | source |", "|---|---|---|---|---|"]
     for spec in POSITION_SCHEMES.values():
         options = ", ".join(f"`{o.flag}` ({'off' if o.default is False else o.default if o.default is not None else 'see help'})"
