@@ -1,7 +1,8 @@
 """lex_plugin: the LeX Transformer (xPos + blockwise causal attention) as a fairseq user-dir plugin.
 
 Use with ``fairseq-train --user-dir lex_plugin --arch lex_lm_tiny ...``. Importing this package
-registers the ``lex_lm`` model and its ``lex_lm_*`` architectures.
+registers the ``lex_lm`` model and its ``lex_lm_*`` architectures; ``lex_plugin.from_pretrained(model_dir,
+checkpoint_file, data_bin, window=...)`` loads a checkpoint for generation and scoring (``hub_interface``).
 
 The attention core (``lex_plugin.modules``: positions, windows, planner, executor, cache, layers) needs
 torch (and TorchScale's components) only: where fairseq is not installed, ``import lex_plugin.modules``
@@ -23,9 +24,10 @@ except ModuleNotFoundError as err:  # the fairseq-free core; any other import er
 else:
     from . import checkpoints, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
     from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
+    from .hub_interface import from_pretrained
     from .models import LexLanguageModel
 
     checkpoints.install()  # clear errors for truncated / corrupt checkpoints
     logs.repair_fairseq_logging()  # fairseq-eval-lm & co.: undo the DEBUG root logger fairseq's wav2vec import sets
 
-    __all__ = ["LexLanguageModel"]
+    __all__ = ["LexLanguageModel", "from_pretrained"]

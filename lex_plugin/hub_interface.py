@@ -1,7 +1,7 @@
 """Generation and scoring from Python, in the manner of fairseq's ``TransformerLanguageModel.from_pretrained``.
 
-    from lex_plugin import LexLanguageModel
-    lm = LexLanguageModel.from_pretrained("checkpoints/lex_tiny", "checkpoint_last.pt", "data-bin/pg", window="bca")
+    import lex_plugin
+    lm = lex_plugin.from_pretrained("checkpoints/lex_tiny", "checkpoint_last.pt", "data-bin/pg", window="bca")
     lm.continue_text("It was a dark and stormy night", max_len=100, top_p=0.9, seed=1)
     lm.sample("It was a dark and stormy night", beam=4, max_len_b=50)     # fairseq's generator
     lm.score("It was a dark and stormy night.")["positional_scores"]

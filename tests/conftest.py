@@ -105,10 +105,10 @@ def trained(data_bin, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hub(trained, data_bin):
     """The suite's trained model (``trained``) as a hub over its data-bin: full attention, fp32."""
-    from lex_plugin import LexLanguageModel
+    import lex_plugin
 
     ckpt, _ = trained
-    return LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin)
+    return lex_plugin.from_pretrained(ckpt.parent, ckpt.name, data_bin)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def test_the_model_stands_below_the_hub_and_evaluation():
     convention for ``from_pretrained``), importing it when called."""
     import ast
 
-    above = ("hub_interface", "tasks", "evaluation", "analysis", "data", "cli", "recipe", "reproduce")
+    above = ("hub_interface", "tasks", "evaluation", "analysis", "data", "cli", "experiments", "export")
     found = []
     for package, banned in (("modules", None), ("models", above)):
         for path in sorted((REPO / "lex_plugin" / package).rglob("*.py")):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_LEN, run_cli
+import lex_plugin
 from lex_plugin import LexLanguageModel
 from lex_plugin.hub_interface import filter_logits
 
@@ -83,9 +84,19 @@ def test_bca_needs_a_training_length(trained, data_bin, tmp_path):
     del state["cfg"]["model"]["tokens_per_sample"]
     torch.save(state, tmp_path / "no_length.pt")
     with pytest.raises(ValueError, match="records no tokens_per_sample"):
-        LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca")
-    hub = LexLanguageModel.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca", training_length=TRAIN_LEN)
+        lex_plugin.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca")
+    hub = lex_plugin.from_pretrained(tmp_path, "no_length.pt", data_bin, window="bca", training_length=TRAIN_LEN)
     assert str(hub.window) == f"bca({TRAIN_LEN // 2})"
+
+
+def test_the_class_method_loader_is_deprecated_and_loads_the_same_hub(trained, data_bin):
+    ckpt, _ = trained
+    with pytest.warns(DeprecationWarning, match="lex_plugin.from_pretrained"):
+        old = LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin, window="bca", sink_tokens=2)
+    new = lex_plugin.from_pretrained(ckpt.parent, ckpt.name, data_bin, window="bca", sink_tokens=2)
+    assert old.spec == new.spec and str(new.window) == f"bca({TRAIN_LEN // 2})+sinks(2)"
+    text = "It was a dark and stormy night, and the rain fell in torrents."
+    assert torch.equal(old.score(text)["positional_scores"], new.score(text)["positional_scores"])
 
 
 def test_lex_generate_cli(trained, data_bin):

@@ -11,6 +11,7 @@ this module is imported gets its flags, and an option given to a scheme that doe
 """
 
 import copy
+import warnings
 from dataclasses import dataclass, field, make_dataclass
 from typing import Optional
 
@@ -172,10 +173,13 @@ class LexLanguageModel(FairseqLanguageModel):
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
                         window="full", **kwargs):
-        """A :class:`~lex_plugin.hub_interface.LexHubInterface` (sample, score, continue_text) for a
-        checkpoint and the data-bin ``lex prepare`` made (its tokenization and BPE are applied to text):
-        ``lex_plugin.hub_interface.from_pretrained``, whose keywords (the attention options by name) it takes."""
-        from ..hub_interface import from_pretrained
+        """Deprecated, removed in 0.2: use ``lex_plugin.from_pretrained`` (same arguments, same hub). Kept for one
+        release because fairseq's inherited ``from_pretrained`` would otherwise take its place and silently drop
+        the attention keywords; 0.2 replaces it with an error that names ``lex_plugin.from_pretrained``. The one
+        import of the hub from ``models/`` (tests/test_core.py holds every other import to the layering)."""
+        warnings.warn("LexLanguageModel.from_pretrained is deprecated and will be removed in lex_plugin 0.2: call "
+                      "lex_plugin.from_pretrained(...) with the same arguments.", DeprecationWarning, stacklevel=2)
+        from ..hub_interface import from_pretrained  # the deprecated shim's import (models/ sits below the hub)
 
         return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, **kwargs)
 
