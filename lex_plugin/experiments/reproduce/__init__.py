@@ -289,13 +289,134 @@ def _train_to(run: Runner, key: str, cmd: list, log: Path, stamp: Path, ckpt: Pa
     run(key, cmd, log, stamp, stamp=True, then=keep)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One run of a reproduction as its steps see it: the name, the training flags, where its files go."""
+
+    name: str
+    args: tuple  # --pos-emb and the other training flags (RUNS, with --random-positions for the random runs)
+    role: str  # "main", "ablation" or "random" (catalogue.RUNS)
+    dir: Path  # WORK/runs/NAME
+    rotary: bool  # a rotary scheme (RoPE scalings and Leaky ReRoPE apply)
+
+    @property
+    def ckpt(self) -> Path:
+        return self.dir / "checkpoints" / "checkpoint_last.pt"
+
+
+def _steps_of(method: str) -> int:
+    """The runner steps of one method on one run: a probe after fine-tuning is the fine-tuning and its probes."""
+    if method in ("ruler", "babilong"):
+        return 2
+    if not method.startswith("passkey_finetuned"):
+        return 1
+    return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
+
+
+def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
+    """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4), two per
+    budget, its methods' steps; the data-bin and each probe's data once, unless already written."""
+    tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
+    uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
+    return ((0 if (data / "dict.txt").exists() else 1)
+            + sum(4 + 2 * len(budgets) + sum(map(_steps_of, run_methods[n])) for n in runs)
+            + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
+            + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
+            + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
+
+
+def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, budgets: Sequence[int]) -> None:
+    """Train ``r`` (a snapshot at each budget, each evaluated as the last checkpoint is), evaluate the last
+    checkpoint at every length (ablations: l and 8l) under full / sliding / BCA (ablations: full / BCA), and
+    measure attention resolution at l and 2l under full attention and BCA."""
+    l, lengths = o.training_length, o.lengths
+    ckpt_dir, ckpt = r.ckpt.parent, r.ckpt
+    windows = ["full", "bca"] if r.role == "ablation" else ["full", "sliding", "bca"]
+    run_lengths = (sorted({l, 8 * l} & set(lengths)) or [l]) if r.role == "ablation" else lengths
+    for budget in budgets:
+        snap = ckpt_dir / f"checkpoint_u{budget}.pt"
+        _train_to(run, f"train {r.name} to {budget}", train_command(data, ckpt_dir, list(r.args), o, updates=budget),
+                  r.dir / "train.log", r.dir / f"train_u{budget}.done", ckpt, budget, snap)
+        report = r.dir / f"length_report_u{budget}.json"
+        run(f"eval {r.name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
+            r.dir / f"eval_u{budget}.log", report)
+    _train_to(run, f"train {r.name}", train_command(data, ckpt_dir, list(r.args), o), r.dir / "train.log",
+              r.dir / "train.done", ckpt, o.max_update)
+    run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o),
+        r.dir / "eval.log", r.dir / "length_report.json")
+    for w in ("full", "bca"):
+        out = r.dir / f"resolution_{w}.json"
+        run(f"resolution {r.name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), r.dir / f"resolution_{w}.log", out)
+
+
+def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
+    """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
+    (``passkey_finetuned``, ``_logn`` with log-n), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``)."""
+    l, passkey_bin, tuned = o.training_length, work / "passkey-bin", r.dir / "passkey_ft" / "checkpoint_last.pt"
+    if not (passkey_bin / "train.idx").exists():
+        run("passkey data", passkey_data_command(data, r.ckpt, passkey_bin, o), work / "passkey-data.log",
+            passkey_bin / "train.idx")
+    run(f"finetune {r.name}", finetune_command(passkey_bin, r.ckpt, tuned.parent, list(r.args), o), tuned.parent / "train.log",
+        tuned.parent / "train.done", stamp=True)
+    if method == "passkey_finetuned_scaled":  # 8l only, each scaling with and without log-n
+        for scaled in SCALED_PASSKEY:
+            out = r.dir / f"passkey_finetuned_{scaled}.json"
+            run(f"passkey_finetuned {r.name} {scaled}",
+                passkey_command(data, tuned, out, o, extra=scaled_passkey_flags(scaled), lengths=[8 * l], windows=["full"]),
+                r.dir / f"passkey_finetuned_{scaled}.log", out)
+        return
+    out = r.dir / f"{method}.json"
+    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary, ["--logn"] if method.endswith("_logn") else []),
+        r.dir / f"{method}.log", out)
+
+
+def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: ReproduceOptions) -> None:
+    """RULER-lite or BABILong-lite: the probe's data-bin once (its encoding is the data-bin's), each run fine-tuned on
+    it with ``--answer-only-loss``, then probed."""
+    if probe == "ruler":
+        bin_dir, done, tuned_dir, budget, report = work / "ruler-bin", RULER_DATA_DONE, RULER_TUNED, RULER_FINETUNE, RULER_REPORT
+        data_command, probe_command = ruler_data_command, ruler_command
+    else:
+        bin_dir, done, tuned_dir, budget, report = (work / "babilong-bin", BABILONG_DATA_DONE, BABILONG_TUNED, BABILONG_FINETUNE,
+                                                    BABILONG_REPORT)
+        data_command, probe_command = babilong_data_command, babilong_command
+    tuned = r.dir / tuned_dir / "checkpoint_last.pt"
+    if not (bin_dir / done).exists():
+        if probe == "ruler" and bin_dir.exists():  # written before rows recorded their answers: the same rows, written again
+            shutil.rmtree(bin_dir)
+        run(f"{probe} data", data_command(data, r.ckpt, bin_dir, o), work / f"{probe}-data.log", bin_dir / done)
+    run(f"{probe} finetune {r.name}", answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget),
+        tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
+    out = r.dir / report
+    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary), out.with_suffix(".log"), out)
+
+
+def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
+    """One of ``o.methods`` on run ``r``'s last checkpoint: a probe (:data:`PROBES`) or an evaluation-time method
+    (:data:`METHODS`, the length evaluation under it)."""
+    if method == "passkey":
+        out = r.dir / "passkey.json"
+        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary), r.dir / "passkey.log", out)
+    elif method.startswith("passkey_finetuned"):
+        _passkey_finetuned(run, r, method, work, data, o)
+    elif method in ("ruler", "babilong"):
+        _answer_probe(run, r, method, work, data, o)
+    elif method == "longppl":
+        out = r.dir / LONGPPL_REPORT
+        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary), out.with_suffix(".log"), out)
+    else:
+        out = r.dir / f"method_{method}.json"
+        run(f"{method} {r.name}", method_command(data, r.ckpt, method, out, o), r.dir / f"method_{method}.log", out)
+
+
 def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
     """Every step of the reproduction, skipping the finished ones: check and record the options
     (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
     evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
-    8l under full / BCA), measure resolution at l and 2l under full attention and BCA, and on the
-    :data:`METHOD_RUNS` checkpoints run ``o.methods`` (RoPE scaling on rotary schemes only), rewriting the results
-    (:func:`write_results`) after each run. Prints each step, then the tables and where they are.
+    8l under full / BCA), measure resolution at l and 2l under full attention and BCA
+    (:func:`_train_and_evaluate`), and on the :data:`METHOD_RUNS` checkpoints run ``o.methods`` (:func:`_run_method`;
+    RoPE scaling on rotary schemes only), rewriting the results (:func:`write_results`) after each run. Prints each
+    step, then the tables and where they are.
 
     Args:
         work: the work directory (WORK/runs/RUN/ holds each run's checkpoints, logs and reports).
@@ -312,104 +433,23 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
             finished step).
     """
     check_options(work, o)
-    l, lengths = o.training_length, o.lengths
     data = data_bin or work / "data-bin"
-    ab_lengths = sorted({l, 8 * l} & set(lengths)) or [l]
-
-    passkey_bin = work / "passkey-bin"
     run_methods = {n: methods_of(n, o.methods) for n in runs}
-    tuned_runs = [n for n in runs if any(m.startswith("passkey_finetuned") for m in run_methods[n])]
-
-    def steps_of(method: str) -> int:  # a probe after fine-tuning: the fine-tuning (once, then "done") and its probes
-        if method in ("ruler", "babilong"):
-            return 2
-        if not method.startswith("passkey_finetuned"):
-            return 1
-        return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
-
     budgets = sorted(o.budgets)
     if budgets and budgets[-1] >= o.max_update:
         raise ReproduceError(f"budgets {budgets} must be below --max-update {o.max_update} (the last checkpoint "
                              "is the last budget).")
-    steps = ((0 if (data / "dict.txt").exists() else 1) + sum(4 + 2 * len(budgets) + sum(map(steps_of, run_methods[n])) for n in runs)
-             + (1 if tuned_runs and not (passkey_bin / "train.idx").exists() else 0)
-             + (1 if any("ruler" in run_methods[n] for n in runs) and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
-             + (1 if any("babilong" in run_methods[n] for n in runs)
-                and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
-    run = Runner(work, steps)
+    run = Runner(work, _step_count(work, data, runs, run_methods, budgets))
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for name in runs:
         run_args, role = RUNS[name]
         if role == "random":
-            run_args = [*run_args, "--random-positions", max(lengths)]
-        rdir = work / "runs" / name
-        ckpt_dir = rdir / "checkpoints"
-        ckpt = ckpt_dir / "checkpoint_last.pt"
-        windows = ["full", "bca"] if role == "ablation" else ["full", "sliding", "bca"]
-        run_lengths = ab_lengths if role == "ablation" else lengths
-        for budget in budgets:  # snapshots of the one run, each evaluated as the last checkpoint is
-            snap = ckpt_dir / f"checkpoint_u{budget}.pt"
-            _train_to(run, f"train {name} to {budget}", train_command(data, ckpt_dir, run_args, o, updates=budget),
-                      rdir / "train.log", rdir / f"train_u{budget}.done", ckpt, budget, snap)
-            report = rdir / f"length_report_u{budget}.json"
-            run(f"eval {name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
-                rdir / f"eval_u{budget}.log", report)
-        _train_to(run, f"train {name}", train_command(data, ckpt_dir, run_args, o), rdir / "train.log", rdir / "train.done",
-                  ckpt, o.max_update)
-        run(f"eval {name}", eval_command(data, ckpt, run_lengths, windows, rdir / "length_report.json", o), rdir / "eval.log",
-            rdir / "length_report.json")
-        for w in ("full", "bca"):
-            out = rdir / f"resolution_{w}.json"
-            run(f"resolution {name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), rdir / f"resolution_{w}.log", out)
+            run_args = [*run_args, "--random-positions", max(o.lengths)]
+        r = _Run(name, tuple(run_args), role, work / "runs" / name, name in ROTARY_RUNS)
+        _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[name]:
-            if method == "passkey":
-                out = rdir / "passkey.json"
-                run(f"passkey {name}", passkey_command(data, ckpt, out, o, name in ROTARY_RUNS), rdir / "passkey.log", out)
-            elif method.startswith("passkey_finetuned"):
-                tuned = rdir / "passkey_ft" / "checkpoint_last.pt"
-                if not (passkey_bin / "train.idx").exists():
-                    run("passkey data", passkey_data_command(data, ckpt, passkey_bin, o), work / "passkey-data.log",
-                        passkey_bin / "train.idx")
-                run(f"finetune {name}", finetune_command(passkey_bin, ckpt, tuned.parent, run_args, o), tuned.parent / "train.log",
-                    tuned.parent / "train.done", stamp=True)
-                if method == "passkey_finetuned_scaled":  # 8l only, each scaling with and without log-n
-                    for scaled in SCALED_PASSKEY:
-                        out = rdir / f"passkey_finetuned_{scaled}.json"
-                        run(f"passkey_finetuned {name} {scaled}",
-                            passkey_command(data, tuned, out, o, extra=scaled_passkey_flags(scaled), lengths=[8 * l], windows=["full"]),
-                            rdir / f"passkey_finetuned_{scaled}.log", out)
-                else:
-                    out = rdir / f"{method}.json"
-                    run(f"{method} {name}", passkey_command(data, tuned, out, o, name in ROTARY_RUNS,
-                                                            ["--logn"] if method.endswith("_logn") else []),
-                        rdir / f"{method}.log", out)
-            elif method == "ruler":
-                ruler_bin, tuned = work / "ruler-bin", rdir / RULER_TUNED / "checkpoint_last.pt"
-                if not (ruler_bin / RULER_DATA_DONE).exists():
-                    if ruler_bin.exists():  # written before rows recorded their answers: the same rows, written again
-                        shutil.rmtree(ruler_bin)
-                    run("ruler data", ruler_data_command(data, ckpt, ruler_bin, o), work / "ruler-data.log", ruler_bin / RULER_DATA_DONE)
-                run(f"ruler finetune {name}", answer_finetune_command(ruler_bin, ckpt, tuned.parent, run_args, o, RULER_FINETUNE),
-                    tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
-                out = rdir / RULER_REPORT
-                run(f"ruler {name}", ruler_command(data, tuned, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
-            elif method == "longppl":
-                out = rdir / LONGPPL_REPORT
-                run(f"longppl {name}", longppl_command(data, ckpt, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
-            elif method == "babilong":
-                babilong_bin, tuned = work / "babilong-bin", rdir / BABILONG_TUNED / "checkpoint_last.pt"
-                if not (babilong_bin / BABILONG_DATA_DONE).exists():  # once: the encoding is the data-bin's
-                    run("babilong data", babilong_data_command(data, ckpt, babilong_bin, o), work / "babilong-data.log",
-                        babilong_bin / BABILONG_DATA_DONE)
-                run(f"babilong finetune {name}",
-                    answer_finetune_command(babilong_bin, ckpt, tuned.parent, run_args, o, BABILONG_FINETUNE),
-                    tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
-                out = rdir / BABILONG_REPORT
-                run(f"babilong {name}", babilong_command(data, tuned, out, o, name in ROTARY_RUNS), out.with_suffix(".log"), out)
-            else:
-                out = rdir / f"method_{method}.json"
-                run(f"{method} {name}", method_command(data, ckpt, method, out, o), rdir / f"method_{method}.log", out)
+            _run_method(run, r, method, work, data, o)
         write_results(work, o, runs)  # tables grow as runs finish
     text = write_results(work, o, runs)
     print("\n" + text)
