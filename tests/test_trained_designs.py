@@ -252,3 +252,99 @@ def test_the_attention_temperature_is_drope_recalibration():
     logits = 1.7 * q.double() @ k.double().transpose(-1, -2) / 4.0
     logits = logits.masked_fill(~window_mask(AttentionWindow.full(), 40), float("-inf"))
     assert (got.double() - torch.softmax(logits, -1) @ v.double()).abs().max() < 1e-6
+
+
+# ---- Llama 4's temperature tuning ------------------------------------------------------------------------------
+
+def _tuned_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionWindow, beta: float, floor: int,
+                     scheme) -> torch.Tensor:
+    """Temperature-tuned attention in float64, written out: queries times 1 + beta log1p(floor((p + 1) / F)) at
+    their position p (transformers' modeling_llama4, attn_temperature_tuning), then the scheme's rotation (NoPE or
+    xPos at true positions, float64) and masked softmax."""
+    B, T, C = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    x = x.double()
+
+    def heads(proj):
+        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
+
+    p = torch.arange(T, dtype=torch.float64)
+    factor = 1.0 + beta * torch.log1p(torch.floor((p + 1.0) / floor))
+    q, k = heads(attn.q_proj) * factor[:, None], heads(attn.k_proj)
+    if isinstance(scheme, XPos):
+        q, k = xpos_pair(scheme, q, k, 0)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+    out = torch.softmax(logits.masked_fill(~window_mask(window, T), float("-inf")), -1) @ heads(attn.v_proj)
+    out = out.transpose(1, 2).reshape(B, T, C)
+    return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
+
+
+def test_temperature_tuning_is_llama4s_formula():
+    from lex_plugin.modules.attention.temperature import TemperatureTuning
+
+    tuning = TemperatureTuning(0.1, 8192)
+    p = torch.tensor([0, 8190, 8191, 16382, 16383, 10**9])
+    expected = [1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3),
+                1 + 0.1 * math.log1p(math.floor((10**9 + 1) / 8192))]
+    assert torch.allclose(tuning.scale(p).double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-7)
+    with pytest.raises(ValueError, match="must be positive"):
+        TemperatureTuning(0.0, 16)
+    with pytest.raises(ValueError, match="at least 1 position"):
+        TemperatureTuning(0.1, 0)
+
+
+@pytest.mark.parametrize("scheme", [NoPositions(), XPos(16)], ids=["nope", "xpos"])
+@pytest.mark.parametrize("window,length", [(AttentionWindow.full(), L), (AttentionWindow.full(), 4 * L),
+                                           (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
+def test_temperature_tuning_equals_its_formula_in_float64(scheme, window, length):
+    from lex_plugin.modules.attention.temperature import TemperatureTuning
+
+    torch.manual_seed(3)
+    attn = LexSelfAttention(64, 4, temperature_tuning=TemperatureTuning(0.5, L // 2))
+    x = torch.randn(2, length, 64)
+    got = attn(x, scheme=scheme, spec=AttentionSpec(window))
+    expected = _tuned_reference(attn, x, window, 0.5, L // 2, scheme)
+    assert (got.double() - expected).abs().max() < 1e-5
+    plain = LexSelfAttention(64, 4)
+    plain.load_state_dict(attn.state_dict())
+    differs = (plain(x, scheme=scheme, spec=AttentionSpec(window)) - got).abs().amax(dim=(0, 2))  # (T,)
+    assert differs[: L // 2 - 1].max() == 0 and differs[L // 2 - 1:].min() > 0  # 1 up to p = F - 2, sharper after
+
+
+def test_temperature_tuning_generation_equals_the_parallel_forward_and_is_recorded():
+    """A model option (recorded, no flag at evaluation): token by token through the cache equals one parallel forward
+    (full and BCA, positions continue in the cache); --logn and a floor without a beta are refused; the export
+    carries it and gives the same logits."""
+    model = build_lex_model(tokens_per_sample=L, pos_emb="none", temperature_tuning_beta=0.3, seed=4)
+    layer = model.decoder.layers[0].self_attn
+    assert layer.temperature_tuning.beta == 0.3 and layer.temperature_tuning.floor_scale == L
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=5)
+    for window in (AttentionWindow.full(), AttentionWindow.bca(L)):
+        view = model.under(AttentionSpec(window))
+        with torch.no_grad():
+            parallel, _ = view(tokens)
+            state = {}
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, window
+    with pytest.raises(ValueError, match="temperature tuning"):
+        model.under(AttentionSpec(logn=L))
+    with pytest.raises(ValueError, match="give --temperature-tuning-beta"):
+        build_lex_model(tokens_per_sample=L, temperature_tuning_floor=8)
+    with pytest.raises(ValueError, match="must be positive"):
+        build_lex_model(tokens_per_sample=L, temperature_tuning_beta=-0.1)
+    floor = build_lex_model(tokens_per_sample=L, temperature_tuning_beta=0.1, temperature_tuning_floor=7)
+    assert floor.decoder.layers[0].self_attn.temperature_tuning.floor_scale == 7
+
+    pytest.importorskip("transformers")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="none", temperature_tuning_beta=0.3)
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    config = hf_config(args, model.decoder.dictionary, L)
+    assert config.temperature_tuning_beta == 0.3 and config.decoder_config().temperature_tuning_beta == 0.3
+    hf = from_fairseq(model, config)
+    with torch.no_grad():
+        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5

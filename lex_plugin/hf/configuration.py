@@ -33,6 +33,8 @@ HF_NAMES = {
     "layernorm_embedding": "layernorm_embedding",
     "qk_norm": "qk_norm",
     "ssmax": "ssmax",
+    "temperature_tuning_beta": "temperature_tuning_beta",
+    "temperature_tuning_floor": "temperature_tuning_floor",
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
@@ -55,6 +57,8 @@ class LexConfig(PretrainedConfig):
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
         qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
         ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
+        temperature_tuning_beta, temperature_tuning_floor: Llama 4's temperature tuning (``--temperature-tuning-beta``,
+            ``--temperature-tuning-floor``; 0 / None: off, F = training_length).
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
         use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
@@ -86,6 +90,8 @@ class LexConfig(PretrainedConfig):
         layernorm_embedding: bool = False,
         qk_norm: bool = False,
         ssmax: bool = False,
+        temperature_tuning_beta: float = 0.0,
+        temperature_tuning_floor: Optional[int] = None,
         scale_embedding: bool = True,
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
@@ -117,6 +123,8 @@ class LexConfig(PretrainedConfig):
         self.layernorm_embedding = layernorm_embedding
         self.qk_norm = qk_norm
         self.ssmax = ssmax
+        self.temperature_tuning_beta = temperature_tuning_beta
+        self.temperature_tuning_floor = temperature_tuning_floor
         self.scale_embedding = scale_embedding
         self.dictionary_digest = dictionary_digest
         self.use_cache = use_cache

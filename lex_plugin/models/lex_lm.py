@@ -74,6 +74,17 @@ class LexModelOptions(FairseqDataclass):
         metadata={"help": "Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), n the keys a query sees, "
                           "s_h learned, starting at 1 / log(l)"},
     )
+    temperature_tuning_beta: float = field(
+        default=0.0,
+        metadata={"help": "Llama 4's attention temperature tuning: each query times 1 + beta log1p(floor((p + 1) / F)) "
+                          "at its position p, at training and evaluation (Llama 4: beta 0.1 on its NoPE layers; here "
+                          "every layer); 0: off"},
+    )
+    temperature_tuning_floor: Optional[int] = field(
+        default=None,
+        metadata={"help": "F of --temperature-tuning-beta, in positions (Llama 4: 8192, its training length); "
+                          "default: --tokens-per-sample"},
+    )
     qk_norm: bool = field(
         default=False,
         metadata={"help": "QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and keys before the position "
@@ -131,6 +142,8 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not DecoderConfig fields: attributes, as pos_emb
     config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
+    config.temperature_tuning_beta = float(safe_getattr(cfg, "temperature_tuning_beta", 0.0) or 0.0)
+    config.temperature_tuning_floor = safe_getattr(cfg, "temperature_tuning_floor", None)
     config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 

@@ -76,6 +76,8 @@ class DecoderStack:
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         self.ssmax = bool(getattr(config, "ssmax", False))  # queries carry a learned s log(n): --logn is refused
+        # Llama 4's temperature tuning: queries sharpen with their position already; --logn is refused too
+        self.temperature_tuned = bool(getattr(config, "temperature_tuning_beta", 0.0))
         # DroPE: positions used for the updates before drope_start, dropped (NoPE) from it on; fairseq tells the
         # update through set_num_updates (each training step, and when it loads a checkpoint)
         self.drope_start = int(getattr(config, "drope_start", 0) or 0)
@@ -269,6 +271,10 @@ class DecoderStack:
         if spec.logn and self.ssmax:
             raise ValueError("--logn on an SSMax model (--ssmax): its queries already carry a learned s log(n); a second "
                              "log-n factor would scale them twice. Evaluate it without --logn.")
+        if spec.logn and self.temperature_tuned:
+            raise ValueError("--logn on a model trained with Llama 4's temperature tuning (--temperature-tuning-beta): its "
+                             "queries already sharpen with their position past l; a log-n factor would scale them twice. "
+                             "Evaluate it without --logn.")
         if spec.logn and self.pos_emb == "learned":
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from .attention.executor import Observer
 from .attention.self_attention import NOPE, IncrementalState, LexSelfAttention
 from .attention.spec import FULL_SPEC, AttentionSpec
+from .attention.temperature import TemperatureTuning
 from .drop_path import DropPath
 from .feedforward import FeedForwardNetwork
 from .positions.scheme import PositionScheme
@@ -26,6 +27,26 @@ def _ssmax_length(config):
     if not getattr(config, "tokens_per_sample", None):
         raise ValueError("--ssmax starts each head's s at 1 / log(l): it needs the training length (--tokens-per-sample).")
     return int(config.tokens_per_sample)
+
+
+def _temperature_tuning(config) -> Optional[TemperatureTuning]:
+    """Llama 4's temperature tuning when ``config.temperature_tuning_beta`` is set: F is
+    ``config.temperature_tuning_floor`` or else the recorded training length.
+
+    Raises:
+        ValueError: a floor without a beta; neither a floor nor a training length; a bad beta or floor.
+    """
+    beta, floor = getattr(config, "temperature_tuning_beta", None), getattr(config, "temperature_tuning_floor", None)
+    if not beta:
+        if floor:
+            raise ValueError(f"--temperature-tuning-floor {floor} belongs to Llama 4's temperature tuning: give "
+                             "--temperature-tuning-beta (0.1 in Llama 4) too, or leave the floor out.")
+        return None
+    floor = floor or getattr(config, "tokens_per_sample", None)
+    if not floor:
+        raise ValueError("--temperature-tuning-beta scales queries past F = l positions: give --tokens-per-sample or "
+                         "--temperature-tuning-floor.")
+    return TemperatureTuning(float(beta), int(floor))
 
 
 class LexDecoderLayer(nn.Module):
@@ -57,6 +78,7 @@ class LexDecoderLayer(nn.Module):
             layernorm_eps=config.layernorm_eps,
             qk_norm=bool(getattr(config, "qk_norm", False)),
             ssmax_length=_ssmax_length(config),
+            temperature_tuning=_temperature_tuning(config),
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

@@ -21,7 +21,7 @@ from .executor import Observer, attend
 from .kv_cache import HeldKeys, KeyValueCache
 from .planner import dense_query_limit, plan
 from .spec import FULL_SPEC, AttentionSpec
-from .temperature import ssmax_scale
+from .temperature import TemperatureTuning, ssmax_scale
 
 __all__ = ["LexSelfAttention"]
 
@@ -52,6 +52,9 @@ class LexSelfAttention(nn.Module):
             l = this value, or None (off): each query of head h is multiplied by s_h log(n), n the keys it sees under
             the window (its padding included), s_h a learned scalar initialised to 1 / log(l), so that the factor is
             1 at n = l (ordinary softmax at the training length); formed in fp32.
+        temperature_tuning: Llama 4's temperature tuning (:class:`~.temperature.TemperatureTuning`): each query
+            times 1 + beta log1p(floor((p + 1) / F)) at its absolute position p (the per-sample positions under
+            randomized positions), after QK-norm and SSMax, before the position scheme; or None (off).
 
     Raises:
         ValueError: C not divisible by H.
@@ -66,6 +69,7 @@ class LexSelfAttention(nn.Module):
         layernorm_eps: float = 1e-5,
         qk_norm: bool = False,
         ssmax_length: Optional[int] = None,
+        temperature_tuning: Optional[TemperatureTuning] = None,
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -88,6 +92,7 @@ class LexSelfAttention(nn.Module):
             raise ValueError(f"--ssmax starts at s = 1 / log(l) and needs the training length l >= 2; got {ssmax_length}.")
         self.ssmax = (nn.Parameter(torch.full((num_heads,), 1.0 / math.log(int(ssmax_length))))
                       if ssmax_length is not None else None)
+        self.temperature_tuning = temperature_tuning
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -161,6 +166,10 @@ class LexSelfAttention(nn.Module):
             first = 0 if cache is None else cache.end
             seen = spec.window.visible_keys(torch.arange(first, first + tgt_len, device=q.device))
             q = (q.float() * ssmax_scale(self.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
+        if self.temperature_tuning is not None:  # Llama 4: q times 1 + beta log1p(floor((p + 1) / F)), p absolute
+            first = 0 if cache is None else cache.end
+            at = positions[:, None, :] if positions is not None else torch.arange(first, first + tgt_len, device=q.device)
+            q = (q.float() * self.temperature_tuning.scale(at)[..., None]).to(q.dtype)  # (T,) or (B, 1, T) factor
         dropout_p = self.dropout if self.training else 0.0
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
