@@ -527,3 +527,31 @@ def _recorded_steps(tmp_path, monkeypatch, methods, record):
     o = reproduce.ReproduceOptions(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
              eval_tokens=512, resolution_texts=2, methods=list(methods))
     return work, data, o, announced
+
+
+def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_percent(tmp_path, monkeypatch):
+    """The trained designs are runs of the reproduction: each trains with its options (DroPE with --drope-start at
+    88% of --max-update), is evaluated like the main runs, and gets its own table beside RoPE and NoPE."""
+    commands = {}
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, [], lambda key, done: None)
+
+    class Recording:
+        def __init__(self, work, steps):
+            pass
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            commands[key] = [str(c) for c in cmd]
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+
+    monkeypatch.setattr(reproduce, "Runner", Recording)
+    o = reproduce.ReproduceOptions(**{**o.as_json(), "max_update": 300, "methods": []})
+    reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax"], tmp_path, data)
+    drope = commands["train rope_drope"]
+    assert drope[drope.index("--drope-start") + 1] == "264" and "--qk-norm" in drope
+    assert drope[drope.index("--max-update") + 1] == "300"
+    tuned = commands["train none_tt"]
+    assert tuned[tuned.index("--temperature-tuning-beta") + 1] == "0.1" and tuned[tuned.index("--pos-emb") + 1] == "none"
+    assert "--ssmax" in commands["train rope_ssmax"] and "--qk-norm" in commands["train rope_qknorm"]
+    evaluated = commands["eval none_tt"]
+    assert evaluated[evaluated.index("--eval-windows") + 1] == "full,sliding,bca"

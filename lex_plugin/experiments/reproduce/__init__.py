@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
-from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, LABELS, LONGPPL_PROBE,
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_FRACTION, LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
                         RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of, profile_flags)
@@ -66,6 +66,7 @@ class _Reports:
     budgets: dict  # {run: {updates: {window: {length: ppl}}}}
     main: list
     random_pairs: list
+    designs: list  # the trained designs, after the main runs they compare with (rope, none) when those ran
     methods: list
     ablations: list
     claims: list
@@ -124,6 +125,8 @@ def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
     main = [n for n in runs if RUNS[n][1] == "main"]
     random_pairs = [n for base in ("xpos", "rope", "alibi") for n in (base, f"{base}_random")
                     if n in runs and f"{base}_random" in runs]
+    designs = [n for n in runs if RUNS[n][1] in ("design", "drope")]
+    designs = [n for n in ("rope", "none") if n in runs and designs] + designs
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
     claims = check_claims(ppl, resolution, l, o.lengths)
@@ -132,7 +135,7 @@ def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
     magnitudes = check_magnitudes(ppl, l, o.lengths, budgets, o.batch_size * l)
     verdicts = far_context(longppl, babilong, l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
-    return _Reports(ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets, main, random_pairs, methods,
+    return _Reports(ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets, main, random_pairs, designs, methods,
                     ablations, claims, flat, magnitudes, verdicts, progress)
 
 
@@ -141,7 +144,7 @@ def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
     l = o.training_length
     ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets = (
         r.ppl, r.resolution, r.passkey, r.tuned, r.ruler, r.longppl, r.babilong, r.budgets)
-    main, random_pairs, methods, ablations = r.main, r.random_pairs, r.methods, r.ablations
+    main, random_pairs, designs, methods, ablations = r.main, r.random_pairs, r.designs, r.methods, r.ablations
     claims, flat, magnitudes, verdicts, progress = r.claims, r.flat, r.magnitudes, r.verdicts, r.progress
     ab_lengths = [l, 8 * l]
     parts = [
@@ -163,6 +166,9 @@ def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
             markdown_magnitudes(magnitudes)] if magnitudes else []),
         *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
             markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o.lengths, l)] if random_pairs else []),
+        *(["", f"### Trained designs: perplexity by length (DroPE: positions dropped from update "
+            f"{_drope_start(o)} of {o.max_update})", "",
+            markdown_ppl(ppl, designs, ["full", "sliding", "bca"], o.lengths, l)] if designs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
             markdown_methods(ppl, runs, methods, o.lengths, l)] if methods else []),
         *(["", "### Flat and retrieving: perplexity ratio against passkey accuracy at 8l (after fine-tuning)", "",
@@ -302,6 +308,11 @@ class _Run:
     @property
     def ckpt(self) -> Path:
         return self.dir / "checkpoints" / "checkpoint_last.pt"
+
+
+def _drope_start(o: ReproduceOptions) -> int:
+    """The update from which a DroPE run trains without positions: the last :data:`DROPE_FRACTION` of ``o.max_update``."""
+    return max(1, o.max_update - round(DROPE_FRACTION * o.max_update))
 
 
 def _steps_of(method: str) -> int:
@@ -446,6 +457,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
         run_args, role = RUNS[name]
         if role == "random":
             run_args = [*run_args, "--random-positions", max(o.lengths)]
+        if role == "drope":
+            run_args = [*run_args, "--drope-start", _drope_start(o)]
         r = _Run(name, tuple(run_args), role, work / "runs" / name, name in ROTARY_RUNS)
         _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[name]:

@@ -4,14 +4,16 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "DROPE_FRACTION", "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
 # are Table 4's xPos variants (zeta = 1 is RoPE, which the main runs already hold); "random" runs train with
 # randomized positions (Ruoss et al. 2023, --random-positions L_max with L_max the longest evaluation length)
-# and are evaluated like the main runs, with the ordinary positions.
+# and are evaluated like the main runs, with the ordinary positions. "design" runs train a design the released models
+# ship (issue: trained to extrapolate): QK-norm, Scalable-Softmax, Llama 4's NoPE with temperature tuning, and DroPE
+# ("drope": RoPE with QK-norm, positions dropped for the last DROPE_FRACTION of the updates); evaluated like the main runs.
 RUNS: Dict[str, tuple] = {
     "xpos": (["--pos-emb", "xpos"], "main"),
     "rope": (["--pos-emb", "rope"], "main"),
@@ -24,7 +26,12 @@ RUNS: Dict[str, tuple] = {
     "xpos_random": (["--pos-emb", "xpos"], "random"),
     "rope_random": (["--pos-emb", "rope"], "random"),
     "alibi_random": (["--pos-emb", "alibi"], "random"),
+    "rope_qknorm": (["--pos-emb", "rope", "--qk-norm"], "design"),
+    "rope_ssmax": (["--pos-emb", "rope", "--ssmax"], "design"),
+    "none_tt": (["--pos-emb", "none", "--temperature-tuning-beta", 0.1], "design"),
+    "rope_drope": (["--pos-emb", "rope", "--qk-norm"], "drope"),
 }
+DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
 SINK_TOKENS = 4  # StreamingLLM's choice
 # Evaluation-time methods run on the same checkpoints (METHOD_RUNS): name -> (--eval-windows, further
 # fairseq-eval-lm arguments, the window it modifies (its reference row), rotary schemes only?).
@@ -113,6 +120,8 @@ LABELS = {
     "sandwich": "Sandwich", "none": "NoPE", "xpos_no_rotation": "xPos without rotation (theta = 0)",
     "xpos_scalar_zeta": "xPos with one scalar zeta", "xpos_random": "LeX (xPos), random positions",
     "rope_random": "RoPE, random positions", "alibi_random": "ALiBi, random positions",
+    "rope_qknorm": "RoPE + QK-norm", "rope_ssmax": "RoPE + SSMax", "none_tt": "NoPE + Llama 4 temperature tuning (0.1)",
+    "rope_drope": "DroPE (RoPE + QK-norm, NoPE for the last 12%)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
