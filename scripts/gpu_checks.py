@@ -6,8 +6,8 @@ latency by context, and fairseq-train throughput (tokens/s, achieved TFLOP/s) of
 
     python scripts/gpu_checks.py --out gpu-results [--data DATA-BIN] [--budget-s 420] [--sections kernels,...]
 
-Every section is timed and written as soon as it ends (``DIR/gpu_checks.json``, one JSON object per line, and
-the same lines printed), so a run stopped at its limit keeps what it measured; a section that fails records its
+Every section is timed and written as soon as it ends (``DIR/gpu_checks.json``, one JSON object per line, appended
+after a ``start`` row with the time and arguments, and the same lines printed), so a run stopped at its limit keeps what it measured; a section that fails records its
 error and the next one runs. Sections that would start with less than their estimated time left are skipped and
 say so. Without CUDA every section runs on the CPU at toy sizes (a dry run of the script itself).
 """
@@ -45,7 +45,8 @@ class Run:
         self.out, self.deadline, self.cuda = out, time.monotonic() + budget_s, cuda
         self.device = torch.device("cuda" if cuda else "cpu")
         out.mkdir(parents=True, exist_ok=True)
-        self.log = open(out / "gpu_checks.json", "a")
+        self.log = open(out / "gpu_checks.json", "a")  # one line per row; each run opens with its start row
+        self.emit("start", at=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:])
 
     def left(self) -> float:
         return self.deadline - time.monotonic()

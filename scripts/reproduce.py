@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.experiments.reproduce import (METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
+from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
 from lex_plugin.options import parse_int_list, parse_name_list
 
@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--work", type=click.Path(path_type=Path), default=Path("work/reproduce"), show_default=True)
 @click.option("--data-bin", type=click.Path(path_type=Path), default=None,
               help="an already prepared data-bin (default: WORK/data-bin, prepared from --corpus)")
-@click.option("--runs", "run_names", default=",".join(RUNS), show_default=True, help="comma-separated, in order")
+@click.option("--runs", "run_names", default=",".join(DEFAULT_RUNS), show_default=True,
+              help="comma-separated, in order; also the trained designs: rope_qknorm, rope_ssmax, none_tt, rope_drope")
 @click.option("--arch", default="lex_lm_tiny", show_default=True)
 @click.option("--training-length", type=click.IntRange(min=2), default=256, show_default=True, help="l (tokens per sample)")
 @click.option("--max-update", type=click.IntRange(min=1), default=300, show_default=True, help="updates per model (equal token budget)")

@@ -1,7 +1,9 @@
 """The documentation's relative links and anchors resolve: README.md, docs/ and examples/ (every .md), each link
-``[text](path)`` or ``[text](path#anchor)`` outside code, against the file system and the target's headings
-(GitHub's anchor rule: lower case, punctuation but '-' and '_' dropped, spaces to '-', repeats numbered)."""
+outside code (inline ``[text](path "title")`` and images, reference definitions ``[r]: path``, HTML ``href`` /
+``src``) against the files git tracks (what a reader of the repository sees) and the target's headings (GitHub's
+anchor rule: lower case, punctuation but '-' and '_' dropped, spaces to '-', repeats numbered)."""
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -10,20 +12,28 @@ import pytest
 from conftest import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").rglob("*.md"))]
-LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^(```|~~~)")
+INLINE = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'(][^)]*)?\)")  # [text](target "title"), ![alt](target)
+DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?([^\s>]+)>?(?:\s|$)", re.M)  # [ref]: target
+HTML = re.compile(r"""\b(?:href|src)\s*=\s*["']([^"']+)["']""")
+FENCE = re.compile(r"^(`{3,}|~{3,})")
 
 
 def _prose(text: str, code_spans: bool = False) -> str:
-    """``text`` without fenced code blocks, and without inline code spans unless ``code_spans`` (links there are
-    examples, not links; a heading's code spans are part of its anchor)."""
-    out, fenced = [], False
+    """``text`` without fenced code blocks (a fence closes on the same character, at least as long), and without
+    inline code spans unless ``code_spans`` (links there are examples, not links; a heading's code spans are part
+    of its anchor)."""
+    out, fence = [], None
     for line in text.splitlines():
-        if FENCE.match(line.lstrip()):
-            fenced = not fenced
+        m = FENCE.match(line.lstrip())
+        if m and fence is None:
+            fence = m.group(1)
             continue
-        if not fenced:
-            out.append(line if code_spans else re.sub(r"`[^`]*`", "", line))
+        if m and fence is not None and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) \
+                and not line.strip()[len(m.group(1)):].strip():
+            fence = None
+            continue
+        if fence is None:
+            out.append(line if code_spans else re.sub(r"`[^`\n]*`", "", line))
     return "\n".join(out)
 
 
@@ -49,11 +59,26 @@ def anchors(path: Path) -> set:
 
 
 def links(path: Path):
-    for m in LINK.finditer(_prose(path.read_text(encoding="utf-8"))):
-        target = m.group(1) or m.group(2)
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
-            continue
-        yield target
+    """Every relative link target of ``path`` (URLs with a scheme, http: or mailto:, left out), in order of kind."""
+    prose = _prose(path.read_text(encoding="utf-8"))
+    for pattern in (INLINE, DEFINITION, HTML):
+        for m in pattern.finditer(prose):
+            target = m.group(1)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                yield target
+
+
+def _tracked() -> set:
+    """The files git tracks, and every folder above them (absolute paths); None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    files = {(REPO / f).resolve() for f in out.split("\0") if f}
+    return files | {p for f in files for p in f.parents}
+
+
+TRACKED = _tracked()
 
 
 def test_github_anchor_rule():
@@ -67,8 +92,8 @@ def test_relative_links_and_anchors_resolve(doc):
     for target in links(doc):
         file_part, _, anchor = target.partition("#")
         dest = (doc.parent / file_part).resolve() if file_part else doc
-        if not dest.exists():
-            broken.append(f"{target}: no file {dest}")
+        if not dest.exists() or (TRACKED is not None and dest not in TRACKED and doc in TRACKED):
+            broken.append(f"{target}: no file {dest} in the repository")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading with anchor #{anchor} in {dest.relative_to(REPO)}")
@@ -78,7 +103,9 @@ def test_relative_links_and_anchors_resolve(doc):
 def test_the_link_check_sees_a_broken_link(tmp_path):
     doc = tmp_path / "a.md"
     doc.write_text("# Title\n\n## The `--bca` flag\n\nsee [b](b.md), [here](#title), [gone](#nowhere)\n\n```\n"
-                   "[x](not-a-link.md)\n# not a heading\n```\n")
+                   "[x](not-a-link.md)\n# not a heading\n```\n"
+                   '[t](c.md "a title") [![img](i.png)](d.md) <a href="e.md">e</a>\n\n[ref]: f.md#g\n'
+                   "~~~\n```\n[y](inside-a-tilde-fence.md)\n~~~\n[h](h.md)\n")
     found = list(links(doc))
-    assert found == ["b.md", "#title", "#nowhere"]
+    assert found == ["b.md", "#title", "#nowhere", "c.md", "i.png", "d.md", "h.md", "f.md#g", "e.md"]
     assert anchors(doc) == {"title", "the---bca-flag"}

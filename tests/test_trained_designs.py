@@ -116,6 +116,9 @@ def test_qk_norm_is_recorded_and_exported():
     tokens = random_tokens(dictionary, 1, 3 * L)
     with torch.no_grad():
         assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+        left = torch.cat([torch.full((1, 5), dictionary.pad()), tokens[:, :20]], 1)
+        with pytest.raises(ValueError, match="SSMax"):  # its key count starts at the first position: refused
+            hf(left, attention_mask=left.ne(dictionary.pad()).long())
 
 
 def _ssmax_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionWindow) -> torch.Tensor:
@@ -335,16 +338,26 @@ def test_temperature_tuning_generation_equals_the_parallel_forward_and_is_record
         build_lex_model(tokens_per_sample=L, temperature_tuning_beta=-0.1)
     floor = build_lex_model(tokens_per_sample=L, temperature_tuning_beta=0.1, temperature_tuning_floor=7)
     assert floor.decoder.layers[0].self_attn.temperature_tuning.floor_scale == 7
+    with pytest.raises(ValueError, match="at least 1 position"):  # 0 is a value, not "not given"
+        build_lex_model(tokens_per_sample=L, temperature_tuning_beta=0.1, temperature_tuning_floor=0)
 
     pytest.importorskip("transformers")
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     from lex_plugin.export.hf import from_fairseq, hf_config
+    from lex_plugin.models.lex_lm import LexLanguageModel
 
     args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="none", temperature_tuning_beta=0.3)
     ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    LexLanguageModel.build_model(args, argparse.Namespace(source_dictionary=model.decoder.dictionary,
+                                                          target_dictionary=model.decoder.dictionary))
+    assert args.temperature_tuning_floor == L  # F recorded in the checkpoint's config: a later l does not move it
     config = hf_config(args, model.decoder.dictionary, L)
     assert config.temperature_tuning_beta == 0.3 and config.decoder_config().temperature_tuning_beta == 0.3
+    assert config.temperature_tuning_floor == L
     hf = from_fairseq(model, config)
     with torch.no_grad():
         assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+        left = torch.cat([torch.full((1, 5), model.decoder.dictionary.pad()), tokens[:1, :20]], 1)
+        with pytest.raises(ValueError, match="temperature tuning"):  # positions counted from the first: refused
+            hf(left, attention_mask=left.ne(model.decoder.dictionary.pad()).long())

@@ -68,17 +68,22 @@ def attention_spec(config: LexConfig) -> AttentionSpec:
     return AttentionOptions(**options).spec(config.training_length)
 
 
-def left_padding_refusal(position_kind: str, spec: AttentionSpec) -> Optional[str]:
-    """Why left padding would change this model's output under ``spec``, or None where it cannot.
+def left_padding_refusal(decoder: DecoderStack, spec: AttentionSpec) -> Optional[str]:
+    """Why left padding would change the output of ``decoder`` (its position kind and query temperatures) under
+    ``spec``, or None where it cannot.
 
     A left-padded row's real tokens start at position p > 0, not 0. Where attention depends only on distances
     between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
     ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
     (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
-    key count, dynamic NTK's length) would see the pads.
+    key count, dynamic NTK's length; a model's SSMax key count and Llama 4 temperature tuning) would see the pads.
     """
-    if position_kind == "absolute":
+    if decoder.position_kind == "absolute":
         return "absolute positions"
+    if decoder.ssmax:
+        return "SSMax (--ssmax: each query's factor counts the keys from the first position)"
+    if decoder.temperature_tuned:
+        return "Llama 4's temperature tuning (each query's factor counts positions from the first)"
     if spec.window.mode not in ("full", "sliding") or spec.window.sinks:
         return f"{spec.window} attention (its blocks and sink tokens count positions from the first)"
     if spec.position_map is not None and spec.position_map.name not in ("rerope", "leaky_rerope"):
@@ -273,7 +278,7 @@ class LexPreTrainedModel(PreTrainedModel):
             padding = attention_mask[:, -input_ids.size(1):].eq(0)
             real = attention_mask.ne(0)
             if (real[:, 1:] & ~real[:, :-1]).any():  # a pad before a real token: left padding
-                why = left_padding_refusal(self.decoder.position_kind, self.spec if spec is None else spec)
+                why = left_padding_refusal(self.decoder, self.spec if spec is None else spec)
                 if why is not None:
                     raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
                                      "run the rows one at a time (or pad on the right, for scoring).")

@@ -251,6 +251,9 @@ class LexLanguageModel(FairseqLanguageModel):
         check_config(args)
         for name, value in scheme_option_values(str(args.pos_emb), args).items():
             setattr(args, name, value)  # the checkpoint records the values the scheme was built with
+        if (safe_getattr(args, "temperature_tuning_beta", 0.0) and safe_getattr(args, "temperature_tuning_floor", None) is None
+                and safe_getattr(args, "tokens_per_sample", None)):
+            args.temperature_tuning_floor = int(args.tokens_per_sample)  # F recorded: a later l (fine-tuning) keeps it
         config = build_decoder_config(args, len(task.target_dictionary))
         embed_tokens = build_embedding(task.source_dictionary, args.decoder_embed_dim)
         if args.share_decoder_input_output_embed and task.source_dictionary != task.target_dictionary:

@@ -37,13 +37,13 @@ def _temperature_tuning(config) -> Optional[TemperatureTuning]:
         ValueError: a floor without a beta; neither a floor nor a training length; a bad beta or floor.
     """
     beta, floor = getattr(config, "temperature_tuning_beta", None), getattr(config, "temperature_tuning_floor", None)
-    if not beta:
-        if floor:
+    if not beta:  # None or 0: off
+        if floor is not None:
             raise ValueError(f"--temperature-tuning-floor {floor} belongs to Llama 4's temperature tuning: give "
                              "--temperature-tuning-beta (0.1 in Llama 4) too, or leave the floor out.")
         return None
-    floor = floor or getattr(config, "tokens_per_sample", None)
-    if not floor:
+    floor = floor if floor is not None else getattr(config, "tokens_per_sample", None)
+    if floor is None:
         raise ValueError("--temperature-tuning-beta scales queries past F = l positions: give --tokens-per-sample or "
                          "--temperature-tuning-floor.")
     return TemperatureTuning(float(beta), int(floor))

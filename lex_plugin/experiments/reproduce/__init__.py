@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
-from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_FRACTION, LABELS, LONGPPL_PROBE,
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
+                        LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
                         RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of, profile_flags)
@@ -41,7 +42,7 @@ from .tables import (check_claims, check_magnitudes, far_context, flat_and_retri
                      markdown_ruler, ppl_table)
 
 __all__ = [
-    "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
+    "DEFAULT_RUNS", "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_magnitudes", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
     "PROFILES", "ReproduceOptions", "profile_flags",
@@ -166,8 +167,8 @@ def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
             markdown_magnitudes(magnitudes)] if magnitudes else []),
         *(["", "### Randomized positions at training (Ruoss et al. 2023): evaluated with the ordinary positions", "",
             markdown_ppl(ppl, random_pairs, ["full", "sliding", "bca"], o.lengths, l)] if random_pairs else []),
-        *(["", f"### Trained designs: perplexity by length (DroPE: positions dropped from update "
-            f"{_drope_start(o)} of {o.max_update})", "",
+        *(["", "### Trained designs: perplexity by length" + (f" (DroPE: positions dropped from update {_drope_start(o)} "
+                                                               f"of {o.max_update})" if "rope_drope" in designs else ""), "",
             markdown_ppl(ppl, designs, ["full", "sliding", "bca"], o.lengths, l)] if designs else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
             markdown_methods(ppl, runs, methods, o.lengths, l)] if methods else []),
@@ -301,7 +302,7 @@ class _Run:
 
     name: str
     args: tuple  # --pos-emb and the other training flags (RUNS, with --random-positions for the random runs)
-    role: str  # "main", "ablation" or "random" (catalogue.RUNS)
+    role: str  # "main", "ablation", "random", "design" or "drope" (catalogue.RUNS)
     dir: Path  # WORK/runs/NAME
     rotary: bool  # a rotary scheme (RoPE scalings and Leaky ReRoPE apply)
 
@@ -312,7 +313,7 @@ class _Run:
 
 def _drope_start(o: ReproduceOptions) -> int:
     """The update from which a DroPE run trains without positions: the last :data:`DROPE_FRACTION` of ``o.max_update``."""
-    return max(1, o.max_update - round(DROPE_FRACTION * o.max_update))
+    return o.max_update - max(1, round(DROPE_FRACTION * o.max_update))
 
 
 def _steps_of(method: str) -> int:
@@ -458,8 +459,11 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
         if role == "random":
             run_args = [*run_args, "--random-positions", max(o.lengths)]
         if role == "drope":
+            if o.max_update < 2:
+                raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
             run_args = [*run_args, "--drope-start", _drope_start(o)]
-        r = _Run(name, tuple(run_args), role, work / "runs" / name, name in ROTARY_RUNS)
+        rotary = run_args[run_args.index("--pos-emb") + 1] in ("rope", "xpos")
+        r = _Run(name, tuple(run_args), role, work / "runs" / name, rotary)
         _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[name]:
             _run_method(run, r, method, work, data, o)

@@ -4,7 +4,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DROPE_FRACTION", "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
@@ -32,6 +32,8 @@ RUNS: Dict[str, tuple] = {
     "rope_drope": (["--pos-emb", "rope", "--qk-norm"], "drope"),
 }
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
+# what scripts/reproduce.py runs without --runs: the paper's runs; the trained designs are asked for by name
+DEFAULT_RUNS = tuple(n for n, (_, role) in RUNS.items() if role in ("main", "ablation", "random"))
 SINK_TOKENS = 4  # StreamingLLM's choice
 # Evaluation-time methods run on the same checkpoints (METHOD_RUNS): name -> (--eval-windows, further
 # fairseq-eval-lm arguments, the window it modifies (its reference row), rotary schemes only?).
