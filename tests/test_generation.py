@@ -37,6 +37,31 @@ def test_greedy_generation_equals_the_parallel_argmax(hub, mode):
     assert str(hub.window) == "full"  # the hub's own default is untouched
 
 
+@pytest.mark.parametrize("mode", ["full", "bca"])
+def test_sampled_generation_scores_equal_the_parallel_forward(hub, mode):
+    """The suite's model greedily repeats one token, so argmax checks see little of the context: sample instead
+    (temperature 1, seeded: many distinct tokens) and compare every step's logits through the (bounded) cache with
+    one parallel forward over the same sequence (1e-4)."""
+    from lex_plugin.evaluation.sampling import continue_ids
+
+    spec, model, steps = hub.spec_for(mode=mode), hub.models[0], []
+
+    def recording(tokens, **kwargs):
+        out = model(tokens, **kwargs)
+        steps.append(out[0][0, -1].float().clone())  # (the sampler masks <pad> in place afterwards)
+        return out
+
+    prompt = hub.encode(PROMPT)[:-1]
+    prompt = torch.cat([prompt.new_tensor([hub.src_dict.eos()]), prompt])
+    generated = continue_ids(recording, prompt, 3 * TRAIN_LEN, hub.src_dict.eos(), hub.src_dict.pad(), temperature=1.0,
+                             generator=torch.Generator().manual_seed(3), spec=spec)
+    assert generated.unique().numel() >= 40  # a continuation that depends on its context
+    with torch.no_grad():
+        logits, _ = model(torch.cat([prompt, generated])[None], spec=spec)
+    parallel = logits[0, prompt.numel() - 1 : -1].float()  # the logits each generated token was drawn from
+    assert (torch.stack(steps) - parallel).abs().max() <= 1e-4 and len(steps) == generated.numel() == 3 * TRAIN_LEN
+
+
 def test_sampling_is_seeded_and_filtered(hub):
     a = hub.continue_text(PROMPT, max_len=20, temperature=1.0, top_p=0.9, seed=3)
     b = hub.continue_text(PROMPT, max_len=20, temperature=1.0, top_p=0.9, seed=3)
