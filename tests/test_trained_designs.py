@@ -160,10 +160,9 @@ def test_ssmax_equals_its_formula_in_float64_with_the_gradient_of_s(window, leng
     assert torch.allclose(mine.double(), attn.ssmax.grad.double(), rtol=1e-4, atol=1e-6)
 
 
-def test_ssmax_generation_equals_the_parallel_forward_and_refuses_logn():
-    model = build_lex_model(tokens_per_sample=L, ssmax=True, qk_norm=True, pos_emb="xpos", seed=6)
-    assert {n for n, _ in model.named_parameters() if "ssmax" in n} == {f"decoder.layers.{i}.self_attn.ssmax" for i in range(4)}
-    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=8)
+def _assert_generation_equals_parallel(model, tokens: torch.Tensor) -> None:
+    """Under full attention and BCA: a prefill of l tokens, then one token at a time through the cache, gives the
+    logits of one parallel forward (1e-4)."""
     for window in (AttentionWindow.full(), AttentionWindow.bca(L)):
         view = model.under(AttentionSpec(window))
         with torch.no_grad():
@@ -172,6 +171,13 @@ def test_ssmax_generation_equals_the_parallel_forward_and_refuses_logn():
             steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
             steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
         assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, window
+
+
+def test_ssmax_generation_equals_the_parallel_forward_and_refuses_logn():
+    model = build_lex_model(tokens_per_sample=L, ssmax=True, qk_norm=True, pos_emb="xpos", seed=6)
+    assert {n for n, _ in model.named_parameters() if "ssmax" in n} == {f"decoder.layers.{i}.self_attn.ssmax" for i in range(4)}
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=8)
+    _assert_generation_equals_parallel(model, tokens)
     with pytest.raises(ValueError, match="--logn on an SSMax model"):
         model.under(AttentionSpec(logn=L))
     with pytest.raises(ValueError, match="needs the training length"):
@@ -322,14 +328,7 @@ def test_temperature_tuning_generation_equals_the_parallel_forward_and_is_record
     layer = model.decoder.layers[0].self_attn
     assert layer.temperature_tuning.beta == 0.3 and layer.temperature_tuning.floor_scale == L
     tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=5)
-    for window in (AttentionWindow.full(), AttentionWindow.bca(L)):
-        view = model.under(AttentionSpec(window))
-        with torch.no_grad():
-            parallel, _ = view(tokens)
-            state = {}
-            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
-            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
-        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, window
+    _assert_generation_equals_parallel(model, tokens)
     with pytest.raises(ValueError, match="temperature tuning"):
         model.under(AttentionSpec(logn=L))
     with pytest.raises(ValueError, match="give --temperature-tuning-beta"):
