@@ -140,3 +140,23 @@ def test_lex_plot_draws_longppl_and_refuses_reports_without_it(figures, tmp_path
     assert len([t for t in axis.get_yticklabels(minor=True) if t.get_text()]) >= 3  # a decade or less: labelled between powers of 10
     with pytest.raises(ValueError, match="write it with --longppl"):
         plot_reports([without], tmp_path / "m.png", metric="longppl")
+
+
+def test_lex_plot_draws_only_the_windows_asked_for(figures, tmp_path):
+    """--window full,bca keeps those attention modes' rows (the report's attention.mode), one line per report and
+    mode; a mode no report holds is refused, naming it."""
+    import json
+
+    from lex_plugin.evaluation.plot import plot_reports
+
+    rows = [{"window": label, "attention": {"mode": mode}, "length": L, "protocol": "stream", "ppl": 80.0 + k + L / 1000}
+            for k, (mode, label) in enumerate([("full", "full"), ("bca", "bca(128)+sinks(4)"), ("sliding", "sliding(256)")])
+            for L in (256, 1024)]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        path.write_text(json.dumps({"training_length": 256, "results": rows}))
+    assert plot_reports([a, b], tmp_path / "w.png", labels=["A", "B"], modes=["full", "bca"]) == 4
+    drawn = [line.get_label() for line in figures[-1].axes[0].get_lines() if not line.get_label().startswith("training")]
+    assert drawn == ["A: full", "A: bca(128)+sinks(4)", "B: full", "B: bca(128)+sinks(4)"]
+    with pytest.raises(ValueError, match="under rerope"):
+        plot_reports([a], tmp_path / "x.png", modes=["rerope"])

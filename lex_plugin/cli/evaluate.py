@@ -23,13 +23,17 @@ from .group import main
 @click.option("--title", default=None)
 @click.option("--metric", type=click.Choice(["ppl", "longppl"]), default="ppl", show_default=True,
               help="longppl: the LongPPL column of reports written with --longppl")
-def plot_cmd(reports, out, labels, protocol, title, metric):
+@click.option("--window", "modes", default=None,
+              help="draw only these attention modes' rows, comma-separated (full, bca, sliding, rerope, ...)")
+def plot_cmd(reports, out, labels, protocol, title, metric, modes):
     """Plot perplexity (or LongPPL) against length (log x) for one or more --report-json files of
     fairseq-eval-lm --task lex_language_modeling."""
     from ..evaluation.plot import plot_reports
+    from ..options import parse_name_list
 
     try:
-        n = plot_reports(reports, out, labels or None, protocol, title, metric)
+        n = plot_reports(reports, out, labels or None, protocol, title, metric,
+                         parse_name_list(modes, "--window") if modes else None)
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         raise click.ClickException(f"cannot plot: {err}") from None
     click.echo(f"{n} lines -> {out}")

@@ -10,16 +10,18 @@ __all__ = ["plot_reports"]
 METRICS = {"ppl": "perplexity", "longppl": "LongPPL (key tokens)"}
 
 
-def _series(report: dict, protocol: str, metric: str = "ppl") -> Dict[str, List[tuple]]:
+def _series(report: dict, protocol: str, metric: str = "ppl", modes: Optional[Sequence[str]] = None) -> Dict[str, List[tuple]]:
     series: Dict[str, List[tuple]] = {}
     for r in report["results"]:
-        if r.get("protocol", "stream") == protocol and r.get(metric) is not None:
+        mode = r.get("attention", {}).get("mode", r["window"])
+        if r.get("protocol", "stream") == protocol and r.get(metric) is not None and (not modes or mode in modes):
             series.setdefault(r["window"], []).append((r["length"], r[metric]))
     return {k: sorted(v) for k, v in series.items()}
 
 
 def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str]] = None,
-                 protocol: str = "stream", title: Optional[str] = None, metric: str = "ppl") -> int:
+                 protocol: str = "stream", title: Optional[str] = None, metric: str = "ppl",
+                 modes: Optional[Sequence[str]] = None) -> int:
     """Draw ppl or LongPPL (log y) against length (log2 x) for every (report, window) pair into ``out`` (PNG).
 
     Args:
@@ -27,9 +29,12 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
         labels: one label per report (default: the file stem).
         protocol: ``stream`` or ``fixed_target``.
         metric: ``ppl``, or ``longppl`` (reports written with ``--longppl``).
+        modes: draw only the rows of these attention modes (``full``, ``bca``, ... as the report's ``attention.mode``);
+            None: every row.
 
     Returns:
-        The number of lines drawn. Raises ValueError if a report holds no result for ``protocol`` and ``metric``.
+        The number of lines drawn. Raises ValueError if a report holds no result for ``protocol``, ``metric`` and
+        ``modes``.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}.")
@@ -40,13 +45,14 @@ def plot_reports(paths: Sequence[Path], out: Path, labels: Optional[Sequence[str
         raise ValueError(f"{len(labels)} labels for {len(paths)} reports.")
     reports = [json.loads(Path(path).read_text()) for path in paths]
     for path, report in zip(paths, reports):
-        if not _series(report, protocol, metric):
+        if not _series(report, protocol, metric, modes):
             raise ValueError(f"{path} has no {protocol} results with {metric}"
+                             + (f" under {', '.join(modes)}" if modes else "")
                              + (" (write it with --longppl)." if metric == "longppl" else "."))
     lines = 0
     with figure(out) as (_, ax):
         for report, label in zip(reports, labels):
-            for window, points in _series(report, protocol, metric).items():
+            for window, points in _series(report, protocol, metric, modes).items():
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o", label=f"{label}: {window}" if len(paths) > 1 else window)
                 lines += 1
