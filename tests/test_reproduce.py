@@ -216,6 +216,15 @@ def test_method_and_passkey_commands(tmp_path):
     assert scaled[-5:] == flags
 
 
+def test_trained_designs_take_the_probes_as_trained():
+    from lex_plugin.experiments.reproduce.catalogue import methods_of
+
+    asked = ["bca_sinks", "rerope", "passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled",
+             "ruler", "longppl", "babilong"]
+    assert methods_of("rope_ssmax", asked) == ["passkey", "passkey_finetuned", "ruler", "longppl", "babilong"]
+    assert methods_of("sinusoidal", asked) == []
+
+
 def test_methods_run_on_xpos_rope_alibi_and_scaling_on_rotary_only():
     asked = ["yarn", "bca_sinks", "passkey", "linear", "passkey_finetuned"]
     assert reproduce.methods_of("rope", asked) == asked

@@ -140,8 +140,12 @@ WINDOW_LABEL.update({f"{m}_logn": f"{WINDOW_LABEL[m]} + log-n" for m in SCALINGS
 
 def methods_of(run: str, methods: Sequence[str]) -> List[str]:
     """Those of ``methods`` (names from :data:`METHODS` or :data:`PROBES`) that run on ``run``'s checkpoint:
-    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling (and its passkey probe) only on the rotary runs."""
+    none unless ``run`` is one of :data:`METHOD_RUNS`; RoPE scaling (and its passkey probe) only on the rotary runs. A
+    trained design (role "design" or "drope") takes the probes (:data:`PROBES`) but for the two that add log-n or a RoPE
+    scaling to the design: it is probed as trained."""
     if run not in METHOD_RUNS:
+        if RUNS.get(run, ((), ""))[1] in ("design", "drope"):
+            return [m for m in methods if m in PROBES and m not in ("passkey_finetuned_logn", "passkey_finetuned_scaled")]
         return []
     rotary_only = {m for m, spec in METHODS.items() if spec[3]} | {"passkey_finetuned_scaled"}
     return [m for m in methods if m not in rotary_only or run in ROTARY_RUNS]
