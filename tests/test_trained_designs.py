@@ -266,7 +266,7 @@ def test_the_attention_temperature_is_drope_recalibration():
 # ---- Llama 4's temperature tuning ------------------------------------------------------------------------------
 
 def _tuned_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionWindow, beta: float, floor: int,
-                     scheme) -> torch.Tensor:
+                     scheme, positions: torch.Tensor = None) -> torch.Tensor:
     """Temperature-tuned attention in float64, written out: queries times 1 + beta log1p(floor((p + 1) / F)) at
     their position p (transformers' modeling_llama4, attn_temperature_tuning), then the scheme's rotation (NoPE or
     xPos at true positions, float64) and masked softmax."""
@@ -277,9 +277,9 @@ def _tuned_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionW
     def heads(proj):
         return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
 
-    p = torch.arange(T, dtype=torch.float64)
+    p = torch.arange(T, dtype=torch.float64) if positions is None else positions.double()[:, None, :]  # (T,) or (B, 1, T)
     factor = 1.0 + beta * torch.log1p(torch.floor((p + 1.0) / floor))
-    q, k = heads(attn.q_proj) * factor[:, None], heads(attn.k_proj)
+    q, k = heads(attn.q_proj) * factor[..., None], heads(attn.k_proj)
     if isinstance(scheme, XPos):
         q, k = xpos_pair(scheme, q, k, 0)
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
@@ -318,6 +318,19 @@ def test_temperature_tuning_equals_its_formula_in_float64(scheme, window, length
     plain.load_state_dict(attn.state_dict())
     differs = (plain(x, scheme=scheme, spec=AttentionSpec(window)) - got).abs().amax(dim=(0, 2))  # (T,)
     assert differs[: L // 2 - 1].max() == 0 and differs[L // 2 - 1:].min() > 0  # 1 up to p = F - 2, sharper after
+
+
+def test_temperature_tuning_follows_per_sample_positions():
+    """Randomized positions at training: each sample's queries are scaled at their own positions (B, T)."""
+    from lex_plugin.modules.attention.temperature import TemperatureTuning
+
+    torch.manual_seed(4)
+    attn = LexSelfAttention(64, 4, temperature_tuning=TemperatureTuning(0.5, 8))
+    x = torch.randn(2, 20, 64)
+    positions = torch.stack([torch.arange(20) * 3, torch.arange(20) + 40])
+    got = attn(x, spec=AttentionSpec(AttentionWindow.full()), positions=positions)
+    expected = _tuned_reference(attn, x, AttentionWindow.full(), 0.5, 8, NoPositions(), positions)
+    assert (got.double() - expected).abs().max() < 1e-5
 
 
 def test_temperature_tuning_generation_equals_the_parallel_forward_and_is_recorded():

@@ -162,12 +162,11 @@ class LexSelfAttention(nn.Module):
         cache = self.cache(incremental_state)
         if self.q_norm is not None:  # QK-norm, before any rotation; its statistics in fp32 whatever the model's dtype
             q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
+        first = 0 if cache is None else cache.end  # the absolute position of the first new query
         if self.ssmax is not None:  # SSMax: q times s_h log(n), n the keys each query sees (positions first ..)
-            first = 0 if cache is None else cache.end
             seen = spec.window.visible_keys(torch.arange(first, first + tgt_len, device=q.device))
             q = (q.float() * ssmax_scale(self.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
         if self.temperature_tuning is not None:  # Llama 4: q times 1 + beta log1p(floor((p + 1) / F)), p absolute
-            first = 0 if cache is None else cache.end
             at = positions[:, None, :] if positions is not None else torch.arange(first, first + tgt_len, device=q.device)
             q = (q.float() * self.temperature_tuning.scale(at)[..., None]).to(q.dtype)  # (T,) or (B, 1, T) factor
         dropout_p = self.dropout if self.training else 0.0
