@@ -31,6 +31,7 @@ HF_NAMES = {
     "deepnorm": "deepnorm",
     "subln": "subln",
     "layernorm_embedding": "layernorm_embedding",
+    "layer_pattern": "layer_pattern",
     "qk_norm": "qk_norm",
     "ssmax": "ssmax",
     "temperature_tuning_beta": "temperature_tuning_beta",
@@ -55,6 +56,7 @@ class LexConfig(PretrainedConfig):
         attention: the default attention spec's ``AttentionOptions`` fields (name -> value; ``{}``: full
             attention as trained).
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
+        layer_pattern: each layer's positions and trained window (``--layer-pattern``; None: every layer global).
         qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
         ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
         temperature_tuning_beta, temperature_tuning_floor: Llama 4's temperature tuning (``--temperature-tuning-beta``,
@@ -88,6 +90,7 @@ class LexConfig(PretrainedConfig):
         deepnorm: bool = False,
         subln: bool = False,
         layernorm_embedding: bool = False,
+        layer_pattern: Optional[str] = None,
         qk_norm: bool = False,
         ssmax: bool = False,
         temperature_tuning_beta: float = 0.0,
@@ -121,6 +124,7 @@ class LexConfig(PretrainedConfig):
         self.deepnorm = deepnorm
         self.subln = subln
         self.layernorm_embedding = layernorm_embedding
+        self.layer_pattern = layer_pattern
         self.qk_norm = qk_norm
         self.ssmax = ssmax
         self.temperature_tuning_beta = temperature_tuning_beta

@@ -78,12 +78,19 @@ class LexModelOptions(FairseqDataclass):
         default=0.0,
         metadata={"help": "Llama 4's attention temperature tuning: each query times 1 + beta log1p(floor((p + 1) / F)) "
                           "at its position p, at training and evaluation (Llama 4: beta 0.1 on its NoPE layers; here "
-                          "every layer); 0: off"},
+                          "every layer, or the global layers of a --layer-pattern); 0: off"},
     )
     temperature_tuning_floor: Optional[int] = field(
         default=None,
         metadata={"help": "F of --temperature-tuning-beta, in positions (Llama 4: 8192, its training length); "
                           "default: --tokens-per-sample"},
+    )
+    layer_pattern: Optional[str] = field(
+        default=None,
+        metadata={"help": "each layer's positions and trained window, repeated over the depth: SCHEME/WINDOW[*N],... with "
+                          "SCHEME the --pos-emb or none, WINDOW full (global), bca, sliding:W or chunked:C (local, kept at "
+                          "evaluation), e.g. 'rope/sliding:128*5,rope/full' (Gemma) or 'xpos/bca*3,none/full'; the "
+                          "evaluation's attention flags change the global layers only"},
     )
     qk_norm: bool = field(
         default=False,
@@ -139,6 +146,7 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     for name in SCHEME_OPTIONS:
         setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
+    config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
     config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not DecoderConfig fields: attributes, as pos_emb
     config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)

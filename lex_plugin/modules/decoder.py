@@ -14,6 +14,7 @@ import copy
 import hashlib
 import logging
 import math
+from dataclasses import replace
 from functools import partial
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -24,7 +25,8 @@ from .attention.self_attention import NOPE, IncrementalState
 from .attention.spec import FULL_SPEC, AttentionSpec
 from .autocast import AUTOCAST_DTYPES, autocast, check_autocast
 from .decoder_layer import LexDecoderLayer
-from .positions import PositionScheme, build_positions
+from .layer_pattern import LayerKind, parse_layer_pattern
+from .positions import PositionScheme, build_positions, get_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,9 @@ class DecoderStack:
     for absolute schemes, optionally layer-normed, passed through ``decoder_layers`` blocks
     (:class:`LexDecoderLayer`), the final LayerNorm (pre-LN models) and the output projection. The position
     scheme is ``config.pos_emb`` from the ``--pos-emb`` registry: one module shared by every layer, or one per
-    layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme.
+    layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme. A layer pattern
+    (``config.layer_pattern``, :mod:`~.layer_pattern`) gives layers no positions (NoPE) and local windows of their
+    own; the attention spec of a call then reaches the global layers only (:meth:`layer_spec`).
 
     Submodules (state-dict names, TorchScale's ``Decoder``): ``embed_tokens``, ``layernorm_embedding``,
     ``positions.N.*`` (KERPLE, T5, learned), ``layers.N.*``, ``layer_norm``, ``output_projection``.
@@ -87,7 +91,16 @@ class DecoderStack:
             raise ValueError(f"--drope-start drops rotary positions (DroPE: RoPE has no parameters, so the weights stay "
                              f"valid without it); --pos-emb {self.pos_emb} is {self.position_kind}. Use rope or xpos.")
         self._num_updates = 0
-        self.layers = nn.ModuleList(LexDecoderLayer(config, i) for i in range(config.decoder_layers))
+        self.layer_pattern = str(getattr(config, "layer_pattern", None) or "") or None
+        self.layer_kinds = parse_layer_pattern(self.layer_pattern, self.pos_emb, config.decoder_layers,
+                                               getattr(config, "tokens_per_sample", None))
+        if self.layer_kinds is not None:
+            self._check_pattern(config)
+        kinds = self.layer_kinds or (LayerKind(),) * config.decoder_layers
+        self.layers = nn.ModuleList(LexDecoderLayer(config, i, global_attention=kinds[i].is_global)
+                                    for i in range(config.decoder_layers))
+        # a local layer's spec is its trained window, whatever the call's (layer_spec)
+        self._local_specs = tuple(None if k.is_global else AttentionSpec(window=k.window) for k in kinds)
         self._spec = self.check_spec(spec)
         self._autocast: Optional[torch.dtype] = None  # a view's (with_autocast); the model itself runs in its dtype
         self.num_layers = len(self.layers)
@@ -100,6 +113,28 @@ class DecoderStack:
             self.output_projection = nn.Linear(dim, output_size, bias=False)
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
         self._scale_init(config)
+
+    def _check_pattern(self, config) -> None:
+        """Refuse a layer pattern this model cannot train.
+
+        Raises:
+            ValueError: an absolute scheme (added to the embeddings, not per layer); NoPE layers under a scheme with
+                per-layer parameters (they would go untrained); randomized positions with a local window.
+        """
+        name = f"--layer-pattern {self.layer_pattern}"
+        if self.position_kind == "absolute":
+            raise ValueError(f"{name}: --pos-emb {self.pos_emb} adds absolute positions to the embeddings, which no layer "
+                             "can leave out; pattern the layers of a relative scheme (xpos, rope, alibi ...).")
+        if get_scheme(self.pos_emb).per_layer and not all(k.positions for k in self.layer_kinds):
+            raise ValueError(f"{name}: --pos-emb {self.pos_emb} has parameters in every layer, which a NoPE layer would "
+                             "leave untrained; use a scheme without per-layer parameters, or no none/ entries.")
+        if self.random_positions and not all(k.is_global for k in self.layer_kinds):
+            raise ValueError(f"{name}: --random-positions places positions by sample over full attention; a local "
+                             "window needs the ordinary positions. Drop one of the two.")
+        if self.temperature_tuned and all(not k.is_global for k in self.layer_kinds):
+            raise ValueError(f"{name}: --temperature-tuning-beta tunes the global layers of a pattern, and this one has "
+                             "none; add a */full entry or drop the option.")
+        logger.info("layer pattern: %s", ", ".join(k.describe(self.pos_emb) for k in self.layer_kinds))
 
     def _scale_init(self, config):
         """TorchScale's depth-dependent initialisation of fc1, fc2, out_proj, v_proj (decoder-only):
@@ -175,8 +210,8 @@ class DecoderStack:
         inner_states = [x]
         spec = self._spec if spec is None and not self.positions_dropped else self.check_spec(spec or self._spec)
         for i, layer in enumerate(self.layers):
-            x = self.run_layer(layer, x, self.position(i), padding_mask, incremental_state, spec, positions,
-                               None if observer is None else partial(observer, i))
+            x = self.run_layer(layer, x, self.position(i), padding_mask, incremental_state, self.layer_spec(i, spec),
+                               positions, None if observer is None else partial(observer, i))
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
@@ -205,10 +240,24 @@ class DecoderStack:
 
     def position(self, layer: int) -> PositionScheme:
         """The position scheme of layer ``layer`` (shared, or its own for per-layer schemes); none once DroPE has
-        dropped the positions."""
-        if self.positions_dropped:
+        dropped the positions, or in a pattern's NoPE layers."""
+        if self.positions_dropped or (self.layer_kinds is not None and not self.layer_kinds[layer].positions):
             return NOPE
         return self.positions[layer if len(self.positions) > 1 else 0]
+
+    def layer_spec(self, layer: int, spec: AttentionSpec) -> AttentionSpec:
+        """The attention spec layer ``layer`` runs under when the call's is ``spec``: ``spec`` itself without a
+        pattern; in a pattern, a local layer's trained window (whatever ``spec``), and for a global NoPE layer
+        ``spec`` without what acts on positions (RoPE scaling, position map: :meth:`check_spec` refuses them when
+        no global layer has positions)."""
+        if self.layer_kinds is None:
+            return spec
+        local = self._local_specs[layer]
+        if local is not None:
+            return local
+        if self.layer_kinds[layer].positions or (spec.rope_scaling is None and spec.position_map is None):
+            return spec
+        return replace(spec, rope_scaling=None, position_map=None)
 
     def set_num_updates(self, num_updates: int) -> None:
         """fairseq's hook, called with the updates done before each training step and when a checkpoint is loaded:
@@ -245,6 +294,8 @@ class DecoderStack:
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
+        if self.layer_kinds is not None:
+            self._check_pattern_spec(spec)
         if spec.rope_scaling is not None and self.active_position_kind != "rotary":
             raise ValueError(
                 f"--rope-scaling {spec.rope_scaling.kind} scales rotary positions; this model uses --pos-emb {self.pos_emb} "
@@ -279,6 +330,20 @@ class DecoderStack:
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")
         return spec
+
+    def _check_pattern_spec(self, spec: AttentionSpec) -> None:
+        """Refuse a spec that would change no layer of a pattern (:meth:`layer_spec`): any spec but full attention
+        when no layer is global; a RoPE scaling or a position map when no global layer has positions."""
+        global_layers = [k for k in self.layer_kinds if k.is_global]
+        name = f"--layer-pattern {self.layer_pattern}"
+        if not global_layers and spec != FULL_SPEC:
+            raise ValueError(f"the evaluation's attention ({spec}) changes the global layers of a pattern, and {name} has "
+                             "none: every layer keeps its trained window. Evaluate it without attention flags.")
+        if not any(k.positions for k in global_layers) and (spec.rope_scaling is not None or spec.position_map is not None):
+            what = (f"--rope-scaling {spec.rope_scaling.kind}" if spec.rope_scaling is not None
+                    else f"--position-map {spec.position_map.name}")
+            raise ValueError(f"{what} acts on the positions of the global layers, and those of {name} have none (NoPE); "
+                             "the local layers keep their trained window and positions. Evaluate without it.")
 
     def under(self, spec: AttentionSpec) -> "DecoderStack":
         """A view of this decoder whose ``forward`` defaults to ``spec``: every parameter, buffer, layer and hook

@@ -58,17 +58,20 @@ class LexDecoderLayer(nn.Module):
     Args:
         config: TorchScale ``DecoderConfig``, or any object with its fields (the Hugging Face export's namespace).
         depth: index of this layer (drop-path rate grows linearly with depth, as in TorchScale).
+        global_attention: False for a local layer of a layer pattern (``--layer-pattern``): Llama 4's temperature
+            tuning then leaves it alone (its queries never see past their window).
 
     State-dict names: ``self_attn.*``, ``self_attn_layer_norm``, ``ffn.fc1``, ``ffn.fc2``,
     ``ffn.ffn_layernorm`` (subln), ``final_layer_norm``, exactly TorchScale's.
     """
 
-    def __init__(self, config, depth: int):
+    def __init__(self, config, depth: int, global_attention: bool = True):
         super().__init__()
         dim = config.decoder_embed_dim
         self.embed_dim = dim
         self.dropout_module = nn.Dropout(config.dropout)
         rate = config.drop_path_rate * depth / max(config.decoder_layers - 1, 1)
+        tuning = _temperature_tuning(config)  # (checked in every layer, used in the global ones)
         self.drop_path = DropPath(rate) if config.drop_path_rate > 0 else None
         self.self_attn = LexSelfAttention(
             dim,
@@ -78,7 +81,7 @@ class LexDecoderLayer(nn.Module):
             layernorm_eps=config.layernorm_eps,
             qk_norm=bool(getattr(config, "qk_norm", False)),
             ssmax_length=_ssmax_length(config),
-            temperature_tuning=_temperature_tuning(config),
+            temperature_tuning=tuning if global_attention else None,
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

@@ -12,7 +12,8 @@ and cut by :func:`plan` into :class:`Chunk` s that :func:`~.executor.attend` run
 * dense: a range of queries against a range of keys, with a mask that is ``all`` (every key visible: one
   query), ``causal`` (causal aligned to the lower right: every query sees the same first key, so SDPA's
   fused kernels apply) or ``explicit`` (a per-position boolean mask: sliding windows, padding);
-* blocks: n consecutive query blocks at once. Block b of c = window.stride queries needs only the
+* blocks: n consecutive query blocks at once (BCA and sliding windows; chunked attention, whose blocks see
+  only their own keys, is one dense causal chunk per block). Block b of c = window.stride queries needs only the
   keys of blocks b - 1 and b, so n blocks are n (c, 2c) attentions over ``unfold`` views of the keys
   (no copy, nothing grows as L^2), batched into one SDPA call (BCA: ``causal_lower_right``; sliding:
   the same (c, 2c) band for every window).
@@ -133,7 +134,7 @@ def plan(
     if not window.bounded or window.covers(end):
         dense(q_start, end)
         return chunks
-    if not local_positions:  # block by block at true positions (explicit masks)
+    if not local_positions or window.own_block_only:  # block by block at true positions (chunks: causal, own keys)
         a = q_start
         while a < end:
             b = min(end, (a // window.stride + 1) * window.stride)

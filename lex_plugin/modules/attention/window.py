@@ -6,10 +6,14 @@ Vocabulary (used the same way by the task's flags, every ``lex`` command, the hu
 * BCA block w = l / 2 (LeX section 3.3, Figure 3): queries of block b attend causally to their own block
   and to all of block b - 1, so each query (past the first block) sees between w + 1 and 2w = l keys;
 * sliding width W: each query attends its W most recent positions, itself included (the locality
-  baseline of LeX Table 5 and of the receptive-field paper).
+  baseline of LeX Table 5 and of the receptive-field paper);
+* chunk C (chunked attention, Llama 4's local layers): the positions are cut into chunks of C and each query
+  attends causally within its own chunk only (between 1 and C keys). A layer's trained window
+  (``--layer-pattern``), not an evaluation flag.
 
-Both windowed kinds have a *stride* c (w for BCA, W for the sliding window): the queries of block b of c
-positions only ever need the keys of blocks b - 1 and b, which is how the planner cuts long inputs.
+The windowed kinds have a *stride* c (w for BCA, W for the sliding window, C for chunks): the queries of
+block b of c positions only ever need the keys of blocks b - 1 and b (of block b alone for chunks), which is
+how the planner cuts long inputs.
 
 Sink keys (attached to a BCA or sliding window; :meth:`AttentionWindow.with_sinks`,
 :meth:`AttentionWindow.lm_infinite`): the first k positions stay visible to every query. A sink that
@@ -32,24 +36,26 @@ from torch import Tensor
 
 __all__ = ["AttentionWindow", "selected_mode", "window_from_options"]
 
-MODES = ("full", "bca", "sliding", "lm_infinite")
+MODES = ("full", "bca", "sliding", "lm_infinite", "chunked")
 LM_INFINITE_N_GLOBAL = 10  # default size of LM-Infinite's global branch (--n-global); a handful of starting tokens
 
 
 @dataclass(frozen=True)
 class AttentionWindow:
     """Which keys a query may attend. Build one with :meth:`full`, :meth:`bca`, :meth:`sliding` (and
-    :meth:`with_sinks`) or :meth:`lm_infinite`.
+    :meth:`with_sinks`), :meth:`lm_infinite` or :meth:`chunked`.
 
     Attributes:
-        mode: ``full``, ``bca``, ``sliding`` or ``lm_infinite`` (a sliding window whose sinks are LM-Infinite's
-            global branch, seen at distances capped at the stride).
-        stride: c: the BCA block w = l / 2, the sliding width W or LM-Infinite's L_local; 0 for ``full``.
+        mode: ``full``, ``bca``, ``sliding``, ``lm_infinite`` (a sliding window whose sinks are LM-Infinite's
+            global branch, seen at distances capped at the stride) or ``chunked``.
+        stride: c: the BCA block w = l / 2, the sliding width W, LM-Infinite's L_local or the chunk C; 0 for
+            ``full``.
         sinks: k, the first positions kept visible to every query (0: none); LM-Infinite's n_global.
 
     Raises:
         ValueError: unknown mode, a non-positive stride for bca / sliding, sinks without a bounded window
-            or more sinks than the stride, ``lm_infinite`` without its global branch (sinks >= 1).
+            or more sinks than the stride, ``lm_infinite`` without its global branch (sinks >= 1), sinks on
+            chunks.
     """
 
     mode: str = "full"
@@ -69,6 +75,9 @@ class AttentionWindow:
         if self.sinks > self.stride and self.mode != "full":
             what = {"bca": "the BCA block l/2", "sliding": "the sliding width W"}.get(self.mode, "LM-Infinite's --l-local")
             raise ValueError(f"{self.sinks} sink tokens exceed {what} = {self.stride}; use at most {self.stride}.")
+        if self.sinks and self.mode == "chunked":
+            raise ValueError("sink tokens attach to BCA or a sliding window; chunked attention (a layer's trained window) "
+                             "takes none.")
         if self.mode == "lm_infinite" and not self.sinks:
             raise ValueError("LM-Infinite's Λ-shape needs its global branch: --n-global >= 1 (AttentionWindow.lm_infinite).")
 
@@ -121,9 +130,21 @@ class AttentionWindow:
             raise ValueError(f"--n-global must be >= 1 (the global branch), got {n_global}.")
         return cls("lm_infinite", cls.sliding(l_local).stride, int(n_global))
 
+    @classmethod
+    def chunked(cls, chunk: int) -> "AttentionWindow":
+        """Chunked attention (Llama 4's local layers): positions cut into chunks of ``chunk`` = C, each query
+        attending causally within its own chunk (keys C floor(p / C) .. p).
+
+        Raises:
+            ValueError: C < 1.
+        """
+        if chunk < 1:
+            raise ValueError(f"the chunk size C must be a positive integer, got {chunk}.")
+        return cls("chunked", int(chunk))
+
     @property
     def bounded(self) -> bool:
-        """True for BCA and sliding windows: a query sees at most 2c (BCA) or c keys."""
+        """True for every window but full attention: a query sees at most 2c (BCA) or c keys."""
         return self.mode != "full"
 
     @property
@@ -135,14 +156,19 @@ class AttentionWindow:
         return (2 * self.stride if self.mode == "bca" else self.stride) + self.sinks
 
     @property
+    def own_block_only(self) -> bool:
+        """True for chunks: a block of c queries needs its own c keys alone (not block b - 1's too)."""
+        return self.mode == "chunked"
+
+    @property
     def feed_block(self) -> Optional[int]:
         """How many new positions the evaluators feed through the key/value cache at a time (memory flat in L):
-        BCA's block c = l/2 (one window per call, SDPA's fused causal kernel); for a sliding window W/4 (at
+        BCA's block c = l/2 and chunks' C (one window per call, SDPA's fused causal kernel); for a sliding window W/4 (at
         least 1): a block of c queries computes c + W - 1 keys each, so W/4 costs 1.25 W per query where
         W would cost 2 W; None for full attention (no window to follow)."""
         if self.mode == "full":
             return None
-        return self.stride if self.mode == "bca" else max(1, self.stride // 4)
+        return self.stride if self.mode in ("bca", "chunked") else max(1, self.stride // 4)
 
     def covers(self, length: int) -> bool:
         """True if, for sequences of ``length`` positions, this window is plain causal attention."""
@@ -157,6 +183,8 @@ class AttentionWindow:
             first = position * 0
         elif self.mode == "bca":
             first = (position // self.stride - 1) * self.stride
+        elif self.mode == "chunked":
+            first = position // self.stride * self.stride
         else:
             first = position - self.stride + 1
         return first.clamp(min=0) if isinstance(first, Tensor) else max(0, first)
@@ -190,6 +218,8 @@ class AttentionWindow:
     def __str__(self) -> str:
         if self.mode == "lm_infinite":
             return f"lm_infinite({self.sinks},{self.stride})"
+        if self.mode == "chunked":
+            return f"chunked({self.stride})"
         name = "full" if self.mode == "full" else f"{self.mode}({self.stride})"
         return f"{name}+sinks({self.sinks})" if self.sinks else name
 
@@ -222,8 +252,8 @@ def window_from_options(
     if training_length is not None and int(training_length) <= 0:
         raise ValueError(f"--training-length must be a positive integer, got {training_length}.")
     length = int(training_length) if training_length else model_training_length
-    if mode not in MODES:
-        raise ValueError(f"attention window mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if mode not in MODES or mode == "chunked":  # chunks are a layer's trained window (--layer-pattern), not a flag
+        raise ValueError(f"attention window mode must be one of {', '.join(m for m in MODES if m != 'chunked')}, got {mode!r}.")
     if mode == "lm_infinite":
         if sink_tokens:
             raise ValueError("--sink-tokens and LM-Infinite's --n-global both add global tokens; choose one.")
