@@ -555,12 +555,16 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
 
     monkeypatch.setattr(reproduce, "Runner", Recording)
     o = reproduce.ReproduceOptions(**{**o.as_json(), "max_update": 300, "methods": []})
-    reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax"], tmp_path, data)
+    reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax", "rnope_swa", "gemma_5to1"], tmp_path, data)
     drope = commands["train rope_drope"]
     assert drope[drope.index("--drope-start") + 1] == "264" and "--qk-norm" in drope
     assert drope[drope.index("--max-update") + 1] == "300"
     tuned = commands["train none_tt"]
     assert tuned[tuned.index("--temperature-tuning-beta") + 1] == "0.1" and tuned[tuned.index("--pos-emb") + 1] == "none"
     assert "--ssmax" in commands["train rope_ssmax"] and "--qk-norm" in commands["train rope_qknorm"]
+    swa, gemma = commands["train rnope_swa"], commands["train gemma_5to1"]  # the local window is l / 4 = 16
+    assert swa[swa.index("--layer-pattern") + 1] == f"rope/sliding:{L // 4}*3,none/full"
+    assert gemma[gemma.index("--layer-pattern") + 1] == f"rope/sliding:{L // 4}*5,rope/full"
+    assert gemma[gemma.index("--decoder-layers") + 1] == "6"
     evaluated = commands["eval none_tt"]
     assert evaluated[evaluated.index("--eval-windows") + 1] == "full,sliding,bca"

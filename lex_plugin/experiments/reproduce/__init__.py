@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
-from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION, LOCAL_WINDOW_DIVISOR,
                         LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
                         RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
@@ -462,6 +462,7 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
             if o.max_update < 2:
                 raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
             run_args = [*run_args, "--drope-start", _drope_start(o)]
+        run_args = [a.format(w=o.training_length // LOCAL_WINDOW_DIVISOR) if isinstance(a, str) else a for a in run_args]
         rotary = run_args[run_args.index("--pos-emb") + 1] in ("rope", "xpos")
         r = _Run(name, tuple(run_args), role, work / "runs" / name, rotary)
         _train_and_evaluate(run, r, data, o, budgets)

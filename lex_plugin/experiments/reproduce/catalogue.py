@@ -4,7 +4,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LOCAL_WINDOW_DIVISOR", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
@@ -13,7 +13,11 @@ __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILON
 # randomized positions (Ruoss et al. 2023, --random-positions L_max with L_max the longest evaluation length)
 # and are evaluated like the main runs, with the ordinary positions. "design" runs train a design the released models
 # ship (issue: trained to extrapolate): QK-norm, Scalable-Softmax, Llama 4's NoPE with temperature tuning, and DroPE
-# ("drope": RoPE with QK-norm, positions dropped for the last DROPE_FRACTION of the updates); evaluated like the main runs.
+# ("drope": RoPE with QK-norm, positions dropped for the last DROPE_FRACTION of the updates), and the layer patterns
+# (--layer-pattern; "{w}" stands for the local window l / LOCAL_WINDOW_DIVISOR): local xPos under BCA with a global NoPE
+# layer and Llama 4's temperature tuning, Cohere's RNoPE-SWA (3 sliding RoPE layers : 1 global NoPE), Gemma's 5 sliding :
+# 1 global (RoPE; six layers, since the 4-layer preset cannot hold it) and Llama 4's iRoPE (chunked RoPE, global NoPE with
+# temperature tuning); evaluated like the main runs, the evaluation's windows on their global layers.
 RUNS: Dict[str, tuple] = {
     "xpos": (["--pos-emb", "xpos"], "main"),
     "rope": (["--pos-emb", "rope"], "main"),
@@ -30,7 +34,14 @@ RUNS: Dict[str, tuple] = {
     "rope_ssmax": (["--pos-emb", "rope", "--ssmax"], "design"),
     "none_tt": (["--pos-emb", "none", "--temperature-tuning-beta", 0.1], "design"),
     "rope_drope": (["--pos-emb", "rope", "--qk-norm"], "drope"),
+    "xpos_bca_nope": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full", "--temperature-tuning-beta", 0.1],
+                      "design"),
+    "rnope_swa": (["--pos-emb", "rope", "--layer-pattern", "rope/sliding:{w}*3,none/full"], "design"),
+    "gemma_5to1": (["--pos-emb", "rope", "--layer-pattern", "rope/sliding:{w}*5,rope/full", "--decoder-layers", 6], "design"),
+    "irope": (["--pos-emb", "rope", "--layer-pattern", "rope/chunked:{w}*3,none/full", "--temperature-tuning-beta", 0.1],
+              "design"),
 }
+LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
 # what scripts/reproduce.py runs without --runs: the paper's runs; the trained designs are asked for by name
 DEFAULT_RUNS = tuple(n for n, (_, role) in RUNS.items() if role in ("main", "ablation", "random"))
@@ -124,6 +135,9 @@ LABELS = {
     "rope_random": "RoPE, random positions", "alibi_random": "ALiBi, random positions",
     "rope_qknorm": "RoPE + QK-norm", "rope_ssmax": "RoPE + SSMax", "none_tt": "NoPE + Llama 4 temperature tuning (0.1)",
     "rope_drope": "DroPE (RoPE + QK-norm, NoPE for the last 12%)",
+    "xpos_bca_nope": "xPos BCA x3 + NoPE global, temperature tuning", "rnope_swa": "RNoPE-SWA (RoPE sliding x3 + NoPE global)",
+    "gemma_5to1": "Gemma 5:1 (RoPE sliding x5 + global; 6 layers)",
+    "irope": "iRoPE (RoPE chunked x3 + NoPE global, temperature tuning)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
