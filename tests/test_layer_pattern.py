@@ -198,3 +198,30 @@ def test_the_pattern_is_recorded_and_exported():
         view = model.under(options.spec(L))
         with torch.no_grad():
             assert (hf(tokens).logits - view(tokens)[0]).abs().max() <= 1e-5
+
+
+def test_fairseq_trains_a_pattern_and_eval_lm_applies_the_window_to_its_global_layers(data_bin, tmp_path):
+    """fairseq-train with --layer-pattern, then fairseq-eval-lm with no model flag: the checkpoint rebuilds the pattern,
+    and BCA on its global layer is full attention at l and something else past it."""
+    import json
+
+    from conftest import REPO, run_cli
+    from lex_plugin.experiments.recipe import fairseq_train_command
+    from lex_plugin.hub_interface import from_pretrained
+
+    save = tmp_path / "ckpt"
+    cmd = fairseq_train_command(data_bin, save, model_args=["--pos-emb", "rope", "--decoder-layers", "2",
+                                                            "--layer-pattern", "rope/sliding:8,none/full"],
+                                tokens_per_sample=32, batch_size=2, updates=2, warmup=1)
+    run_cli(cmd, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    report = tmp_path / "report.json"
+    run_cli(["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+             "--path", str(save / "checkpoint_last.pt"), "--gen-subset", "test", "--batch-size", "4", "--num-workers", "0",
+             "--tokens-per-sample", "128", "--eval-lengths", "32,128", "--eval-windows", "full,bca", "--eval-tokens", "512",
+             "--report-json", str(report), "--length-report-only"], timeout=300)
+    rows = {(r["window"], r["length"]): r for r in json.loads(report.read_text())["results"]}
+    hub = from_pretrained(save, "checkpoint_last.pt", data_bin)
+    model = hub.models[0]
+    assert [k.describe("rope") for k in model.decoder.layer_kinds] == ["rope/sliding:8", "none/full"]
+    assert rows[("full", 32)]["ppl"] == pytest.approx(rows[("bca(16)", 32)]["ppl"], rel=1e-5)  # BCA covers l
+    assert rows[("full", 128)]["ppl"] != pytest.approx(rows[("bca(16)", 128)]["ppl"], rel=1e-4)  # past l it differs
