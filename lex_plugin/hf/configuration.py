@@ -33,6 +33,7 @@ HF_NAMES = {
     "layernorm_embedding": "layernorm_embedding",
     "layer_pattern": "layer_pattern",
     "qk_norm": "qk_norm",
+    "learned_sinks": "learned_sinks",
     "ssmax": "ssmax",
     "temperature_tuning_beta": "temperature_tuning_beta",
     "temperature_tuning_floor": "temperature_tuning_floor",
@@ -58,6 +59,7 @@ class LexConfig(PretrainedConfig):
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
         layer_pattern: each layer's positions and trained window (``--layer-pattern``; None: every layer global).
         qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
+        learned_sinks: a learned sink logit per layer and head in every softmax (``--learned-sinks``, gpt-oss).
         ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
         temperature_tuning_beta, temperature_tuning_floor: Llama 4's temperature tuning (``--temperature-tuning-beta``,
             ``--temperature-tuning-floor``; 0 / None: off, F = training_length).
@@ -92,6 +94,7 @@ class LexConfig(PretrainedConfig):
         layernorm_embedding: bool = False,
         layer_pattern: Optional[str] = None,
         qk_norm: bool = False,
+        learned_sinks: bool = False,
         ssmax: bool = False,
         temperature_tuning_beta: float = 0.0,
         temperature_tuning_floor: Optional[int] = None,
@@ -126,6 +129,7 @@ class LexConfig(PretrainedConfig):
         self.layernorm_embedding = layernorm_embedding
         self.layer_pattern = layer_pattern
         self.qk_norm = qk_norm
+        self.learned_sinks = learned_sinks
         self.ssmax = ssmax
         self.temperature_tuning_beta = temperature_tuning_beta
         self.temperature_tuning_floor = temperature_tuning_floor

@@ -92,6 +92,11 @@ class LexModelOptions(FairseqDataclass):
                           "evaluation), e.g. 'rope/sliding:128*5,rope/full' (Gemma) or 'xpos/bca*3,none/full'; the "
                           "evaluation's attention flags change the global layers only"},
     )
+    learned_sinks: bool = field(
+        default=False,
+        metadata={"help": "gpt-oss's attention sinks: a learned logit per layer and head that joins every softmax's "
+                          "denominator with no value (the sink takes a share of the attention and gives nothing back)"},
+    )
     qk_norm: bool = field(
         default=False,
         metadata={"help": "QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and keys before the position "
@@ -147,7 +152,8 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
-    config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))  # not DecoderConfig fields: attributes, as pos_emb
+    config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))
+    config.learned_sinks = bool(safe_getattr(cfg, "learned_sinks", False))  # not DecoderConfig fields: attributes, as pos_emb
     config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
     config.temperature_tuning_beta = float(safe_getattr(cfg, "temperature_tuning_beta", 0.0) or 0.0)

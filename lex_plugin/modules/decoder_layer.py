@@ -82,6 +82,7 @@ class LexDecoderLayer(nn.Module):
             qk_norm=bool(getattr(config, "qk_norm", False)),
             ssmax_length=_ssmax_length(config),
             temperature_tuning=tuning if global_attention else None,
+            learned_sinks=bool(getattr(config, "learned_sinks", False)),
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

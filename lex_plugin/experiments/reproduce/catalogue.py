@@ -40,6 +40,7 @@ RUNS: Dict[str, tuple] = {
     "gemma_5to1": (["--pos-emb", "rope", "--layer-pattern", "rope/sliding:{w}*5,rope/full", "--decoder-layers", 6], "design"),
     "irope": (["--pos-emb", "rope", "--layer-pattern", "rope/chunked:{w}*3,none/full", "--temperature-tuning-beta", 0.1],
               "design"),
+    "rope_learned_sinks": (["--pos-emb", "rope", "--learned-sinks"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
@@ -138,6 +139,7 @@ LABELS = {
     "xpos_bca_nope": "xPos BCA x3 + NoPE global, temperature tuning", "rnope_swa": "RNoPE-SWA (RoPE sliding x3 + NoPE global)",
     "gemma_5to1": "Gemma 5:1 (RoPE sliding x5 + global; 6 layers)",
     "irope": "iRoPE (RoPE chunked x3 + NoPE global, temperature tuning)",
+    "rope_learned_sinks": "RoPE + learned sink logits (gpt-oss)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",

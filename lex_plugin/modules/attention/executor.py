@@ -9,7 +9,10 @@ kernels), or an explicit boolean / additive float mask (:func:`additive_mask`), 
 (``KeyValueCache``), which runs as two matrix-vector products. Sink tokens (StreamingLLM, LM-Infinite)
 are keys placed at virtual positions: the scheme rotates them (or biases them) there, and the executor
 scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
-per-sample position ids for the same dense chunks. With an ``observer`` it also hands the pre-softmax
+per-sample position ids for the same dense chunks. Learned sink logits (gpt-oss: one per head, joining every
+softmax's denominator with no value) enter every chunk shape: an extra key in each SDPA call (:func:`_sdpa`), an
+extra column where logits are explicit, an extra piece where pieces merge by their log-sum-exps. With an
+``observer`` it also hands the pre-softmax
 logits it computes to the observer (the analysis tools read them from here, so they follow any change
 to attention).
 
@@ -43,7 +46,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
@@ -75,6 +78,7 @@ def attend(
     dropout_p: float = 0.0,
     observer: Optional[Observer] = None,
     positions: Optional[Tensor] = None,
+    sink_logits: Optional[Tensor] = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
 
@@ -94,6 +98,9 @@ def attend(
             logits, the distances n - m and the visibility mask.
         positions: (B, T) int64 strictly increasing position ids of each sample's queries and keys
             (randomized positions at training), or None: positions q_start ..; full attention, no cache.
+        sink_logits: (H,) learned sink logits s_h (gpt-oss), or None: each softmax row becomes
+            exp(z_j) / (exp(s_h) + sum_i exp(z_i)), the sink taking its share of the mass and giving no value;
+            differentiable in s_h. The observer's logits do not include it (it has no key or distance).
 
     Under ``torch.autocast`` (``modules.autocast``) q, k and v are cast to its dtype and attention runs with
     autocast off, exactly as in a model of that dtype: rotation and biases in fp32, softmax statistics in fp32.
@@ -110,7 +117,7 @@ def attend(
         with torch.autocast(q.device.type, enabled=False):  # (a cache's sink keys already hold its dtype)
             cast = replace(held, keys=held.keys.to(dtype), values=held.values.to(dtype))
             return attend(q.to(dtype), cast, chunks, spec=spec, scheme=scheme, q_start=q_start, dropout_p=dropout_p,
-                          observer=observer, positions=positions)
+                          observer=observer, positions=positions, sink_logits=sink_logits)
     if spec.logn:
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
@@ -120,7 +127,7 @@ def attend(
         q = (q.float() * spec.logit_scale).to(q.dtype)
     k, v, center, sinks = held.keys, held.values, held.center, held.sinks
     run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, held.start, center, held.padding,
-               dropout_p, observer, held.feature_major)
+               dropout_p, observer, held.feature_major, sink_logits)
     if spec.position_map is not None:
         if center is not None or positions is not None:
             raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
@@ -192,6 +199,7 @@ class _Run:
     dropout_p: float
     observer: Optional[Observer]
     feature_major: bool
+    sink_logits: Optional[Tensor] = None  # (H,) fp32
     positions: Optional[Tensor] = None
     positions_center: int = 0
 
@@ -263,7 +271,7 @@ class _Run:
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), query - key, allowed)
         if qc.size(2) == 1 and not self.dropout_p and self.feature_major:
-            return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None)
+            return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None, self._sink(1))
         is_causal, mask = False, None
         if bias is not None or chunk.mask == "explicit":
             mask = _four_d(additive_mask(allowed, bias, qc.dtype))
@@ -272,7 +280,14 @@ class _Run:
                 is_causal = True
             else:
                 mask = causal_lower_right(qc.size(2), kc.size(2))
-        return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal)
+        return _sdpa(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p, is_causal=is_causal, sink=self._sink(1))
+
+    def _sink(self, windows: int) -> Optional[Tensor]:
+        """The sink logits (1, H windows, 1, 1) fp32 for SDPA inputs laid out (B, H windows, Tq, D) (each head's
+        logit repeated for its windows), or None without learned sinks."""
+        if self.sink_logits is None:
+            return None
+        return self.sink_logits.float().repeat_interleave(windows)[None, :, None, None]
 
     def remapped(self, chunk: Chunk, position_map: PositionMap) -> Tensor:
         """A dense chunk of full attention under a position map (:mod:`.position_map`).
@@ -305,7 +320,7 @@ class _Run:
             bias = self.scheme.bias_at(distance, torch.zeros_like(distance))  # (H, Tq, Tk)
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), n[:, None] - m[None, :], allowed)
-            return F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)))
+            return _sdpa(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)), sink=self._sink(1))
         rotated = []
         for piece in position_map.pieces(n, m):
             # centred among the piece's queries: a selected key is never after its query, so keys only shrink
@@ -333,6 +348,9 @@ class _Run:
                                               seen[..., a:b] if masked else None)
                     outs.append(out)
                     lses.append(lse)
+        if self.sink_logits is not None:  # the sink: one more piece, its log-sum-exp s_h, its output 0
+            lses.append(self.sink_logits.float()[:, None].expand_as(lses[0]))
+            outs.append(torch.zeros_like(outs[0]))
         if len(outs) == 1:
             return outs[0]
         weights = torch.softmax(torch.stack(lses), dim=0)  # (P, B, H, Tq): each piece's share of the softmax
@@ -376,16 +394,15 @@ class _Run:
                 bias = bias[:, None]  # (H, 1, c, 2c) against (B, 1, n, c, 2c)
         if chunk.mask == "causal":  # BCA's (c, 2c) mask is causal aligned to the lower right: fused kernels
             shape = (bsz, heads * n)
-            out = F.scaled_dot_product_attention(
-                qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c, dim), vw.reshape(*shape, 2 * c, dim),
-                attn_mask=causal_lower_right(c, 2 * c), dropout_p=self.dropout_p)
+            out = _sdpa(qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c, dim), vw.reshape(*shape, 2 * c, dim),
+                        attn_mask=causal_lower_right(c, 2 * c), dropout_p=self.dropout_p, sink=self._sink(n))
             return out.view(bsz, heads, n, c, dim).flatten(2, 3)
         # windows in the batch: (B n, H, c or 2c, D), so one (H, c, 2c) bias (or (c, 2c) mask) serves every
         # window and sample, or padding gives a (B n, 1 or H, c, 2c) mask: 4-D, SDPA's fast kernels
         mask = additive_mask(allowed, bias, self.q.dtype)  # (c, 2c) | (H, c, 2c) | (B, H or 1, n, c, 2c)
         mask = mask.transpose(1, 2).flatten(0, 1) if mask.dim() == 5 else _four_d(mask)
-        out = F.scaled_dot_product_attention(_windows_in_batch(qw), _windows_in_batch(kw), _windows_in_batch(vw),
-                                             attn_mask=mask, dropout_p=self.dropout_p)
+        out = _sdpa(_windows_in_batch(qw), _windows_in_batch(kw), _windows_in_batch(vw), attn_mask=mask,
+                    dropout_p=self.dropout_p, sink=self._sink(1))
         return out.unflatten(0, (bsz, n)).transpose(1, 2).flatten(2, 3)
 
     def with_sinks(self, chunk: Chunk, sink_k: Tensor, sink_v: Tensor, sink_pad: Optional[Tensor]) -> Tensor:
@@ -441,10 +458,14 @@ class _Run:
         all_visible = torch.cat([visible.expand_as(logits), sink_visible.expand_as(sink_logits)], dim=-1)
         if self.observer is not None:
             self.observer(all_logits, torch.cat([query[..., None] - key[..., None, :], distance], dim=-1), all_visible)
-        probs = torch.softmax(all_logits.masked_fill(~all_visible, float("-inf")), dim=-1)
+        all_logits = all_logits.masked_fill(~all_visible, float("-inf"))
+        if self.sink_logits is not None:  # the learned sink: one more column, seen by every query, no value
+            learned = self.sink_logits.float()[:, None, None, None].expand(*all_logits.shape[:-1], 1)
+            all_logits = torch.cat([all_logits, learned], dim=-1)
+        probs = torch.softmax(all_logits, dim=-1)
         if self.dropout_p:
             probs = F.dropout(probs, self.dropout_p)
-        out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2):] @ sink_v.float()[:, :, None]
+        out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2) : kb.size(-2) + held] @ sink_v.float()[:, :, None]
         return out.flatten(2, 3).to(self.q.dtype)
 
     def _sink_logits(self, qb: Tensor, sink_k: Tensor, local: Tensor, virtual: Tensor, query: Tensor, center: int) -> Tensor:
@@ -475,10 +496,9 @@ class _Run:
         vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
         qw, kw = self._rotate(qw, kw, c + sinks, 0)
         shape = (bsz, heads * n)
-        out = F.scaled_dot_product_attention(
-            qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
-            attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=self.dropout_p,
-        ).view(bsz, heads, n, c, dim)
+        out = _sdpa(qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
+                    attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=self.dropout_p, sink=self._sink(n),
+                    ).view(bsz, heads, n, c, dim)
         return out.flatten(2, 3)
 
 
@@ -519,7 +539,8 @@ def _windows_in_batch(x: Tensor) -> Tensor:
     return x.transpose(1, 2).flatten(0, 1)
 
 
-def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor]) -> Tensor:
+def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
+               sink: Optional[Tensor] = None) -> Tensor:
     """One query per (batch, head) over the keys of a feature-major cache (keys and values stored
     (D, S), ``KeyValueCache``): two matrix-vector products with a softmax between, both reading long
     contiguous rows, so a generation step reads each cached key and value once near the memory bandwidth
@@ -529,6 +550,7 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     Args:
         q: (B, H, 1, D); k, v: (B, H, S, D) views of (B, H, D, S) memory; bias: (H, 1, S) or None;
         allowed: boolean visibility broadcastable to (B, H, 1, S) (padded keys), or None: every key.
+        sink: learned sink logits (1, H, 1, 1) fp32, or None.
 
     Returns:
         (B, H, 1, D).
@@ -538,4 +560,37 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
         scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    if sink is None:
+        return torch.softmax(scores, dim=-1) @ v
+    probs = torch.softmax(torch.cat([scores, sink.to(scores.dtype).expand(*scores.shape[:-1], 1)], dim=-1), dim=-1)
+    return probs[..., :-1] @ v
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, attn_mask=None, is_causal: bool = False, dropout_p: float = 0.0,
+          sink: Optional[Tensor] = None) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)``; with learned sink logits ``sink``
+    (broadcastable to (B', H', 1, 1) for q (B', H', Tq, D), fp32) each softmax row also holds the sink: one key
+    placed first, seen by every query, with value 0 and logit s. It is carried by extra feature dimensions (1 on
+    CPU; 8 on CUDA, where fused kernels want a head dimension that is a multiple of 8): queries get [q, 1, 0..],
+    keys [k, 0..], the sink key [0, s sqrt(D), 0..], so q k^T / sqrt(D) is unchanged and the sink's logit is s; the
+    mask gets a leading visible column (a lower-right causal mask one more key). Still one SDPA call on its fused
+    kernels, differentiable in s (training stays on SDPA)."""
+    if sink is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    dim = q.size(-1)
+    extra = 8 if q.device.type == "cuda" else 1
+    ones = torch.zeros(extra, dtype=q.dtype, device=q.device)
+    ones[0] = 1.0
+    q = torch.cat([q, ones.expand(*q.shape[:-1], extra)], dim=-1)
+    lead = k.shape[:-2]
+    column = (sink * math.sqrt(dim)).to(k.dtype).expand(*lead, 1, 1)
+    sink_key = torch.cat([k.new_zeros(*lead, 1, dim), column, k.new_zeros(*lead, 1, extra - 1)], dim=-1)
+    k = torch.cat([sink_key, F.pad(k, (0, extra))], dim=-2)
+    v = F.pad(v, (0, 0, 1, 0))
+    if is_causal:
+        attn_mask = causal_lower_right(q.size(-2), k.size(-2))
+    elif isinstance(attn_mask, CausalBias):  # a lower-right causal mask (a Tensor subclass): one more key
+        attn_mask = causal_lower_right(attn_mask.seq_len_q, attn_mask.seq_len_kv + 1)
+    elif attn_mask is not None:
+        attn_mask = F.pad(attn_mask, (1, 0), value=True if attn_mask.dtype == torch.bool else 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(dim))

@@ -55,6 +55,9 @@ class LexSelfAttention(nn.Module):
         temperature_tuning: Llama 4's temperature tuning (:class:`~.temperature.TemperatureTuning`): each query
             times 1 + beta log1p(floor((p + 1) / F)) at its absolute position p (the per-sample positions under
             randomized positions), after QK-norm and SSMax, before the position scheme; or None (off).
+        learned_sinks: gpt-oss's attention sinks: a learned logit s_h per head (``sink_logits``, started at 0) that joins
+            every softmax's denominator with no value, exp(z_j) / (exp(s_h) + sum_i exp(z_i)), under every window,
+            position map and cache (``executor.attend``'s ``sink_logits``).
 
     Raises:
         ValueError: C not divisible by H.
@@ -70,6 +73,7 @@ class LexSelfAttention(nn.Module):
         qk_norm: bool = False,
         ssmax_length: Optional[int] = None,
         temperature_tuning: Optional[TemperatureTuning] = None,
+        learned_sinks: bool = False,
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -93,6 +97,7 @@ class LexSelfAttention(nn.Module):
         self.ssmax = (nn.Parameter(torch.full((num_heads,), 1.0 / math.log(int(ssmax_length))))
                       if ssmax_length is not None else None)
         self.temperature_tuning = temperature_tuning
+        self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if learned_sinks else None
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -181,7 +186,7 @@ class LexSelfAttention(nn.Module):
             chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
                                 observer=observer)
             out = attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=spec, scheme=scheme, dropout_p=dropout_p,
-                         observer=observer, positions=positions)
+                         observer=observer, positions=positions, sink_logits=self.sink_logits)
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -221,7 +226,7 @@ class LexSelfAttention(nn.Module):
             chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=held.start,
                                 key_padding_mask=held.padding, observer=observer)
             outs.append(attend(qr, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
-                               observer=observer))
+                               observer=observer, sink_logits=self.sink_logits))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

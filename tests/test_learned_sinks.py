@@ -1,0 +1,155 @@
+"""Learned sink logits (--learned-sinks, gpt-oss): a learned logit per layer and head in every softmax's denominator.
+
+Against a float64 reference written out with the sink as an explicit extra softmax column (gradients included), and,
+on every chunk shape the executor has (windows, sink tokens, position maps, biases, padding, a generation cache), the
+identity that defines it: with the sink, each query's output is the output without it times
+sigmoid(lse - s_h), lse the log-sum-exp of the logits the query sees."""
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from conftest import build_lex_model, random_tokens
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, LexSelfAttention, attend, plan
+from lex_plugin.modules.attention.position_map import position_map_from_options
+from lex_plugin.modules.positions import ALiBi, NoPositions, XPos
+
+L = 16
+
+
+def _reference(attn, x, window):
+    """softmax over [q k^T / sqrt(d) under the window's mask, s_h] in float64, the sink's column giving no value."""
+    B, T, C = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    x = x.double()
+
+    def heads(proj):
+        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
+
+    q, k, v = heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj)
+    i = torch.arange(T)
+    logits = ((q @ k.transpose(-1, -2)) / math.sqrt(d)).masked_fill(~window.allowed(i[:, None], i[None, :]), float("-inf"))
+    sink = attn.sink_logits.double()[None, :, None, None].expand(B, H, T, 1)
+    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    out = (probs @ v).transpose(1, 2).reshape(B, T, C)
+    return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("window,length", [(AttentionWindow.full(), L), (AttentionWindow.full(), 4 * L),
+                                           (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L),
+                                           (AttentionWindow.chunked(L), 16 * L)], ids=str)
+def test_learned_sinks_equal_an_extra_softmax_column_in_float64_with_their_gradient(window, length):
+    torch.manual_seed(0)
+    attn = LexSelfAttention(64, 4, learned_sinks=True)
+    assert torch.equal(attn.sink_logits, torch.zeros(4))  # started at 0
+    with torch.no_grad():
+        attn.sink_logits.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))  # per head; 4 takes most of a short row
+    x = torch.randn(2, length, 64)
+    got = attn(x, spec=AttentionSpec(window))
+    expected = _reference(attn, x, window)
+    assert (got.double() - expected).abs().max() < 1e-5
+    grad_out = torch.randn_like(got)
+    got.backward(grad_out)
+    mine = [attn.sink_logits.grad.clone(), attn.k_proj.weight.grad.clone()]
+    attn.zero_grad()
+    expected.backward(grad_out.double())
+    assert torch.allclose(mine[0].double(), attn.sink_logits.grad.double(), rtol=1e-4, atol=1e-6)
+    assert torch.allclose(mine[1].double(), attn.k_proj.weight.grad.double(), rtol=1e-4, atol=1e-5)
+    assert mine[0].abs().min() > 0  # every head's sink learns
+
+
+def _attend_with_lse(q, k, v, spec, scheme, sink, padding=None, q_start=0):
+    """attend() on every chunk of its plan, and the log-sum-exp of each query's visible logits as the observer
+    hands them over (B, H, T); the output is checked equal to attend() without an observer (which takes the fused
+    paths an observer rules out: BCA's windows with sink tokens)."""
+    lses = []
+
+    def observer(logits, distance, visible):
+        lse = torch.logsumexp(logits.float().masked_fill(~visible, float("-inf")), dim=-1)
+        lses.append(lse.flatten(2))
+
+    chunks = plan(spec.window, q_start=q_start, q_len=q.size(2), has_bias=scheme.kind == "bias" or spec.window.sinks > 0,
+                  padded=padding is not None, batch_heads=q.size(0) * q.size(1), local_positions=scheme.translation_invariant)
+    out = attend(q, HeldKeys(k, v, padding), chunks, spec=spec, scheme=scheme, observer=observer, sink_logits=sink)
+    fused = attend(q, HeldKeys(k, v, padding), chunks, spec=spec, scheme=scheme, sink_logits=sink)
+    assert (fused - out).abs().max() < 1e-5
+    return out, torch.cat(lses, dim=-1)
+
+
+CASES = [
+    ("bca+2 sinks (fused)", AttentionSpec(AttentionWindow.bca(L).with_sinks(2)), XPos(16), False),
+    ("sliding+2 sinks", AttentionSpec(AttentionWindow.sliding(L).with_sinks(2)), XPos(16), False),
+    ("lm_infinite", AttentionSpec(AttentionWindow.lm_infinite(3, L)), XPos(16), False),
+    ("rerope", AttentionSpec(position_map=position_map_from_options("rerope", L)), XPos(16), False),
+    ("self_extend", AttentionSpec(position_map=position_map_from_options("self_extend", L)), XPos(16), False),
+    ("dca", AttentionSpec(position_map=position_map_from_options("dca", L)), XPos(16), False),
+    ("alibi full", AttentionSpec(), ALiBi(4), False),
+    ("alibi bca", AttentionSpec(AttentionWindow.bca(L)), ALiBi(4), False),
+    ("alibi rerope", AttentionSpec(position_map=position_map_from_options("rerope", L)), ALiBi(4), False),
+    ("padded sliding", AttentionSpec(AttentionWindow.sliding(L)), NoPositions(), True),
+    ("padded full", AttentionSpec(), XPos(16), True),
+]
+
+
+@pytest.mark.parametrize("name,spec,scheme,padded", CASES, ids=[c[0] for c in CASES])
+def test_the_sink_scales_every_chunk_shape_by_sigmoid_of_lse_minus_its_logit(name, spec, scheme, padded):
+    torch.manual_seed(1)
+    B, H, T, D = 2, 4, 4 * L + 3, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    padding = None
+    if padded:
+        padding = torch.zeros(B, T, dtype=torch.bool)
+        padding[0, 5:9] = True  # padded keys inside the sequence: explicit masks
+    sink = torch.tensor([-1.0, 0.5, 2.0, 4.0])
+    plain, lse = _attend_with_lse(q, k, v, spec, scheme, None, padding)
+    with_sink, lse_again = _attend_with_lse(q, k, v, spec, scheme, sink, padding)
+    assert torch.equal(lse, lse_again)  # the observer's logits are the keys', without the sink
+    expected = plain.double() * torch.sigmoid(lse.double() - sink.double()[:, None])[..., None]
+    assert (with_sink.double() - expected).abs().max() < 1e-5, name
+    assert (with_sink - plain).abs().max() > 1e-2  # the sink changes something
+
+
+def test_generation_with_learned_sinks_equals_the_parallel_forward_and_is_exported(monkeypatch):
+    """Token by token through the cache (its one-query feature-major path too: laid out so from 20 keys on) equals one
+    parallel forward, under full attention, BCA and ReRoPE, with a layer pattern mixing a sliding and a global layer;
+    the Hugging Face export records the option and gives the same logits."""
+    from lex_plugin.modules.attention import kv_cache
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 20)
+    model = build_lex_model(tokens_per_sample=L, pos_emb="rope", learned_sinks=True, seed=3,
+                            layer_pattern="rope/sliding:6,rope/full")
+    names = {n for n, _ in model.named_parameters() if "sink" in n}
+    assert names == {f"decoder.layers.{i}.self_attn.sink_logits" for i in range(4)}
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn.sink_logits.uniform_(-1.0, 3.0)
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
+    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L)),
+                 AttentionSpec(position_map=position_map_from_options("rerope", L))):
+        view = model.under(spec)
+        with torch.no_grad():
+            parallel, _ = view(tokens)
+            state = {}
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
+    plain = build_lex_model(tokens_per_sample=L, pos_emb="rope", seed=3, layer_pattern="rope/sliding:6,rope/full")
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "sink" not in k})
+    with torch.no_grad():
+        assert (plain(tokens)[0] - model(tokens)[0]).abs().max() > 1e-3
+
+    pytest.importorskip("transformers")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="rope", learned_sinks=True,
+                              layer_pattern="rope/sliding:6,rope/full")
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    config = hf_config(args, model.decoder.dictionary, L)
+    assert config.learned_sinks and config.decoder_config().learned_sinks
+    hf = from_fairseq(model, config)
+    with torch.no_grad():
+        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
