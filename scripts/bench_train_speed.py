@@ -10,6 +10,7 @@ second of fairseq's own ``train_inner`` log over the updates after warm-up, and 
     python scripts/bench_train_speed.py --schemes xpos,rope,alibi,sandwich,kerple_log,t5,sinusoidal,learned,none
     python scripts/bench_train_speed.py --baseline ../lex-before   # old / new / new/old columns
     python scripts/bench_train_speed.py --autocast --arch lex_lm_tiny,lex_lm_small   # fp32 vs --bf16-autocast
+    python scripts/bench_train_speed.py --designs rope,rope_learned_sinks,rnope_swa   # the reproduction's runs by name
 
 With --baseline PATH every run is repeated right after itself with PATH's lex_plugin as --user-dir (under
 PYTHONPATH=PATH); the stock transformer_lm runs the same code on both sides, so its new/old ratio shows
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
+from lex_plugin.experiments.reproduce.catalogue import RUNS, run_arguments  # noqa: E402
 
 SIZE = ["--decoder-layers", "4", "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
 # name -> (arch, model options, uses the plugin)
@@ -66,6 +68,9 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 @click.option("--tokens-per-sample", default=256, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
+@click.option("--designs", default=None, metavar="NAMES",
+              help="compare the reproduction's runs (scripts/reproduce.py --runs names: trained designs, layer patterns) "
+                   "instead; each against the run of its --pos-emb alone, which is added when missing")
 @click.option("--random-positions", type=int, default=None, metavar="L_MAX",
               help="compare lex_lm_tiny with and without --random-positions L_MAX instead")
 @click.option("--autocast", is_flag=True,
@@ -74,13 +79,25 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="PATH",
               help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
-def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, random_positions, autocast, arch_names,
-         json_out, baseline):
+def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, designs, random_positions, autocast,
+         arch_names, json_out, baseline):
     if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
         raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS
     if schemes:
         archs = {s: ("lex_lm_tiny", ["--pos-emb", s], True) for s in schemes.split(",")}
+    base = {}  # a design's base run: the run of its --pos-emb alone
+    if designs:
+        names = designs.split(",")
+        unknown = [n for n in names if n not in RUNS]
+        if unknown:
+            raise click.BadParameter(f"{', '.join(unknown)}: not runs of scripts/reproduce.py ({', '.join(RUNS)})",
+                                     param_hint="--designs")
+        for n in names:
+            args = run_arguments(n, tokens_per_sample)
+            base[n] = str(args[args.index("--pos-emb") + 1])
+        names = list(dict.fromkeys([b for n in names for b in (base[n], n)]))
+        archs = {n: ("lex_lm_tiny", run_arguments(n, tokens_per_sample), True) for n in names}
     if random_positions:
         archs = {"lex_lm_tiny": ARCHS["lex_lm_tiny"],
                  f"lex_lm_tiny --random-positions {random_positions}": ("lex_lm_tiny", ["--random-positions", random_positions], True)}
@@ -98,9 +115,10 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
     new = med["new"]
     ref = "xpos" if schemes and "xpos" in new else next(iter(new))
     compare = baseline is not None
-    header = ["model", *benchmark.result_header(WPS, compare), f"{ref} / this", "intervals"]
-    rows = [[name, *benchmark.result_cells({"median_wps": new[name]}, {"median_wps": med["old"][name]} if compare else None, WPS, compare),
-             f"{new[ref] / new[name]:.3f}", str(len(wps["new"][name]))] for name in archs]
+    header = ["model", *benchmark.result_header(WPS, compare), "base / this" if designs else f"{ref} / this", "intervals"]
+    rows = [[name if not designs else f"`{name}` ({' '.join(map(str, archs[name][1]))})",
+             *benchmark.result_cells({"median_wps": new[name]}, {"median_wps": med["old"][name]} if compare else None, WPS, compare),
+             f"{new[base.get(name, ref)] / new[name]:.3f}", str(len(wps["new"][name]))] for name in archs]
     click.echo("\n" + benchmark.markdown_table(header, rows))
     click.echo(f"\n(L={tokens_per_sample}, batch {batch_size}, {os.environ.get('OMP_NUM_THREADS', 'all')} threads, "
                f"{rounds} alternating runs of {updates} updates, median over updates > {warmup}"

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
-from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION, LOCAL_WINDOW_DIVISOR,
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
                         LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
                         RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
-                        WINDOW_LABEL, methods_of, profile_flags)
+                        WINDOW_LABEL, methods_of, profile_flags, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
                        longppl_command, method_command, passkey_command, passkey_data_command, prepare_command,
                        resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
@@ -455,14 +455,13 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for name in runs:
-        run_args, role = RUNS[name]
+        run_args, role = run_arguments(name, o.training_length), RUNS[name][1]
         if role == "random":
             run_args = [*run_args, "--random-positions", max(o.lengths)]
         if role == "drope":
             if o.max_update < 2:
                 raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
             run_args = [*run_args, "--drope-start", _drope_start(o)]
-        run_args = [a.format(w=o.training_length // LOCAL_WINDOW_DIVISOR) if isinstance(a, str) else a for a in run_args]
         rotary = run_args[run_args.index("--pos-emb") + 1] in ("rope", "xpos")
         r = _Run(name, tuple(run_args), role, work / "runs" / name, rotary)
         _train_and_evaluate(run, r, data, o, budgets)

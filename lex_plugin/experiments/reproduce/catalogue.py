@@ -4,7 +4,7 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LOCAL_WINDOW_DIVISOR", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
@@ -43,6 +43,13 @@ RUNS: Dict[str, tuple] = {
     "rope_learned_sinks": (["--pos-emb", "rope", "--learned-sinks"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
+
+
+def run_arguments(name: str, training_length: int) -> list:
+    """The model options of run ``name`` (:data:`RUNS`) at training length l, a layer pattern's local window
+    ("{w}") filled in as l / :data:`LOCAL_WINDOW_DIVISOR`. The role's own additions (randomized positions, DroPE's
+    start) are the reproduction's."""
+    return [a.format(w=training_length // LOCAL_WINDOW_DIVISOR) if isinstance(a, str) else a for a in RUNS[name][0]]
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
 # what scripts/reproduce.py runs without --runs: the paper's runs; the trained designs are asked for by name
 DEFAULT_RUNS = tuple(n for n, (_, role) in RUNS.items() if role in ("main", "ablation", "random"))
