@@ -37,9 +37,10 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
-    label, mode, autocast = mode, *benchmark.precision_of(mode)
+    label, (mode, design) = mode, benchmark.design_of(mode, training_length)
+    mode, autocast = benchmark.precision_of(mode)
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                               share_decoder_input_output_embed=True, pos_emb=pos_emb)
+                               share_decoder_input_output_embed=True, **{"pos_emb": pos_emb, **design})
     options = AttentionOptions({"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode))
     spec = options.spec(training_length)
     model = model.under(spec).with_autocast(autocast)
@@ -68,7 +69,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     p.add_argument("--modes", default="bca,bca_blockwise,sliding,sliding_blockwise,full,reference",
-                   help="*_blockwise: block by block through the key/value cache, as the length evaluation runs")
+                   help="*_blockwise: block by block through the key/value cache, as the length evaluation runs; "
+                        "@RUN: the model of a scripts/reproduce.py run (full@rnope_swa: its layer pattern)")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--pos-emb", default="xpos", help="the position scheme of the random model (alibi: a bias under every mode)")

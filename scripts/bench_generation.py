@@ -42,9 +42,10 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
-    label, mode, autocast = mode, *benchmark.precision_of(mode)
+    label, (mode, design) = mode, benchmark.design_of(mode, training_length)
+    mode, autocast = benchmark.precision_of(mode)
     model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                               share_decoder_input_output_embed=True)
+                               share_decoder_input_output_embed=True, **design)
     # any mode of AttentionOptions (full, bca, sliding, lm_infinite, a position map), or bca_sinks (4 sink tokens)
     options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
     model = model.under(options.spec(training_length)).with_autocast(autocast)
@@ -60,7 +61,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
         ms = 1000 * benchmark.median_time(lambda n: model(tokens[:, :n], incremental_state=state),
                                           range(context + 1, context + steps + 1))
         memory = {"rss_mb_above_start": benchmark.rss_mb() - base, "peak_mb_above_start": benchmark.peak_rss_mb() - base,
-                  "cached_positions_per_layer": int(model.decoder.layers[0].self_attn.cached_keys(state))}
+                  "cached_positions_per_layer": max(int(layer.self_attn.cached_keys(state)) for layer in model.decoder.layers)}
         # (below: measurements that would change those three) the attention's share of a step: its kernels' time in a profile of --steps more steps
         with torch.profiler.profile() as prof:
             for n in range(context + steps + 1, context + 2 * steps + 1):
@@ -84,7 +85,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="1024,4096,16384,65536")
     p.add_argument("--modes", default="bca,full", help="among full, bca, bca_sinks (4 sink tokens), lm_infinite (LM-Infinite), rerope, leaky_rerope, "
-                                                  "self_extend, dca")
+                                                  "self_extend, dca; +bf16: under bf16 autocast; @RUN: the model of a "
+                                                  "scripts/reproduce.py run (full@rnope_swa: its layer pattern)")
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--arch", default="lex_lm_tiny")
     p.add_argument("--steps", type=int, default=32)

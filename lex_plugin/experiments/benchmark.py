@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
-    "Column", "baseline_script", "best_time", "checkout_env", "emit", "markdown_table", "measure", "median_time",
+    "Column", "baseline_script", "best_time", "checkout_env", "design_of", "emit", "markdown_table", "measure", "median_time",
     "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "sweep", "sweep_table", "thread_count",
     "time_calls",
 ]
@@ -58,6 +58,29 @@ def time_calls(fn: Callable, args: Iterable) -> List[float]:
 def best_time(fn: Callable[[], object], repeats: int) -> float:
     """The shortest wall time in seconds of ``repeats`` (>= 1) calls of ``fn()``."""
     return min(time_calls(lambda _: fn(), range(max(1, repeats))))
+
+
+def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
+    """A bench mode with an optional trained design (``full@rnope_swa``: a run of ``scripts/reproduce.py``, its
+    layer pattern's windows at ``training_length``): (the mode, the model options of that run as
+    ``build_random_lm`` keywords: ``{"pos_emb": "rope", "layer_pattern": ...}``; {} without one).
+
+    Raises:
+        ValueError: a name that is not a run of the reproduction.
+    """
+    from .reproduce.catalogue import RUNS, run_arguments
+
+    base, at, design = mode.partition("@")
+    if not at:
+        return mode, {}
+    if design not in RUNS:
+        raise ValueError(f"mode {mode!r}: {design!r} is not a run of scripts/reproduce.py ({', '.join(RUNS)}).")
+    args, options = [str(a) for a in run_arguments(design, training_length)], {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+            options[arg[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
+    return base, options
 
 
 def precision_of(mode: str) -> Tuple[str, Optional[object]]:
