@@ -153,3 +153,75 @@ def test_generation_with_learned_sinks_equals_the_parallel_forward_and_is_export
     hf = from_fairseq(model, config)
     with torch.no_grad():
         assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+
+
+def _as_first_token(sink_model, plain):
+    """``plain`` with the sink model's weights and the sink vector as the embedding of one ordinary token id (the id)."""
+    state = {k: v for k, v in sink_model.state_dict().items() if k != "decoder.sink_embedding"}
+    plain.load_state_dict(state)
+    sink_id = len(plain.decoder.dictionary) - 1
+    with torch.no_grad():
+        plain.decoder.embed_tokens.weight[sink_id] = sink_model.decoder.sink_embedding
+    return sink_id
+
+
+@pytest.mark.parametrize("pos_emb", ["xpos", "alibi", "sinusoidal"])
+def test_the_sink_token_is_a_learned_token_before_every_sequence(pos_emb):
+    """The model with --sink-token scores tokens as the same weights score [sink] + tokens with the sink vector as a
+    token's embedding (positions shifted by one), under full attention and under BCA keeping it as one sink token; token
+    by token through the cache it gives the same logits, and the cache counts tokens."""
+    model = build_lex_model(tokens_per_sample=L, pos_emb=pos_emb, sink_token=True, seed=7)
+    assert model.decoder.sink_positions == 1 and model.decoder.sink_embedding.shape == (256,)
+    plain = build_lex_model(tokens_per_sample=L, pos_emb=pos_emb, seed=8)
+    sink_id = _as_first_token(model, plain)
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=9)
+    tokens[tokens == sink_id] = sink_id - 1
+    keep = torch.arange(len(plain.decoder.dictionary)) != sink_id  # (its output row is the sink vector too when tied)
+    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L).with_sinks(1))):
+        with torch.no_grad():
+            got = model.under(spec)(tokens)[0]
+            first = torch.full((2, 1), sink_id)
+            expected = plain.under(spec)(torch.cat([first, tokens], 1))[0][:, 1:]
+            assert (got - expected)[..., keep].abs().max() < 1e-4, spec
+            state, view = {}, model.under(spec)
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            assert view.decoder.past_length(state) == L
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - got).abs().max() <= 1e-4, spec
+    with torch.no_grad():  # the sink matters
+        other = build_lex_model(tokens_per_sample=L, pos_emb=pos_emb, seed=8)
+        other.load_state_dict({k: v for k, v in model.state_dict().items() if k != "decoder.sink_embedding"})
+        assert (other(tokens)[0] - model(tokens)[0]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="--random-positions"):
+        build_lex_model(tokens_per_sample=L, sink_token=True, random_positions=4 * L)
+    with pytest.raises(ValueError, match="learned position table"):
+        build_lex_model(tokens_per_sample=L, sink_token=True, pos_emb="learned")
+
+
+def test_the_sink_token_is_recorded_and_exported():
+    """The Hugging Face config carries --sink-token; the export's logits equal fairseq's, and its cache counts tokens
+    (the sink not counted), so a step after a cached prefix gives the parallel logits."""
+    pytest.importorskip("transformers")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+
+    model = build_lex_model(tokens_per_sample=L, sink_token=True, seed=7)
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, sink_token=True)
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    config = hf_config(args, model.decoder.dictionary, L)
+    assert config.sink_token and config.decoder_config().sink_token
+    hf = from_fairseq(model, config)
+    tokens = random_tokens(model.decoder.dictionary, 1, 3 * L, seed=2)
+    with torch.no_grad():
+        parallel = model(tokens)[0]
+        assert (hf(tokens).logits - parallel).abs().max() <= 1e-5
+        prefix = hf(tokens[:, :20], use_cache=True)
+        assert prefix.past_key_values.get_seq_length() == 20
+        step = hf(tokens[:, 20:21], past_key_values=prefix.past_key_values, use_cache=True)
+        assert (step.logits[:, 0] - parallel[:, 20]).abs().max() <= 1e-4
+        greedy = hf.generate(tokens[:, :20], max_new_tokens=5, do_sample=False)
+        ids = tokens[:, :20]
+        for _ in range(5):
+            ids = torch.cat([ids, model(ids)[0][:, -1:].argmax(-1)], 1)
+        assert torch.equal(greedy, ids)

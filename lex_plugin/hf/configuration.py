@@ -34,6 +34,7 @@ HF_NAMES = {
     "layer_pattern": "layer_pattern",
     "qk_norm": "qk_norm",
     "learned_sinks": "learned_sinks",
+    "sink_token": "sink_token",
     "ssmax": "ssmax",
     "temperature_tuning_beta": "temperature_tuning_beta",
     "temperature_tuning_floor": "temperature_tuning_floor",
@@ -60,6 +61,7 @@ class LexConfig(PretrainedConfig):
         layer_pattern: each layer's positions and trained window (``--layer-pattern``; None: every layer global).
         qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
         learned_sinks: a learned sink logit per layer and head in every softmax (``--learned-sinks``, gpt-oss).
+        sink_token: a learned token before every sequence (``--sink-token``, StreamingLLM's pre-training sink).
         ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
         temperature_tuning_beta, temperature_tuning_floor: Llama 4's temperature tuning (``--temperature-tuning-beta``,
             ``--temperature-tuning-floor``; 0 / None: off, F = training_length).
@@ -95,6 +97,7 @@ class LexConfig(PretrainedConfig):
         layer_pattern: Optional[str] = None,
         qk_norm: bool = False,
         learned_sinks: bool = False,
+        sink_token: bool = False,
         ssmax: bool = False,
         temperature_tuning_beta: float = 0.0,
         temperature_tuning_floor: Optional[int] = None,
@@ -130,6 +133,7 @@ class LexConfig(PretrainedConfig):
         self.layer_pattern = layer_pattern
         self.qk_norm = qk_norm
         self.learned_sinks = learned_sinks
+        self.sink_token = sink_token
         self.ssmax = ssmax
         self.temperature_tuning_beta = temperature_tuning_beta
         self.temperature_tuning_floor = temperature_tuning_floor

@@ -92,6 +92,12 @@ class LexModelOptions(FairseqDataclass):
                           "evaluation), e.g. 'rope/sliding:128*5,rope/full' (Gemma) or 'xpos/bca*3,none/full'; the "
                           "evaluation's attention flags change the global layers only"},
     )
+    sink_token: bool = field(
+        default=False,
+        metadata={"help": "StreamingLLM's sink token at pre-training (section 3.3): a learned token placed before every "
+                          "sample, at training and evaluation alike; --sink-tokens 1 keeps it visible under --bca or "
+                          "--sliding-window"},
+    )
     learned_sinks: bool = field(
         default=False,
         metadata={"help": "gpt-oss's attention sinks: a learned logit per layer and head that joins every softmax's "
@@ -153,7 +159,8 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
     config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))
-    config.learned_sinks = bool(safe_getattr(cfg, "learned_sinks", False))  # not DecoderConfig fields: attributes, as pos_emb
+    config.learned_sinks = bool(safe_getattr(cfg, "learned_sinks", False))
+    config.sink_token = bool(safe_getattr(cfg, "sink_token", False))  # not DecoderConfig fields: attributes, as pos_emb
     config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
     config.temperature_tuning_beta = float(safe_getattr(cfg, "temperature_tuning_beta", 0.0) or 0.0)

@@ -47,9 +47,12 @@ class DecoderStack:
     scheme is ``config.pos_emb`` from the ``--pos-emb`` registry: one module shared by every layer, or one per
     layer for schemes with per-layer parameters (KERPLE); each layer's attention gets its scheme. A layer pattern
     (``config.layer_pattern``, :mod:`~.layer_pattern`) gives layers no positions (NoPE) and local windows of their
-    own; the attention spec of a call then reaches the global layers only (:meth:`layer_spec`).
+    own; the attention spec of a call then reaches the global layers only (:meth:`layer_spec`). With a sink token
+    (``config.sink_token``, StreamingLLM section 3.3) a learned vector is placed before the first token of every
+    sequence, at position 0 (the tokens at 1 ..), and its output dropped: ``--sink-tokens 1`` keeps it visible
+    under a bounded window.
 
-    Submodules (state-dict names, TorchScale's ``Decoder``): ``embed_tokens``, ``layernorm_embedding``,
+    Submodules (state-dict names, TorchScale's ``Decoder``; ``sink_embedding`` is the sink token's): ``embed_tokens``, ``layernorm_embedding``,
     ``positions.N.*`` (KERPLE, T5, learned), ``layers.N.*``, ``layer_norm``, ``output_projection``.
     """
 
@@ -91,6 +94,14 @@ class DecoderStack:
             raise ValueError(f"--drope-start drops rotary positions (DroPE: RoPE has no parameters, so the weights stay "
                              f"valid without it); --pos-emb {self.pos_emb} is {self.position_kind}. Use rope or xpos.")
         self._num_updates = 0
+        # StreamingLLM's sink token at pre-training: a learned vector before every sequence (embedding scale as a token's)
+        self.sink_embedding = nn.Parameter(torch.empty(dim).normal_(0.0, dim**-0.5)) if getattr(config, "sink_token", False) else None
+        if self.sink_embedding is not None and self.random_positions:
+            raise ValueError("--sink-token places a learned token at position 0 of every sample; --random-positions "
+                             "draws the positions of each sample. Use one of the two.")
+        if self.sink_embedding is not None and self.pos_emb == "learned":
+            raise ValueError("--sink-token takes position 0, which a learned position table of l rows would then lack for "
+                             "the l-th token; use another --pos-emb.")
         self.layer_pattern = str(getattr(config, "layer_pattern", None) or "") or None
         self.layer_kinds = parse_layer_pattern(self.layer_pattern, self.pos_emb, config.decoder_layers,
                                                getattr(config, "tokens_per_sample", None))
@@ -150,9 +161,17 @@ class DecoderStack:
                 if any(part in name for part in ("fc1", "fc2", "out_proj", "v_proj")):
                     p.mul_(factor)
 
+    @property
+    def sink_positions(self) -> int:
+        """Positions the model places before the tokens: 1 with a sink token (``--sink-token``), else 0."""
+        return 0 if self.sink_embedding is None else 1
+
     def past_length(self, incremental_state: Optional[IncrementalState]) -> int:
-        """Positions already run through ``incremental_state`` (0 without one)."""
-        return 0 if incremental_state is None else self.layers[0].self_attn.cached_length(incremental_state)
+        """Tokens already run through ``incremental_state`` (0 without one); the positions the caches hold are
+        this plus :attr:`sink_positions` once a token has run."""
+        if incremental_state is None:
+            return 0
+        return max(0, self.layers[0].self_attn.cached_length(incremental_state) - self.sink_positions)
 
     def stack_features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None,
                        spec: Optional[AttentionSpec] = None, observer: Optional[Callable] = None,
@@ -184,6 +203,7 @@ class DecoderStack:
                   padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
         past = self.past_length(incremental_state)
         tokens = prev_output_tokens[:, past:] if prefix else prev_output_tokens
+        sink = self.sink_embedding is not None and (incremental_state is None or self.layers[0].self_attn.cached_length(incremental_state) == 0)
         if tokens.size(1) == 0:
             raise ValueError(
                 f"the decoder got {prev_output_tokens.size(1)} tokens but {past} are already cached: "
@@ -197,12 +217,17 @@ class DecoderStack:
             padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
+        if sink:  # the sink token at position 0, before the first token
+            x = torch.cat([(self.embed_scale * self.sink_embedding).to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)
+            if padding_mask is not None:
+                padding_mask = torch.cat([padding_mask.new_zeros(x.size(0), 1), padding_mask], dim=1)
         # train()/eval() reach the layers whichever view they were called on (a view's own flag may be stale)
         training = self.layers.training
         positions = self._random_positions(tokens) if training and incremental_state is None else None
         if self.position_kind == "absolute":
             table = self.positions[0]
-            rows = table.embed(past, tokens.size(1), x.device) if positions is None else table.embed_at(positions)
+            start = past + (0 if sink else self.sink_positions)
+            rows = table.embed(start, x.size(1), x.device) if positions is None else table.embed_at(positions)
             x = x + rows.to(x.dtype)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
@@ -215,6 +240,8 @@ class DecoderStack:
             inner_states.append(x)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
+        if sink:  # the sink's outputs are no token's
+            x, inner_states = x[:, 1:], [state[:, 1:] for state in inner_states]
         return x, inner_states
 
     def run_layer(self, layer: nn.Module, x: Tensor, *args) -> Tensor:

@@ -41,6 +41,7 @@ RUNS: Dict[str, tuple] = {
     "irope": (["--pos-emb", "rope", "--layer-pattern", "rope/chunked:{w}*3,none/full", "--temperature-tuning-beta", 0.1],
               "design"),
     "rope_learned_sinks": (["--pos-emb", "rope", "--learned-sinks"], "design"),
+    "xpos_sink_token": (["--pos-emb", "xpos", "--sink-token"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 
@@ -147,6 +148,7 @@ LABELS = {
     "gemma_5to1": "Gemma 5:1 (RoPE sliding x5 + global; 6 layers)",
     "irope": "iRoPE (RoPE chunked x3 + NoPE global, temperature tuning)",
     "rope_learned_sinks": "RoPE + learned sink logits (gpt-oss)",
+    "xpos_sink_token": "xPos + a sink token at pre-training (StreamingLLM)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
