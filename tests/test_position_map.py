@@ -331,3 +331,36 @@ def test_xpos_stays_finite_and_exact_far_past_its_scale_range(method, dtype, sca
             dist = torch.where(dist < method.window, dist, method.window + (dist - method.window) / method.k)
         expected = naive(q[:, :, a : a + 512], k, v, dist, m[None, :] <= n[:, None], "xpos", H, scale_base)
         assert (got[:, :, a : a + 512] - expected).abs().max() < {torch.float32: 2e-5}.get(dtype, 3e-2)
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dca", "leaky_rerope"])
+def test_a_generation_step_rotates_only_the_new_keys_of_each_far_piece(method, monkeypatch):
+    """The cache keeps each piece's rotated keys between steps (kv_cache.RotatedPieces): past the prefill, a step
+    rotates a handful of keys at most (the exact pieces' window and the new key), not all of them; and the logits
+    are those of one parallel forward (1e-4), xPos whose scale moves with the piece's centre included."""
+    from lex_plugin.modules.positions.xpos import XPos as Scheme
+
+    model = build_lex_model(pos_emb="xpos", decoder_layers=1, tokens_per_sample=L_TRAIN).eval()
+    spec = AttentionSpec(position_map=position_map_from_options(method, L_TRAIN))
+    tokens = random_tokens(model.decoder.dictionary, 1, 12 * L_TRAIN)
+    rotated = []
+    original = Scheme.rotate_at
+
+    def counting(self, x, positions, **kw):
+        if kw.get("keys"):
+            rotated.append(x.size(-2))
+        return original(self, x, positions, **kw)
+
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        monkeypatch.setattr(Scheme, "rotate_at", counting)
+        state = {}
+        outs = [model(tokens[:, : 2 * L_TRAIN], incremental_state=state, spec=spec)[0]]
+        per_step = []
+        for t in range(2 * L_TRAIN, tokens.size(1)):
+            rotated.clear()
+            outs.append(model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0])
+            per_step.append(sum(rotated))
+    assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4
+    # at most the exact pieces' keys (< l) and a few new ones per step, with a rare start-over at a new centre
+    assert sorted(per_step)[len(per_step) // 2] <= L_TRAIN + 2, per_step

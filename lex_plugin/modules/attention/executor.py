@@ -41,6 +41,7 @@ Notation (shape comments and names in this module):
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -50,7 +51,7 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
-from .kv_cache import HeldKeys
+from .kv_cache import HeldKeys, RotatedPieces
 from .planner import Chunk
 from .position_map import PositionMap
 from .temperature import logn_scale
@@ -127,7 +128,7 @@ def attend(
         q = (q.float() * spec.logit_scale).to(q.dtype)
     k, v, center, sinks = held.keys, held.values, held.center, held.sinks
     run = _Run(q, k, v, spec.window, scheme, spec.rope_scaling, q_start, held.start, center, held.padding,
-               dropout_p, observer, held.feature_major, sink_logits)
+               dropout_p, observer, held.feature_major, sink_logits, held.rotated_pieces)
     if spec.position_map is not None:
         if center is not None or positions is not None:
             raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
@@ -200,6 +201,7 @@ class _Run:
     observer: Optional[Observer]
     feature_major: bool
     sink_logits: Optional[Tensor] = None  # (H,) fp32
+    rotated_pieces: Optional[RotatedPieces] = None  # a generation cache's rotated keys of each position-map piece
     positions: Optional[Tensor] = None
     positions_center: int = 0
 
@@ -322,13 +324,17 @@ class _Run:
                 self.observer(_logits(qc, kc, bias), n[:, None] - m[None, :], allowed)
             return _sdpa(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)), sink=self._sink(1))
         rotated = []
+        # a generation cache keeps the keys of each piece that starts at the first key, rotated (RotatedPieces)
+        memo = self.rotated_pieces if chunk.k0 == 0 and self.k_start == 0 else None
         for piece in position_map.pieces(n, m):
             # centred among the piece's queries: a selected key is never after its query, so keys only shrink
             # (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the queries: fp16 overflows)
             center = self.scheme.center_near(int(piece.q_pos.min() + piece.q_pos.max()) // 2)
+            rotate = partial(self.scheme.rotate_at, center=center, keys=True, scaling=self.scaling)
+            keys = (rotate(kc[:, :, piece.lo : piece.hi], piece.k_pos) if memo is None or piece.lo != 0
+                    else memo.keys(piece.kind, center, kc[:, :, : piece.hi], piece.k_pos, rotate))
             rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center=center, keys=False, scaling=self.scaling),
-                            self.scheme.rotate_at(kc[:, :, piece.lo : piece.hi], piece.k_pos, center=center, keys=True,
-                                                  scaling=self.scaling)))
+                            keys))
         if self.observer is not None:
             logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
             for piece, qr, kr in rotated:

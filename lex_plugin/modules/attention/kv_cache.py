@@ -34,7 +34,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["HeldKeys", "KeyValueCache"]
+__all__ = ["HeldKeys", "KeyValueCache", "RotatedPieces"]
 
 MIN_CAPACITY = 64
 FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md, fourth run)
@@ -55,6 +55,8 @@ class HeldKeys:
         sinks: (keys, values, padding) of the sink positions 0 .. s - 1, keys raw, padding (B, s) or None; None: the
             first keys of ``keys`` (a pass that starts at position 0).
         feature_major: keys and values are views of (B, H, D, S) memory (a cache laid out for one query).
+        rotated_pieces: a cache's keys as each piece of its position map rotates them (:class:`RotatedPieces`), or
+            None (a parallel pass; no position map).
     """
 
     keys: Tensor
@@ -64,6 +66,51 @@ class HeldKeys:
     center: Optional[int] = None
     sinks: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
     feature_major: bool = False
+    rotated_pieces: Optional["RotatedPieces"] = None
+
+
+class RotatedPieces:
+    """A generation cache's keys as the pieces of its position map rotate them, kept between steps.
+
+    Under a position map the cache holds raw keys, and each piece rotates the keys it selects at its own positions
+    (Self-Extend's far piece at floor(m / G), DCA's inter-chunk piece at m mod c, ...). A key's position in a piece
+    of one kind depends on the key alone, so the piece's rotated keys of indices 0 .. hi - 1 stay valid from step to
+    step while the piece's centre stays (xPos's scale is relative to it; RoPE's rotation too, as the executor applies
+    it): each step rotates only the keys added since. A new centre, or a reorder of the batch, starts over.
+    """
+
+    def __init__(self):
+        self._held: dict = {}  # kind -> (centre, buffer (B, H, cap, D), rows filled)
+
+    def keys(self, kind: str, center: int, raw: Tensor, positions: Tensor, rotate) -> Tensor:
+        """The keys of indices 0 .. hi - 1 rotated at ``positions`` about ``center`` ((B, H, hi, D), a view).
+
+        Args:
+            kind: the piece's kind (``position_map.Piece.kind``).
+            center: the centre the piece rotates about.
+            raw: (B, H, hi, D) raw keys of indices 0 .. hi - 1.
+            positions: (hi,) the piece's position of each.
+            rotate: ``rotate(keys, positions)``: the piece's rotation of some keys at some positions.
+        """
+        hi = raw.size(2)
+        held = self._held.get(kind)
+        if held is None or held[0] != center or held[2] > hi or held[1].size(0) != raw.size(0):
+            buffer = raw.new_empty(*raw.shape[:2], max(MIN_CAPACITY, 2 * hi), raw.size(3))
+            filled = 0
+        else:
+            _, buffer, filled = held
+        if hi > filled:
+            if hi > buffer.size(2):
+                grown = buffer.new_empty(*buffer.shape[:2], 2 * hi, buffer.size(3))
+                grown[:, :, :filled] = buffer[:, :, :filled]
+                buffer = grown
+            buffer[:, :, filled:hi] = rotate(raw[:, :, filled:hi], positions[filled:hi])
+        self._held[kind] = (center, buffer, hi)
+        return buffer[:, :, :hi]
+
+    def clear(self) -> None:
+        """Forget every piece's keys (a reorder of the batch)."""
+        self._held.clear()
 
 
 class KeyValueCache:
@@ -94,6 +141,8 @@ class KeyValueCache:
         self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
         self.sink_v: Optional[Tensor] = None
         self.sink_pad: Optional[Tensor] = None  # (B, s) bool: which sink positions are padding
+        # each position-map piece's rotated keys, kept between generation steps (raw caches only)
+        self.rotated_pieces = RotatedPieces() if spec.position_map is not None else None
 
     @property
     def raw(self) -> bool:
@@ -179,7 +228,7 @@ class KeyValueCache:
         if pad is not None and not bool(pad.any()):
             pad = None
         return HeldKeys(self._k[:, :, live], self._v[:, :, live], pad, self.start, None if self.raw else self.center,
-                        self.sinks, self.feature_major)
+                        self.sinks, self.feature_major, self.rotated_pieces)
 
     def drop_before(self, position: int) -> None:
         """Forget keys at positions < ``position`` (no copy)."""
@@ -279,6 +328,8 @@ class KeyValueCache:
 
     def reorder(self, order: Tensor) -> None:
         """Select batch rows ``order`` (beam search)."""
+        if self.rotated_pieces is not None:
+            self.rotated_pieces.clear()
         if self.sink_k is not None:
             self.sink_k, self.sink_v = self.sink_k.index_select(0, order), self.sink_v.index_select(0, order)
             self.sink_pad = self.sink_pad.index_select(0, order)

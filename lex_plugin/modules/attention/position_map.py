@@ -55,6 +55,9 @@ class Piece(NamedTuple):
         lo, hi: the range of key indices the piece may select (outside it, it selects nothing).
         k_pos: (hi - lo,) positions those keys are rotated at.
         select: (Tq, hi - lo) bool: the pairs this piece scores (the pieces of a map partition the causal pairs).
+        kind: which piece of its map it is (``exact``, ``far``; DCA's ``intra``, ``successive``, ``inter``): a key's
+            position in a piece of one kind depends on the key alone, so a generation cache may keep each kind's
+            rotated keys (``kv_cache.RotatedPieces``).
     """
 
     q_pos: Tensor
@@ -62,6 +65,7 @@ class Piece(NamedTuple):
     hi: int
     k_pos: Tensor
     select: Tensor
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,10 @@ def _exact_and_far(n: Tensor, m: Tensor, w: int, far_q: Tensor, far_k_fn) -> Lis
     out = []
     lo, hi = _range(m, int(n[0]) - w + 1 - k0, int(n[-1]) + 1 - k0)
     if hi > lo:
-        out.append(Piece(n, lo, hi, m[lo:hi], m[None, lo:hi] > (n - w)[:, None]))  # d < w
+        out.append(Piece(n, lo, hi, m[lo:hi], m[None, lo:hi] > (n - w)[:, None], "exact"))  # d < w
     lo, hi = _range(m, 0, int(n[-1]) - w + 1 - k0)
     if hi > lo:
-        out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), m[None, lo:hi] <= (n - w)[:, None]))  # d >= w
+        out.append(Piece(far_q, lo, hi, far_k_fn(m[lo:hi]), m[None, lo:hi] <= (n - w)[:, None], "far"))  # d >= w
     return out
 
 
@@ -236,7 +240,7 @@ class DualChunk(PositionMap):
                 continue
             gap = chunk_n - torch.div(m[lo:hi], c, rounding_mode="floor")[None, :]
             select = gap == 0 if relation == "intra" else gap == 1 if relation == "successive" else gap >= 2
-            out.append(Piece(self._query(n, relation), lo, hi, m[lo:hi] % c, select))
+            out.append(Piece(self._query(n, relation), lo, hi, m[lo:hi] % c, select, relation))
         return out
 
     def __str__(self) -> str:
