@@ -117,11 +117,16 @@ def test_chunked_attention_sees_its_own_chunk_only():
 
 
 def test_generation_keeps_each_layers_cache_and_equals_the_parallel_forward():
-    """A pattern mixing bounded caches (sliding W = 6, chunks of 8) with full ones, SSMax, QK-norm and Llama 4's
-    temperature tuning on the global layers: token by token through the cache equals one parallel forward (1e-4), under
-    full attention and under BCA on the global layers, and every layer's cache holds what its window needs at every step."""
+    """A pattern mixing bounded caches (sliding W = 6, chunks of 8) with full ones, SSMax, QK-norm, learned sink logits
+    and Llama 4's temperature tuning on the global layers: token by token through the cache equals one parallel forward
+    (1e-4), under full attention and under BCA on the global layers, and every layer's cache holds what its window needs
+    at every step."""
     model = build_lex_model(tokens_per_sample=L, pos_emb="rope", layer_pattern="rope/sliding:6,none/full,rope/chunked:8",
-                            ssmax=True, qk_norm=True, temperature_tuning_beta=0.3, seed=4, decoder_layers=4)
+                            ssmax=True, qk_norm=True, temperature_tuning_beta=0.3, learned_sinks=True, seed=4,
+                            decoder_layers=4)
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn.sink_logits.uniform_(-1.0, 2.0)
     attn = [layer.self_attn for layer in model.decoder.layers]
     assert [a.temperature_tuning is not None for a in attn] == [False, True, False, False]  # global layers only
     tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=5)
