@@ -52,8 +52,9 @@ class DecoderStack:
     sequence, at position 0 (the tokens at 1 ..), and its output dropped: ``--sink-tokens 1`` keeps it visible
     under a bounded window.
 
-    Submodules (state-dict names, TorchScale's ``Decoder``; ``sink_embedding`` is the sink token's): ``embed_tokens``, ``layernorm_embedding``,
-    ``positions.N.*`` (KERPLE, T5, learned), ``layers.N.*``, ``layer_norm``, ``output_projection``.
+    Submodules (state-dict names, TorchScale's ``Decoder``): ``embed_tokens``, ``layernorm_embedding``,
+    ``positions.N.*`` (KERPLE, T5, learned), ``layers.N.*``, ``layer_norm``, ``output_projection``; and
+    ``sink_embedding``, the sink token's (C,) vector.
     """
 
     def build_stack(self, config, embed_tokens: nn.Embedding, output_size: int, spec: AttentionSpec = FULL_SPEC,
@@ -95,7 +96,8 @@ class DecoderStack:
                              f"valid without it); --pos-emb {self.pos_emb} is {self.position_kind}. Use rope or xpos.")
         self._num_updates = 0
         # StreamingLLM's sink token at pre-training: a learned vector before every sequence (embedding scale as a token's)
-        self.sink_embedding = nn.Parameter(torch.empty(dim).normal_(0.0, dim**-0.5)) if getattr(config, "sink_token", False) else None
+        self.sink_embedding = (nn.Parameter(torch.empty(dim).normal_(0.0, dim**-0.5))
+                               if getattr(config, "sink_token", False) else None)
         if self.sink_embedding is not None and self.random_positions:
             raise ValueError("--sink-token places a learned token at position 0 of every sample; --random-positions "
                              "draws the positions of each sample. Use one of the two.")
@@ -203,7 +205,9 @@ class DecoderStack:
                   padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
         past = self.past_length(incremental_state)
         tokens = prev_output_tokens[:, past:] if prefix else prev_output_tokens
-        sink = self.sink_embedding is not None and (incremental_state is None or self.layers[0].self_attn.cached_length(incremental_state) == 0)
+        # the sink token goes first, once: in a parallel forward, or in the first call through a cache
+        sink = self.sink_embedding is not None and (
+            incremental_state is None or self.layers[0].self_attn.cached_length(incremental_state) == 0)
         if tokens.size(1) == 0:
             raise ValueError(
                 f"the decoder got {prev_output_tokens.size(1)} tokens but {past} are already cached: "
