@@ -471,7 +471,8 @@ class _Run:
         probs = torch.softmax(all_logits, dim=-1)
         if self.dropout_p:
             probs = F.dropout(probs, self.dropout_p)
-        out = probs[..., : kb.size(-2)] @ vb.float() + probs[..., kb.size(-2) : kb.size(-2) + held] @ sink_v.float()[:, :, None]
+        keys = kb.size(-2)  # (a learned sink's column, last, has no value)
+        out = probs[..., :keys] @ vb.float() + probs[..., keys : keys + held] @ sink_v.float()[:, :, None]
         return out.flatten(2, 3).to(self.q.dtype)
 
     def _sink_logits(self, qb: Tensor, sink_k: Tensor, local: Tensor, virtual: Tensor, query: Tensor, center: int) -> Tensor:
@@ -502,8 +503,9 @@ class _Run:
         vw = torch.cat([sink_v[:, :, None].expand(-1, -1, n, -1, -1), vw], dim=3)
         qw, kw = self._rotate(qw, kw, c + sinks, 0)
         shape = (bsz, heads * n)
-        out = _sdpa(qw.reshape(*shape, c, dim), kw.reshape(*shape, 2 * c + sinks, dim), vw.reshape(*shape, 2 * c + sinks, dim),
-                    attn_mask=causal_lower_right(c, 2 * c + sinks), dropout_p=self.dropout_p, sink=self._sink(n),
+        span = 2 * c + sinks
+        out = _sdpa(qw.reshape(*shape, c, dim), kw.reshape(*shape, span, dim), vw.reshape(*shape, span, dim),
+                    attn_mask=causal_lower_right(c, span), dropout_p=self.dropout_p, sink=self._sink(n),
                     ).view(bsz, heads, n, c, dim)
         return out.flatten(2, 3)
 
