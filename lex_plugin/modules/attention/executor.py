@@ -581,8 +581,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, attn_mask=None, is_causal: bool = 
     placed first, seen by every query, with value 0 and logit s. It is carried by extra feature dimensions (1 on
     CPU; 8 on CUDA, where fused kernels want a head dimension that is a multiple of 8): queries get [q, 1, 0..],
     keys [k, 0..], the sink key [0, s sqrt(D), 0..], so q k^T / sqrt(D) is unchanged and the sink's logit is s; the
-    mask gets a leading visible column (a lower-right causal mask one more key). Still one SDPA call on its fused
-    kernels, differentiable in s (training stays on SDPA)."""
+    mask gets a leading visible column (a lower-right causal mask one more key; a square causal one a dummy first
+    query, whose row is dropped), and the values are padded to the keys' width (the fused CPU kernel takes equal
+    widths; a value of another width sends SDPA to its L x L path). Still one SDPA call on its fused kernels,
+    differentiable in s (training stays on SDPA)."""
     if sink is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
     dim = q.size(-1)
@@ -594,11 +596,15 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, attn_mask=None, is_causal: bool = 
     column = (sink * math.sqrt(dim)).to(k.dtype).expand(*lead, 1, 1)
     sink_key = torch.cat([k.new_zeros(*lead, 1, dim), column, k.new_zeros(*lead, 1, extra - 1)], dim=-1)
     k = torch.cat([sink_key, F.pad(k, (0, extra))], dim=-2)
-    v = F.pad(v, (0, 0, 1, 0))
-    if is_causal:
-        attn_mask = causal_lower_right(q.size(-2), k.size(-2))
-    elif isinstance(attn_mask, CausalBias):  # a lower-right causal mask (a Tensor subclass): one more key
+    v = F.pad(v, (0, extra, 1, 0))  # the fused kernels want the values' width equal to the keys': sliced off after
+    if is_causal:  # a dummy query first keeps the mask square and causal (the fused kernel): query i + 1 sees the
+        # sink and keys 0 .. i; a lower-right mask of one more key would send SDPA to its L x L path on CPU
+        q = F.pad(q, (0, 0, 1, 0))
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=1.0 / math.sqrt(dim))
+        return out[..., 1:, :dim]
+    if isinstance(attn_mask, CausalBias):  # a lower-right causal mask (a Tensor subclass): one more key
         attn_mask = causal_lower_right(attn_mask.seq_len_q, attn_mask.seq_len_kv + 1)
     elif attn_mask is not None:
         attn_mask = F.pad(attn_mask, (1, 0), value=True if attn_mask.dtype == torch.bool else 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(dim))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=1.0 / math.sqrt(dim))
+    return out[..., :dim]
