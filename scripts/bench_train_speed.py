@@ -97,6 +97,7 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
             args = run_arguments(n, tokens_per_sample)
             base[n] = str(args[args.index("--pos-emb") + 1])
         names = list(dict.fromkeys([b for n in names for b in (base[n], n)]))
+        base.update({n: n for n in names if n not in base})  # a base run against itself
         archs = {n: ("lex_lm_tiny", run_arguments(n, tokens_per_sample), True) for n in names}
     if random_positions:
         archs = {"lex_lm_tiny": ARCHS["lex_lm_tiny"],

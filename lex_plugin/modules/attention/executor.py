@@ -570,8 +570,11 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
         scores = scores.masked_fill(~allowed, float("-inf"))
     if sink is None:
         return torch.softmax(scores, dim=-1) @ v
-    probs = torch.softmax(torch.cat([scores, sink.to(scores.dtype).expand(*scores.shape[:-1], 1)], dim=-1), dim=-1)
-    return probs[..., :-1] @ v
+    # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
+    sink = sink.to(scores.dtype)
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
+    weights = torch.exp(scores - top)
+    return (weights @ v) / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, attn_mask=None, is_causal: bool = False, dropout_p: float = 0.0,
