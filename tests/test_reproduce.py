@@ -568,3 +568,12 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     assert gemma[gemma.index("--decoder-layers") + 1] == "6"
     evaluated = commands["eval none_tt"]
     assert evaluated[evaluated.index("--eval-windows") + 1] == "full,sliding,bca"
+    # a pattern whose global layers are NoPE has no positions to remap: its probes leave the position maps out
+    o = reproduce.ReproduceOptions(**{**o.as_json(), "methods": ["passkey_finetuned"]})
+    (work / "passkey-bin").mkdir(exist_ok=True)
+    (work / "passkey-bin" / "train.idx").touch()
+    commands.clear()
+    reproduce.reproduce(work, o, ["rnope_swa", "gemma_5to1"], tmp_path, data)
+    swa_windows = commands["passkey_finetuned rnope_swa"][commands["passkey_finetuned rnope_swa"].index("--windows") + 1]
+    gemma_windows = commands["passkey_finetuned gemma_5to1"][commands["passkey_finetuned gemma_5to1"].index("--windows") + 1]
+    assert swa_windows == "full,bca,sliding,lm_infinite" and "rerope" in gemma_windows.split(","), (swa_windows, gemma_windows)

@@ -60,7 +60,7 @@ class LayerKind:
         return f"{scheme}/{self.window.mode}{size}"
 
 
-def parse_layer_pattern(text: Optional[str], pos_emb: str, layers: int,
+def parse_layer_pattern(text: Optional[str], pos_emb: str, layers: Optional[int],
                         training_length: Optional[int]) -> Optional[Tuple[LayerKind, ...]]:
     """The layers of ``--layer-pattern text`` (module docstring), one :class:`LayerKind` per layer; None without a
     pattern (every layer global with the model's scheme).
@@ -68,7 +68,7 @@ def parse_layer_pattern(text: Optional[str], pos_emb: str, layers: int,
     Args:
         text: the pattern, or None / "" (none).
         pos_emb: the model's ``--pos-emb`` (the one scheme an entry may name besides ``none``).
-        layers: the depth (``--decoder-layers``).
+        layers: the depth (``--decoder-layers``); None: the pattern's own entries, once.
         training_length: l (``--tokens-per-sample``): the BCA block of ``bca`` entries; None if unknown.
 
     Raises:
@@ -105,6 +105,8 @@ def parse_layer_pattern(text: Optional[str], pos_emb: str, layers: int,
         if count < 1:
             raise ValueError(f"--layer-pattern entry {entry!r}: the repeat *N must be at least 1.")
         kinds += [LayerKind(scheme != "none", window)] * count
+    if layers is None:
+        return tuple(kinds)
     if len(kinds) > layers:
         raise ValueError(f"--layer-pattern has {len(kinds)} layers; the model has {layers} (--decoder-layers): the pattern "
                          "repeats over the depth, so it can be at most as deep as the model.")

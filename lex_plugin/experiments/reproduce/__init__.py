@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
+from ...modules.layer_pattern import parse_layer_pattern
 from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
                         LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
@@ -305,10 +306,20 @@ class _Run:
     role: str  # "main", "ablation", "random", "design" or "drope" (catalogue.RUNS)
     dir: Path  # WORK/runs/NAME
     rotary: bool  # a rotary scheme (RoPE scalings and Leaky ReRoPE apply)
+    position_maps: bool = True  # a global layer has positions to remap (not a pattern whose global layers are NoPE)
 
     @property
     def ckpt(self) -> Path:
         return self.dir / "checkpoints" / "checkpoint_last.pt"
+
+
+def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
+    """Whether a global layer of the run has positions a position map could remap: every run but a layer pattern
+    whose global layers are NoPE (``--layer-pattern``)."""
+    if "--layer-pattern" not in run_args:
+        return True
+    kinds = parse_layer_pattern(str(run_args[run_args.index("--layer-pattern") + 1]), pos_emb, None, training_length)
+    return any(k.is_global and k.positions for k in kinds)
 
 
 def _drope_start(o: ReproduceOptions) -> int:
@@ -378,7 +389,8 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                 r.dir / f"passkey_finetuned_{scaled}.log", out)
         return
     out = r.dir / f"{method}.json"
-    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary, ["--logn"] if method.endswith("_logn") else []),
+    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary, ["--logn"] if method.endswith("_logn") else [],
+                                              position_maps=r.position_maps),
         r.dir / f"{method}.log", out)
 
 
@@ -400,7 +412,7 @@ def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: R
     run(f"{probe} finetune {r.name}", answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget),
         tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
     out = r.dir / report
-    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary), out.with_suffix(".log"), out)
+    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps), out.with_suffix(".log"), out)
 
 
 def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
@@ -408,14 +420,16 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
     (:data:`METHODS`, the length evaluation under it)."""
     if method == "passkey":
         out = r.dir / "passkey.json"
-        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary), r.dir / "passkey.log", out)
+        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps),
+            r.dir / "passkey.log", out)
     elif method.startswith("passkey_finetuned"):
         _passkey_finetuned(run, r, method, work, data, o)
     elif method in ("ruler", "babilong"):
         _answer_probe(run, r, method, work, data, o)
     elif method == "longppl":
         out = r.dir / LONGPPL_REPORT
-        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary), out.with_suffix(".log"), out)
+        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps),
+            out.with_suffix(".log"), out)
     else:
         out = r.dir / f"method_{method}.json"
         run(f"{method} {r.name}", method_command(data, r.ckpt, method, out, o), r.dir / f"method_{method}.log", out)
@@ -462,8 +476,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
             if o.max_update < 2:
                 raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
             run_args = [*run_args, "--drope-start", _drope_start(o)]
-        rotary = run_args[run_args.index("--pos-emb") + 1] in ("rope", "xpos")
-        r = _Run(name, tuple(run_args), role, work / "runs" / name, rotary)
+        pos_emb = str(run_args[run_args.index("--pos-emb") + 1])
+        r = _Run(name, tuple(run_args), role, work / "runs" / name, pos_emb in ("rope", "xpos"), _has_positions(run_args, pos_emb, o.training_length))
         _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[name]:
             _run_method(run, r, method, work, data, o)

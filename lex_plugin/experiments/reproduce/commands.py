@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from ...modules.attention.position_map import POSITION_MAPS
 from ..recipe import PLUGIN_DIR, fairseq_train_command
 from .options import ReproduceOptions
 from .catalogue import (BABILONG_FINETUNE, BABILONG_PROBE, LONGPPL_PROBE, METHODS, PASSKEY_FINETUNE, PROBE_WINDOWS, RULER_FINETUNE,
@@ -17,10 +18,13 @@ __all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command
            "train_command"]
 
 
-def probe_windows(rotary: bool) -> tuple:
+def probe_windows(rotary: bool, position_maps: bool = True) -> tuple:
     """The attention modes every probe compares: :data:`PROBE_WINDOWS`, and Leaky ReRoPE on a ``rotary``
-    checkpoint (its fractional distances mean nothing to ALiBi's bias)."""
-    return PROBE_WINDOWS + (("leaky_rerope",) if rotary else ())
+    checkpoint (its fractional distances mean nothing to ALiBi's bias); without the position maps when the
+    checkpoint has no positions they could remap (``position_maps`` False: a layer pattern whose global layers
+    are NoPE)."""
+    windows = PROBE_WINDOWS + (("leaky_rerope",) if rotary else ())
+    return windows if position_maps else tuple(w for w in windows if w not in POSITION_MAPS)
 
 
 def prepare_command(corpus: Path, data: Path) -> List:
@@ -91,7 +95,8 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
 
 
 def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, extra: Sequence = (),
-                    lengths: Optional[Sequence[int]] = None, windows: Optional[Sequence[str]] = None) -> List:
+                    lengths: Optional[Sequence[int]] = None, windows: Optional[Sequence[str]] = None, *,
+                    position_maps: bool = True) -> List:
     """``lex passkey`` of ``ckpt`` at ``lengths`` (default l, 2l, 4l and 8l), depths 0.1..0.9, under each of
     ``windows`` (default :func:`probe_windows`: full attention, BCA, the sliding window, Λ-shaped attention,
     ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o.passkey_trials`` prompts per
@@ -100,7 +105,7 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rota
     leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
     l = o.training_length
     if not windows:
-        windows = probe_windows(rotary)
+        windows = probe_windows(rotary, position_maps)
         windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
@@ -135,23 +140,25 @@ def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_a
                                                         *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 
-def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
+def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
+                  position_maps: bool = True) -> List:
     """``lex ruler`` of ``ckpt``: every task at l, 2l, 4l and 8l, :data:`RULER_PROBE`'s depths and trials, under
     :func:`probe_windows`, writing the JSON ``out`` and a heat map
     per task beside it (``out``'s name + ``_TASK.png``)."""
     l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
-            "--windows", ",".join(probe_windows(rotary)), "--trials", RULER_PROBE["trials"], "--json", out,
+            "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", RULER_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png")]
 
 
-def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
+def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
+                    position_maps: bool = True) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
     in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
-    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary)), out, o,
+    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps)), out, o,
                         ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only"])
 
 
@@ -163,14 +170,15 @@ def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOption
             "--samples", f["samples"], "--max-length", o.training_length - 1, "--seed", o.seed]
 
 
-def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True) -> List:
+def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
+                     position_maps: bool = True) -> List:
     """``lex babilong`` of ``ckpt``: :data:`BABILONG_FINETUNE`'s tasks at :data:`BABILONG_PROBE`'s multiples of l,
     its trials per cell, under :func:`probe_windows`, on the test split, writing the JSON ``out`` and its heat map
     beside it (same name, .png)."""
     l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "babilong", data, "--path", ckpt, "--tasks", BABILONG_FINETUNE["tasks"],
             "--lengths", ",".join(str(l * k) for k in BABILONG_PROBE["multiples"]),
-            "--windows", ",".join(probe_windows(rotary)), "--trials", BABILONG_PROBE["trials"], "--json", out,
+            "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", BABILONG_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png")]
 
 
