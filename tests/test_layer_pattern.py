@@ -114,6 +114,10 @@ def test_chunked_attention_sees_its_own_chunk_only():
     assert window.span == 4 and window.feed_block == 4 and str(window) == "chunked(4)"
     with pytest.raises(ValueError, match="chunked attention"):
         window.with_sinks(1)
+    from lex_plugin.modules.attention.window import window_from_options
+
+    with pytest.raises(ValueError, match="must be one of full, bca, sliding, lm_infinite, got 'chunked'"):
+        window_from_options("chunked")  # a layer's trained window, not an evaluation flag
 
 
 def test_generation_keeps_each_layers_cache_and_equals_the_parallel_forward():

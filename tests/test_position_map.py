@@ -364,3 +364,22 @@ def test_a_generation_step_rotates_only_the_new_keys_of_each_far_piece(method, m
     assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4
     # at most the exact pieces' keys (< l) and a few new ones per step, with a rare start-over at a new centre
     assert sorted(per_step)[len(per_step) // 2] <= L_TRAIN + 2, per_step
+
+
+def test_a_reorder_of_the_batch_starts_the_rotated_pieces_over():
+    """Beam search reorders the cache's rows: the kept rotated keys must follow (they start over), so the steps after
+    a swap of the two rows equal a parallel forward of the swapped rows."""
+    model = build_lex_model(pos_emb="rope", decoder_layers=1, tokens_per_sample=L_TRAIN).eval()
+    spec = AttentionSpec(position_map=position_map_from_options("self_extend", L_TRAIN))
+    tokens = random_tokens(model.decoder.dictionary, 2, 6 * L_TRAIN, seed=3)
+    swap = torch.tensor([1, 0])
+    with torch.no_grad():
+        state = {}
+        model(tokens[:, : 4 * L_TRAIN], incremental_state=state, spec=spec)
+        for t in range(4 * L_TRAIN, 5 * L_TRAIN):
+            model(tokens[:, : t + 1], incremental_state=state, spec=spec)
+        model.decoder.reorder_incremental_state_scripting(state, swap)
+        swapped = tokens[swap]
+        steps = [model(swapped[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(5 * L_TRAIN, 6 * L_TRAIN)]
+        parallel = model(swapped, spec=spec)[0][:, 5 * L_TRAIN:]
+    assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
