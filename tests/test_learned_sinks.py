@@ -188,6 +188,13 @@ def test_the_sink_token_is_a_learned_token_before_every_sequence(pos_emb):
             assert view.decoder.past_length(state) == L
             steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
         assert (torch.cat(steps, 1) - got).abs().max() <= 1e-4, spec
+    with torch.no_grad():  # padding that causality does not hide (not trailing): the sink is never padding
+        padded = tokens.clone()
+        padded[0, 3:6] = model.decoder.padding_idx
+        got = model(padded)[0]
+        expected = plain(torch.cat([torch.full((2, 1), sink_id), padded], 1))[0][:, 1:]
+        real = padded.ne(model.decoder.padding_idx)
+        assert (got - expected)[..., keep][real].abs().max() < 1e-4
     with torch.no_grad():  # the sink matters
         other = build_lex_model(tokens_per_sample=L, pos_emb=pos_emb, seed=8)
         other.load_state_dict({k: v for k, v in model.state_dict().items() if k != "decoder.sink_embedding"})
