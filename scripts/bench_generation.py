@@ -51,7 +51,8 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     model = model.under(options.spec(training_length)).with_autocast(autocast)
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
-    with torch.no_grad():
+    # one autocast region around the prefill and the steps, as the generation loop opens (sampling.continue_ids)
+    with torch.no_grad(), model.decoder.autocast_context(tokens.device):
         base = benchmark.rss_mb()
         start = time.perf_counter()
         for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):

@@ -2,6 +2,7 @@
 prompt, then one token per step through the key/value cache (fairseq-free: any model called as
 ``model(tokens, incremental_state=state, spec=spec)`` that returns ``(logits, extra)``)."""
 
+import contextlib
 from typing import List, Optional
 
 import torch
@@ -33,7 +34,8 @@ def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temper
     """Sample up to ``max_len`` ids after ``prompt`` (temperature 0: greedy; ``<pad>`` is never drawn).
 
     Args:
-        model: a lex_lm (or its decoder view) on the prompt's device.
+        model: a lex_lm (or its decoder view) on the prompt's device, or a callable taking their arguments (then no
+            autocast region is opened around the steps).
         prompt: (P,) int64 ids, the stream start ``</s>`` first.
         max_len: tokens to generate (> 0).
         eos, pad: the dictionary's ``</s>`` and ``<pad>`` ids.
@@ -55,18 +57,21 @@ def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temper
     buffer[0, :length] = prompt
     state: dict = {}
     generated: List[int] = []
-    for _ in range(max_len):
-        logits, _ = model(buffer[:, :length], incremental_state=state, spec=spec)
-        last = logits[0, -1].float()
-        last[pad] = float("-inf")
-        if temperature <= 0:
-            token = int(last.argmax())
-        else:
-            probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        if token == eos and stop_at_eos:
-            break
-        generated.append(token)
-        buffer[0, length] = token
-        length += 1
+    decoder = getattr(model, "decoder", model)  # one autocast region: an autocast view casts its weights once, not per step
+    region = decoder.autocast_context(prompt.device) if hasattr(decoder, "autocast_context") else contextlib.nullcontext()
+    with region:
+        for _ in range(max_len):
+            logits, _ = model(buffer[:, :length], incremental_state=state, spec=spec)
+            last = logits[0, -1].float()
+            last[pad] = float("-inf")
+            if temperature <= 0:
+                token = int(last.argmax())
+            else:
+                probs = torch.softmax(filter_logits(last / temperature, top_k, top_p), dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            if token == eos and stop_at_eos:
+                break
+            generated.append(token)
+            buffer[0, length] = token
+            length += 1
     return torch.tensor(generated, dtype=torch.long)

@@ -83,7 +83,7 @@ class LexDecoder(DecoderStack, FairseqIncrementalDecoder):
         if removed:
             raise TypeError(f"LexDecoder.forward no longer takes {', '.join(removed)}=: pass spec=AttentionSpec(window, "
                             "rope_scaling) (modules.attention.spec).")
-        with self._autocast_context(prev_output_tokens.device):
+        with self.autocast_context(prev_output_tokens.device):
             x, extra = self.extract_features(prev_output_tokens, incremental_state, spec, observer)
             if not features_only:
                 x = self.output_layer(x)

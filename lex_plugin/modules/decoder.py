@@ -197,7 +197,7 @@ class DecoderStack:
             ValueError: every position of ``prev_output_tokens`` is already in the cache; a spec this model
                 cannot take (:meth:`check_spec`).
         """
-        with self._autocast_context(prev_output_tokens.device):
+        with self.autocast_context(prev_output_tokens.device):
             return self._features(prev_output_tokens, incremental_state, spec, observer, padding_mask, prefix)
 
     def _features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState],
@@ -411,8 +411,14 @@ class DecoderStack:
         object.__setattr__(view, "_autocast", dtype)
         return view
 
-    def _autocast_context(self, device: torch.device):
-        """torch.autocast for :attr:`autocast` (checked: fp32 weights, a device with native support), or nothing."""
+    def autocast_context(self, device: torch.device):
+        """torch.autocast for :attr:`autocast` (checked: fp32 weights, a device with native support), or nothing;
+        nothing inside an autocast region already open. A generation loop opens one around all its steps
+        (``evaluation.sampling.continue_ids``): autocast casts each fp32 weight once per region, so the weights are
+        cast once per generation, not at every step (2.1 ms of a 7 ms ``lex_lm_tiny`` step at 16k otherwise).
+
+        Raises:
+            ValueError: as :func:`~.autocast.check_autocast` (entering it)."""
         if self._autocast is None or torch.is_autocast_enabled(device.type):
             return contextlib.nullcontext()  # (nested: extract_features inside forward)
         check_autocast(device, self._autocast, self.embed_tokens.weight.dtype)

@@ -272,7 +272,7 @@ class _Run:
             allowed = self._allowed(chunk, query, key)
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), query - key, allowed)
-        if qc.size(2) == 1 and not self.dropout_p and self.feature_major:
+        if qc.size(2) == 1 and not self.dropout_p and (self.feature_major or _half_step_on_cpu(qc)):
             return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None, self._sink(1))
         is_causal, mask = False, None
         if bias is not None or chunk.mask == "explicit":
@@ -547,34 +547,59 @@ def _windows_in_batch(x: Tensor) -> Tensor:
     return x.transpose(1, 2).flatten(0, 1)
 
 
+def _half_step_on_cpu(q: Tensor) -> bool:
+    """Whether a one-query chunk of q's dtype and device runs as :func:`_one_query` on a sequence-major cache: bf16 /
+    fp16 on CPU, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys (4 heads of 64) and two
+    batched products over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16 generation")."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
                sink: Optional[Tensor] = None) -> Tensor:
-    """One query per (batch, head) over the keys of a feature-major cache (keys and values stored
-    (D, S), ``KeyValueCache``): two matrix-vector products with a softmax between, both reading long
-    contiguous rows, so a generation step reads each cached key and value once near the memory bandwidth
+    """One query per (batch, head) over the keys of a generation cache: two batched matrix-vector products with a
+    softmax between. Over a feature-major fp32 cache (keys and values stored (D, S), ``KeyValueCache``) both read
+    long contiguous rows, so a generation step reads each cached key and value once near the memory bandwidth
     (``lex_lm_tiny`` at a 64k context: 0.58-0.62 of the time of a step on PyTorch's CPU SDPA kernel;
-    examples/lex_lm/BENCHMARKS.md, "Fourth run: generation at the memory bandwidth").
+    examples/lex_lm/BENCHMARKS.md, "Fourth run: generation at the memory bandwidth"). Over a bf16 / fp16 cache on CPU
+    (sequence-major, :func:`_half_step_on_cpu`) the products run in that dtype and the softmax in fp32: the logits
+    are rounded to the cache's dtype once (8 significant bits in bf16, as an eager half-precision attention), where
+    SDPA's fused kernel keeps them fp32.
 
     Args:
-        q: (B, H, 1, D); k, v: (B, H, S, D) views of (B, H, D, S) memory; bias: (H, 1, S) or None;
+        q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype; bias: (H, 1, S) or None;
         allowed: boolean visibility broadcastable to (B, H, 1, S) (padded keys), or None: every key.
         sink: learned sink logits (1, H, 1, 1) fp32, or None.
 
     Returns:
-        (B, H, 1, D).
+        (B, H, 1, D) in q's dtype.
     """
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)  # (B, H, 1, S)
+    if q.dtype == torch.float32:
+        scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)  # (B, H, 1, S)
+    else:  # half precision: the product in its dtype, the logits and the softmax in fp32
+        scores = _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
     if bias is not None:
         scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
+    product = torch.matmul if q.dtype == torch.float32 else _per_head_products
     if sink is None:
-        return torch.softmax(scores, dim=-1) @ v
+        return product(torch.softmax(scores, dim=-1).to(v.dtype), v)
     # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
-    sink = sink.to(scores.dtype)
     top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
     weights = torch.exp(scores - top)
-    return (weights @ v) / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
+    out = product(weights.to(v.dtype), v).float() / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
+    return out.to(v.dtype)
+
+
+def _per_head_products(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for a (B, H, 1, X) and b (B, H, X, Y) of a half-precision dtype on CPU, one 2-D product per (batch,
+    head): b is a view of a cache whose (batch, head) matrices lie ``cap`` rows apart, and PyTorch's batched
+    half-precision product copies such a view whole first (3.9 ms for 4 heads of 16k keys; 0.3 ms as 4 products)."""
+    out = a.new_empty(*b.shape[:2], 1, b.size(-1))
+    rows, mats, outs = a.flatten(0, 1), b.flatten(0, 1), out.flatten(0, 1)
+    for i in range(rows.size(0)):
+        torch.mm(rows[i], mats[i], out=outs[i])
+    return out
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, attn_mask=None, is_causal: bool = False, dropout_p: float = 0.0,

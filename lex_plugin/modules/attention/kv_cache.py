@@ -18,7 +18,8 @@ generation step's single query over at least ``FEATURE_MAJOR_KEYS`` keys on CPU 
 (B, H, D, cap) in memory: the step's two matrix-vector products (``executor``) then read keys and values
 as long contiguous rows, at about the memory bandwidth. ``view(queries)`` re-lays the buffers when the
 kind of reader changes (once when generation starts after a chunked prefill; back if several queries
-come again); ``held`` always gives (B, H, T, D) views.
+come again); ``held`` always gives (B, H, T, D) views. A bf16 / fp16 cache stays sequence-major: its step runs as
+two 2-D products per (batch, head) over the (S, D) rows (``executor._one_query``).
 
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
