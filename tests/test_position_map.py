@@ -383,3 +383,29 @@ def test_a_reorder_of_the_batch_starts_the_rotated_pieces_over():
         steps = [model(swapped[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(5 * L_TRAIN, 6 * L_TRAIN)]
         parallel = model(swapped, spec=spec)[0][:, 5 * L_TRAIN:]
     assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("method", [m for m in METHODS if not isinstance(m, LeakyReRoPE)] + [LeakyReRoPE(L_TRAIN // 2, 4.0)],
+                         ids=str)
+def test_one_query_steps_equal_the_formula_with_padding(method, dtype):
+    """A generation step (one query over every key before it, as a cache holds them, the pieces' logits in one row and
+    one softmax) equals float64 attention at the paper's distances for rotary schemes, with a left-padded sample,
+    for the last queries of 4l; bf16 inputs within bf16's resolution."""
+    torch.manual_seed(6)
+    B, H, D, length = 2, 2, 16, 4 * L_TRAIN
+    q, k, v = (torch.randn(B, H, length, D).to(dtype) for _ in range(3))
+    pad = torch.zeros(B, length, dtype=torch.bool)
+    pad[1, :9] = True
+    dist = torch.tensor([[paper_distance(method, n, m) if m <= n else 0.0 for m in range(length)]
+                         for n in range(length)], dtype=torch.float64)
+    allowed = (torch.ones(length, length, dtype=torch.bool).tril()[None, None] & ~pad[:, None, None, :]) | torch.eye(
+        length, dtype=torch.bool)
+    expected = naive(q, k, v, dist, allowed, "xpos", H)
+    spec = AttentionSpec(position_map=method)
+    for t in range(length - 5, length):
+        chunks = plan(spec.window, q_start=t, q_len=1, padded=True)
+        got = attend(q[:, :, t : t + 1], HeldKeys(k[:, :, : t + 1], v[:, :, : t + 1], pad[:, : t + 1]), chunks, spec=spec,
+                     scheme=XPos(D), q_start=t)
+        assert got.dtype == dtype
+        assert (got.double() - expected[:, :, t : t + 1]).abs().max() < (2e-5 if dtype == torch.float32 else 3e-2)

@@ -341,6 +341,12 @@ class _Run:
                 part = logits[..., piece.lo : piece.hi]
                 part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
             self.observer(logits, n[:, None] - m[None, :], allowed)
+        if qc.size(2) == 1:  # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
+            scores = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)  # (B, H, 1, Tk) fp32
+            for piece, qr, kr in rotated:
+                part, seen = scores[..., piece.lo : piece.hi], allowed[..., piece.lo : piece.hi] & piece.select
+                part.copy_(torch.where(seen, _step_logits(qr, kr), part))
+            return _weighted_values(scores, vc, self._sink(1))
         outs, lses = [], []
         for piece, qr, kr in rotated:
             seen = allowed[..., piece.lo : piece.hi] & piece.select
@@ -573,15 +579,26 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     Returns:
         (B, H, 1, D) in q's dtype.
     """
-    if q.dtype == torch.float32:
-        scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)  # (B, H, 1, S)
-    else:  # half precision: the product in its dtype, the logits and the softmax in fp32
-        scores = _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
+    scores = _step_logits(q, k)
     if bias is not None:
         scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    product = torch.matmul if q.dtype == torch.float32 else _per_head_products
+    return _weighted_values(scores, v, sink)
+
+
+def _step_logits(q: Tensor, k: Tensor) -> Tensor:
+    """q k^T / sqrt(D), (B, H, 1, S) fp32, for one query q (B, H, 1, D) over keys k (B, H, S, D) of q's dtype: one
+    batched product in fp32; per (batch, head) in half precision (:func:`_per_head_products`), then cast."""
+    if q.dtype == torch.float32:
+        return (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)
+    return _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
+
+
+def _weighted_values(scores: Tensor, v: Tensor, sink: Optional[Tensor]) -> Tensor:
+    """softmax(scores) v for one query: scores (B, H, 1, S) fp32 (-inf where unseen), v (B, H, S, D); with learned sink
+    logits ``sink`` (1, H, 1, 1) fp32 in the denominator only. Returns (B, H, 1, D) in v's dtype."""
+    product = torch.matmul if v.dtype == torch.float32 else _per_head_products
     if sink is None:
         return product(torch.softmax(scores, dim=-1).to(v.dtype), v)
     # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both

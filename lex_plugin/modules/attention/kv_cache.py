@@ -218,7 +218,7 @@ class KeyValueCache:
                 ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32 -> feature-major, several -> sequence-major.
                 None keeps the layout.
         """
-        if queries is not None and self._k is not None and not self.raw:
+        if queries is not None and self._k is not None:
             if queries > 1 and self.feature_major:
                 self._move(self._k, self.capacity, False)
             elif (queries == 1 and not self.feature_major and self._length >= FEATURE_MAJOR_KEYS

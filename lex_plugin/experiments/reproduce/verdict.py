@@ -1,0 +1,279 @@
+"""The verdict of the trained designs (issue "Trained to extrapolate"): one row per design or reference method, one
+column per goal, each cell met, missed or not measured.
+
+The goal, from the issue: a trained design that is flat (ppl(16l) / ppl(l) <= 1.00 under its full attention), uses the
+far context (LongPPL at 16l below LongPPL at l), retrieves (greedy passkey >= 0.9 at 16l after fine-tuning), beats
+ReRoPE's RULER-lite mean at 8l (0.54), evaluates in at most 1.1x full attention's time at 16k and keeps at most half
+of full attention's key/value cache at 64k. The flatness goal is read at its stated precision (a ratio of 1.004 rounds
+to 1.00 and meets it; 1.006 does not). Where no row meets every goal, the closest is the row with the most goals
+met (then the fewest unmeasured), and its shortfalls say by how much.
+
+A row's figures (:class:`Figures`) come from a reproduction's work directory (:func:`design_figures`: the run's length
+report, its passkey reports after fine-tuning, a LongPPL report, the benchmarks' JSON) or, for the reference methods
+measured in other sessions, from a transcribed JSON file (:func:`reference_figures`, each row with its source).
+"""
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .catalogue import LABELS, RUNS, run_arguments
+
+__all__ = ["CONTEXT", "GOALS", "Figures", "Goal", "cache_fraction", "closest", "design_figures", "markdown_verdict",
+           "plot_verdict", "reference_figures"]
+
+CONTEXT = 65536  # the cache goal's length (64k)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the verdict reads of one row; None: not measured.
+
+    Attributes:
+        name: the run (``rnope_swa``) or reference (``xpos+rerope``); label: how the table names it.
+        updates: the training budget of the checkpoint behind the quality figures.
+        ratio: ppl(16l) / ppl(l) on the test stream under the row's window (a design: its full attention).
+        longppl_ratio: LongPPL(16l) / LongPPL(l) under the same window.
+        passkey_8l: passkey accuracy at 8l after fine-tuning, ranking the key among 10 (chance 0.10).
+        greedy_8l, greedy_16l: the fraction of those prompts whose greedy continuation writes the key whole, at 8l / 16l.
+        ruler_8l: the RULER-lite mean over its tasks at 8l (ranking), after its fine-tuning.
+        eval_time, gen_time: evaluation time per token at 16k, and generation time per token after 16k of context,
+            over full attention's of the same model in the same benchmark run.
+        cache_64k: key/value cache positions kept at 64k over full attention's (every layer keeps 64k).
+        source: where the figures were measured (a RESULTS / BENCHMARKS section).
+        reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
+    """
+
+    name: str
+    label: str
+    updates: int
+    ratio: Optional[float] = None
+    longppl_ratio: Optional[float] = None
+    passkey_8l: Optional[float] = None
+    greedy_8l: Optional[float] = None
+    greedy_16l: Optional[float] = None
+    ruler_8l: Optional[float] = None
+    eval_time: Optional[float] = None
+    gen_time: Optional[float] = None
+    cache_64k: Optional[float] = None
+    source: str = ""
+    reference: bool = False
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One column of the verdict: the figure it reads, its heading, the test and the value the test compares with
+    (for the shortfall), and how a value is written."""
+
+    key: str
+    heading: str
+    test: Callable[[float], bool] = field(repr=False)
+    bar: float
+    fmt: str
+
+
+GOALS = (
+    Goal("ratio", "flat: ppl(16l)/ppl(l) <= 1.00", lambda v: round(v, 2) <= 1.0, 1.0, "{:.3f}"),
+    Goal("longppl_ratio", "far context: LongPPL 16l/l < 1", lambda v: v < 1.0, 1.0, "{:.2f}"),
+    Goal("greedy_16l", "retrieves: greedy passkey 16l >= 0.9", lambda v: v >= 0.9, 0.9, "{:.2f}"),
+    Goal("ruler_8l", "RULER-lite 8l > 0.54", lambda v: v > 0.54, 0.54, "{:.2f}"),
+    Goal("eval_time", "eval time 16k <= 1.1x full", lambda v: v <= 1.1, 1.1, "{:.2f}x"),
+    Goal("cache_64k", "cache 64k <= 0.5x full", lambda v: v <= 0.5, 0.5, "{:.3f}x"),
+)
+# shown beside the goals, judged by nothing
+CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l", "greedy 8l", "{:.2f}"),
+                   ("gen_time", "gen time 16k", "{:.2f}x"))
+
+
+def _met(f: Figures, goal: Goal) -> Optional[bool]:
+    value = getattr(f, goal.key)
+    return None if value is None else bool(goal.test(value))
+
+
+def closest(rows: Sequence[Figures]) -> Optional[Figures]:
+    """The row with the most goals met, then the fewest not measured; None for no rows."""
+    if not rows:
+        return None
+    return max(rows, key=lambda f: (sum(_met(f, g) is True for g in GOALS), -sum(_met(f, g) is None for g in GOALS)))
+
+
+def _shortfalls(f: Figures) -> List[str]:
+    return [f"{g.key} {g.fmt.format(getattr(f, g.key))} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
+
+
+def markdown_verdict(rows: Sequence[Figures]) -> str:
+    """The verdict table (one row per design or reference, the goals then the context columns; **bold** a met goal,
+    ``-`` not measured) and the closing line: the rows that meet every goal, or the closest and its shortfalls."""
+    head = ["| design | updates | " + " | ".join(g.heading for g in GOALS) + " | goals met | "
+            + " | ".join(c[1] for c in CONTEXT_COLUMNS) + " |",
+            "|---|---:|" + "---:|" * len(GOALS) + "---:|" + "---:|" * len(CONTEXT_COLUMNS)]
+    body = []
+    for f in rows:
+        cells = []
+        for g in GOALS:
+            value, met = getattr(f, g.key), _met(f, g)
+            cells.append("-" if value is None else f"**{g.fmt.format(value)}**" if met else g.fmt.format(value))
+        met = sum(_met(f, g) is True for g in GOALS)
+        measured = sum(_met(f, g) is not None for g in GOALS)
+        context = ["-" if getattr(f, key) is None else fmt.format(getattr(f, key)) for key, _, fmt in CONTEXT_COLUMNS]
+        body.append(f"| {f.label} | {f.updates:,} | " + " | ".join(cells) + f" | {met} of {measured} measured | "
+                    + " | ".join(context) + " |")
+    winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
+    lines = ["**Every goal met:** " + "; ".join(winners) if winners else "**No row meets every goal.**"]
+    for kind, group in (("row", rows), ("trained design", [f for f in rows if not f.reference])):
+        best = None if winners else closest(group)
+        if best is not None:
+            lines.append(f"Closest {kind}: {best.label}, {sum(_met(best, g) is True for g in GOALS)} goals met; short on "
+                         + ("; ".join(_shortfalls(best)) or "nothing measured") + "; not measured: "
+                         + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none") + ".")
+    line = " ".join(lines)
+    return "\n".join(head + body + ["", line])
+
+
+def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
+    """Write the PNG ``out``: a grid, one row per design, one column per goal, each cell green (met), red (missed) or
+    grey (not measured) with its value written inside; the rows' labels on the left, the goals' headings on top,
+    wrapped. A grid needs no label placement: every text has a cell of its own."""
+    import textwrap
+
+    from matplotlib.colors import ListedColormap
+
+    from ...plotting import figure
+
+    state = [[{None: 0, False: 1, True: 2}[_met(f, g)] for g in GOALS] for f in rows]
+    height = 1.9 + 0.42 * len(rows)
+    with figure(out, 1, 1, (12.5, height), dpi=110) as (fig, ax):
+        ax.imshow(state, cmap=ListedColormap(["#d9d9d9", "#f4a6a6", "#9fd89f"]), vmin=0, vmax=2, aspect="auto")
+        for i, f in enumerate(rows):
+            for j, g in enumerate(GOALS):
+                value = getattr(f, g.key)
+                ax.text(j, i, "not measured" if value is None else g.fmt.format(value), ha="center", va="center",
+                        fontsize=8)
+        ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
+        ax.xaxis.tick_top()
+        ax.set_yticks(range(len(rows)), [f"{f.label} ({f.updates:,} upd.)" for f in rows], fontsize=8)
+        ax.set_xticks([x + 0.5 for x in range(len(GOALS) - 1)], minor=True)
+        ax.set_yticks([y + 0.5 for y in range(len(rows) - 1)], minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(title, fontsize=10, pad=12)
+        ax.set_xlabel("green: goal met; red: missed; grey: not measured", fontsize=8)
+
+
+def reference_figures(path: Path) -> List[Figures]:
+    """The rows of a transcribed JSON list (each an object with :class:`Figures`' fields, ``source`` naming the section
+    the figures come from).
+
+    Raises:
+        ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates.
+    """
+    known = {f.name for f in fields(Figures)} - {"reference"}
+    rows = []
+    for raw in json.loads(Path(path).read_text()):
+        unknown = sorted(set(raw) - known)
+        if unknown or not {"name", "label", "updates"} <= set(raw):
+            raise ValueError(f"{path}: a verdict row takes {sorted(known)} (name, label and updates required); got "
+                             f"{sorted(raw)}.")
+        rows.append(Figures(**raw, reference=True))
+    return rows
+
+
+def cache_fraction(name: str, training_length: int, context: int = CONTEXT) -> float:
+    """The key/value positions run ``name``'s model keeps at ``context`` over full attention's: a global layer keeps
+    every position, a local one its window's span (BCA l, a sliding window W, a chunk C); a sink token is one
+    position more in every layer."""
+    from ...modules.layer_pattern import parse_layer_pattern
+
+    args = [str(a) for a in run_arguments(name, training_length)]
+
+    def option(flag: str) -> Optional[str]:
+        return args[args.index(flag) + 1] if flag in args else None
+
+    layers = int(option("--decoder-layers") or 4)
+    kinds = parse_layer_pattern(option("--layer-pattern"), option("--pos-emb"), layers, training_length)
+    sink = 1 if "--sink-token" in args else 0
+    kept = [context + sink if kind is None or kind.is_global else min(context, kind.window.span) + sink
+            for kind in (kinds or [None] * layers)]
+    return sum(kept) / (layers * context)
+
+
+def _report(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
+    """{length: rows} of a report's full-attention rows without log-n (a length report's, or a probe's)."""
+    out: Dict[int, List[dict]] = {}
+    for r in (report or {}).get("results", []):
+        attention = r.get("attention") or {}
+        mode = attention.get("mode") or r["window"].split("(")[0]
+        if mode == "full" and not attention.get("logn") and not attention.get("rope_scaling"):
+            out.setdefault(int(r["length"]), []).append(r)
+    return out
+
+
+def _passkey(reports: Sequence[Optional[dict]], length: int) -> tuple:
+    """(ranked accuracy, greedy fraction) of the full-attention prompts at ``length`` in the passkey reports, or
+    (None, None) where none was probed there."""
+    rows = [r for report in reports for r in _full_rows(report).get(length, [])]
+    trials = sum(r["trials"] for r in rows)
+    if not trials:
+        return None, None
+    return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
+
+
+def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size: int, inverse: bool) -> Optional[float]:
+    """This design's figure over its base scheme's full attention (``full@NAME`` against ``full@BASE``, BASE the run's
+    --pos-emb) at ``size`` in a benchmark's JSON rows; time ratios from tokens/s (``inverse``) or ms/token."""
+    if not rows:
+        return None
+    args = run_arguments(name, 256)
+    base = str(args[args.index("--pos-emb") + 1])
+    by_mode = {r["mode"]: r for r in rows if r.get(size_key) == size and key in r}
+    mine, theirs = by_mode.get(f"full@{name}"), by_mode.get(f"full@{base}")
+    if mine is None or theirs is None:
+        return None
+    return theirs[key] / mine[key] if inverse else mine[key] / theirs[key]
+
+
+def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
+                   eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384) -> Figures:
+    """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
+    from ``longppl`` (an eval-lm report with ``--longppl``), the passkey after fine-tuning (``passkey_finetuned.json``
+    and ``passkey_finetuned_16l.json`` in the run's directory, full attention), RULER-lite at 8l
+    (``ruler_answers.json``), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
+    ``bench_generation.py`` JSON with ``full@NAME`` and ``full@BASE`` rows) and the cache fraction at 64k.
+
+    Raises:
+        KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run has no length report.
+    """
+    if name not in RUNS:
+        raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
+    run = work / "runs" / name
+    report = json.loads((run / "length_report.json").read_text())
+    l = training_length
+    ppl = {L: rows[0]["ppl"] for L, rows in _full_rows(report).items()}
+    top = max(ppl)
+    ratio = ppl[top] / ppl[l] if l in ppl and top > l else None
+    longppl_ratio = None
+    if longppl is not None and longppl.is_file():
+        lp = {L: rows[0].get("longppl") for L, rows in _full_rows(json.loads(longppl.read_text())).items()}
+        if lp.get(l) and lp.get(max(lp)) and max(lp) > l:
+            longppl_ratio = lp[max(lp)] / lp[l]
+    passkeys = [_report(run / "passkey_finetuned.json"), _report(run / "passkey_finetuned_16l.json")]
+    ranked_8l, greedy_8l = _passkey(passkeys, 8 * l)
+    _, greedy_16l = _passkey(passkeys, 16 * l)
+    ruler = _report(run / "ruler_answers.json")
+    ruler_8l = None
+    if ruler is not None:
+        cells = [r["accuracy"] for r in _full_rows(ruler).get(8 * l, []) if r.get("accuracy") is not None]
+        ruler_8l = sum(cells) / len(cells) if cells else None
+    eval_rows = _report(eval_bench) if eval_bench else None
+    gen_rows = _report(gen_bench) if gen_bench else None
+    return Figures(name=name, label=LABELS.get(name, name), updates=updates, ratio=ratio, longppl_ratio=longppl_ratio,
+                   passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l, ruler_8l=ruler_8l,
+                   eval_time=_bench_ratio(eval_rows, name, "tokens_per_s", "length", context, inverse=True),
+                   gen_time=_bench_ratio(gen_rows, name, "ms_per_token", "context", context, inverse=False),
+                   cache_64k=cache_fraction(name, l), source=f"{work}/runs/{name}")
+

@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""The verdict of the trained designs: one row per reproduction run (and per transcribed reference), one column per
+goal of the issue "Trained to extrapolate", as a markdown table and a PNG grid (lex_plugin.experiments.reproduce.verdict).
+
+    python scripts/verdict.py --work work/repro --runs xpos_bca_nope,rnope_swa --updates 300 \\
+        --longppl-dir work/repro/longppl --eval-bench eval16k.json --gen-bench gen16k.json \\
+        --reference examples/lex_lm/verdict_reference.json -o examples/lex_lm/verdict.png
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lex_plugin.experiments.reproduce.verdict import (  # noqa: E402
+    design_figures, markdown_verdict, plot_verdict, reference_figures)
+from lex_plugin.options import parse_name_list  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, required=True, help="the reproduction's work directory (WORK/runs/NAME)")
+    p.add_argument("--runs", required=True, help="comma-separated runs of the reproduction, in the table's order")
+    p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
+    p.add_argument("--training-length", type=int, default=256)
+    p.add_argument("--longppl-dir", type=Path, help="NAME.json: each run's eval-lm report with --longppl")
+    p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN and full@BASE rows")
+    p.add_argument("--gen-bench", type=Path, help="scripts/bench_generation.py --json-out, the same modes")
+    p.add_argument("--reference", type=Path, action="append", default=[], help="a JSON list of transcribed rows, first")
+    p.add_argument("-o", "--plot", type=Path, help="the PNG")
+    args = p.parse_args()
+    rows = [row for path in args.reference for row in reference_figures(path)]
+    for name in parse_name_list(args.runs, "--runs"):
+        longppl = args.longppl_dir / f"{name}.json" if args.longppl_dir else None
+        rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
+                                   eval_bench=args.eval_bench, gen_bench=args.gen_bench))
+    print(markdown_verdict(rows))
+    if args.plot:
+        plot_verdict(rows, args.plot, "Trained to extrapolate: each design against the goals (lex_lm_tiny, l = 256)")
+        print(f"wrote {args.plot}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

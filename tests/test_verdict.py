@@ -1,0 +1,98 @@
+"""The trained designs' verdict (experiments.reproduce.verdict): each goal's test at its bar, the closest row and its
+shortfalls, the cache fraction against positions counted by hand, a run's figures read from its reports, and the PNG
+grid without overlapping labels."""
+
+import json
+
+import pytest
+
+from lex_plugin.experiments.reproduce.verdict import (
+    GOALS, Figures, cache_fraction, closest, design_figures, markdown_verdict, plot_verdict, reference_figures)
+from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
+
+ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
+
+
+def test_each_goal_at_its_bar():
+    """The issue's bars: flat at 1.00 (two decimals: 1.004 passes, 1.006 fails), LongPPL strictly below l's, greedy
+    0.9, RULER-lite strictly above 0.54, eval time 1.1x, cache 0.5x."""
+    bars = {"ratio": (1.004, 1.006), "longppl_ratio": (0.999, 1.0), "greedy_16l": (0.9, 0.89), "ruler_8l": (0.55, 0.54),
+            "eval_time": (1.1, 1.11), "cache_64k": (0.5, 0.51)}
+    assert {g.key for g in GOALS} == set(bars)
+    for goal in GOALS:
+        passes, fails = bars[goal.key]
+        assert goal.test(passes) and not goal.test(fails), goal.key
+
+
+def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
+    winner = Figures("a", "design A", 300, **ALL_MET)
+    near = Figures("b", "design B", 300, **dict(ALL_MET, greedy_16l=0.5, ruler_8l=None))
+    far = Figures("c", "design C", 300, ratio=1.2)
+    ref = Figures("r", "reference R", 1000, **dict(ALL_MET, cache_64k=1.0), reference=True)
+    text = markdown_verdict([winner, near, far])
+    assert "**Every goal met:** design A" in text and "Closest" not in text
+    assert "| design A | 300 | **0.995** |" in text and "| 6 of 6 measured |" in text
+    text = markdown_verdict([ref, near, far])
+    assert closest([ref, near, far]) is ref
+    assert "Closest row: reference R, 5 goals met; short on cache_64k 1.000x against 0.500x; not measured: none." in text
+    assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: ruler_8l."
+            in text)
+    assert "| design C | 300 | 1.200 | - |" in text
+
+
+@pytest.mark.parametrize("name,kept", [
+    ("xpos_bca_nope", 65536 + 3 * 256),  # three BCA layers keep l = 256, the global layer everything
+    ("rnope_swa", 65536 + 3 * 64),  # sliding windows of l/4
+    ("gemma_5to1", 65536 + 5 * 64),  # six layers
+    ("irope", 65536 + 3 * 64),  # chunks of l/4
+    ("rope_ssmax", 4 * 65536),
+    ("xpos_sink_token", 4 * 65537),  # the sink token is one position more in every layer
+])
+def test_the_cache_fraction_counts_each_layers_positions(name, kept):
+    layers = 6 if name == "gemma_5to1" else 4
+    assert cache_fraction(name, 256) == kept / (layers * 65536)
+
+
+def _row(mode, length, **extra):
+    return {"window": mode, "length": length, "attention": {"mode": mode, "logn": False, "rope_scaling": None}, **extra}
+
+
+def test_a_runs_figures_come_from_its_reports(tmp_path):
+    """Ratio from the length report's full-attention rows; LongPPL from its report; ranked and greedy passkey summed over
+    the depths of full attention at 8l and 16l (other windows and log-n ignored); the benchmarks' ratios against the
+    base scheme's full attention."""
+    run = tmp_path / "runs" / "rnope_swa"
+    run.mkdir(parents=True)
+    (run / "length_report.json").write_text(json.dumps({"results": [
+        _row("full", 256, ppl=100.0), _row("full", 4096, ppl=99.0), _row("bca", 4096, ppl=50.0)]}))
+    (run / "passkey_finetuned.json").write_text(json.dumps({"results": [
+        _row("full", 2048, retrieved=7, greedy=2, trials=10), _row("full", 2048, retrieved=3, greedy=1, trials=10),
+        _row("bca", 2048, retrieved=10, greedy=10, trials=10),
+        dict(_row("full", 2048, retrieved=10, greedy=10, trials=10), attention={"mode": "full", "logn": True})]}))
+    (run / "passkey_finetuned_16l.json").write_text(json.dumps({"results": [_row("full", 4096, retrieved=5, greedy=4, trials=5)]}))
+    (tmp_path / "lp.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=40.0),
+                                                              _row("full", 4096, ppl=1.0, longppl=30.0)]}))
+    (tmp_path / "eval.json").write_text(json.dumps([{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
+                                                    {"mode": "full@rnope_swa", "length": 16384, "tokens_per_s": 6000.0}]))
+    (tmp_path / "gen.json").write_text(json.dumps([{"mode": "full@rope", "context": 16384, "ms_per_token": 10.0},
+                                                   {"mode": "full@rnope_swa", "context": 16384, "ms_per_token": 6.0}]))
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", eval_bench=tmp_path / "eval.json",
+                       gen_bench=tmp_path / "gen.json")
+    assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.75)
+    assert (f.passkey_8l, f.greedy_8l, f.greedy_16l) == (0.5, 0.15, 0.8)
+    assert f.eval_time == pytest.approx(0.5) and f.gen_time == pytest.approx(0.6) and f.ruler_8l is None
+    with pytest.raises(KeyError, match="not a run"):
+        design_figures(tmp_path, "nope", 256, 300)
+
+
+def test_references_are_checked_and_the_grid_is_readable(tmp_path, figures):  # noqa: F811
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps([{"name": "x", "label": "X", "updates": 1, "speed": 2}]))
+    with pytest.raises(ValueError, match="a verdict row takes"):
+        reference_figures(path)
+    path.write_text(json.dumps([{"name": "x", "label": "X + a long method name (reference)", "updates": 1000, "ratio": 1.0}]))
+    rows = reference_figures(path) + [Figures(f"d{i}", f"a trained design with a long name number {i}", 300, **ALL_MET)
+                                      for i in range(12)]
+    assert rows[0].reference and not rows[1].reference
+    plot_verdict(rows, tmp_path / "verdict.png", "title")
+    assert (tmp_path / "verdict.png").is_file() and not _overlaps(figures[-1])
