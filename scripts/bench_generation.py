@@ -5,6 +5,7 @@ and with full attention (the cache keeps every position).
     python scripts/bench_generation.py [--contexts 1024,4096,16384,65536] [--training-length 1024]
     python scripts/bench_generation.py --baseline ../lex-before   # old / new / new/old columns
     python scripts/bench_generation.py --modes bca,bca+bf16,full,full+bf16   # fp32 vs bf16 autocast
+    python scripts/bench_generation.py --interleaved --modes full,self_extend,dca   # one process, steps alternated
 
 For each (mode, N) in a fresh process: a context of N tokens is fed block by block through the key/value
 cache (so the prefill itself stays within the same memory), then --steps single-token steps are timed
@@ -82,6 +83,42 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
             **memory}
 
 
+def measure_interleaved(modes, context: int, arch: str, training_length: int, steps: int) -> list:
+    """Every mode in one process, their steps alternated (mode 1, mode 2, ..., mode 1, ...), so that the machine's
+    drift and other jobs weigh on each mode alike: the median ms/token of each, and its ratio to the first mode's."""
+    import torch
+
+    from lex_plugin.evaluation.length_eval import blockwise_forward
+    from lex_plugin.models.builder import build_random_lm
+    from lex_plugin.modules.attention import AttentionOptions
+
+    torch.set_num_threads(benchmark.thread_count())
+    runs = []
+    for label in modes:
+        mode, design = benchmark.design_of(label, training_length)
+        mode, autocast = benchmark.precision_of(mode)
+        model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
+                                   share_decoder_input_output_embed=True, **design)
+        options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
+        model = model.under(options.spec(training_length)).with_autocast(autocast)
+        runs.append((label, model, {}))
+    tokens = torch.randint(4, VOCAB_SYMBOLS, (1, context + steps + 4))
+    times = {label: [] for label in modes}
+    with torch.no_grad():
+        for label, model, state in runs:
+            for _ in blockwise_forward(model, tokens[:, :context], training_length // 2, state, features_only=True):
+                pass
+        for n in range(context + 1, context + steps + 1):
+            for label, model, state in runs:
+                with model.decoder.autocast_context(tokens.device):
+                    start = time.perf_counter()
+                    model(tokens[:, :n], incremental_state=state)
+                    times[label].append(time.perf_counter() - start)
+    medians = {label: 1000 * sorted(t)[len(t) // 2] for label, t in times.items()}
+    return [{"mode": label, "context": context, "ms_per_token": medians[label],
+             "vs_first": medians[label] / medians[modes[0]]} for label in modes]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="1024,4096,16384,65536")
@@ -94,8 +131,25 @@ def main():
     p.add_argument("--json-out", default=None)
     p.add_argument("--baseline", type=Path, default=None, metavar="PATH",
                    help="also measure every point with PATH/scripts/bench_generation.py (an older checkout)")
+    p.add_argument("--interleaved", action="store_true",
+                   help="all modes in one process, their steps alternated: ratios to the first mode that the machine's "
+                        "drift does not move (ms/token only; no baseline)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.interleaved:
+        if args.baseline is not None:
+            p.error("--interleaved measures one checkout: drop --baseline.")
+        modes = parse_name_list(args.modes, "--modes")
+        rows = [r for n in parse_int_list(args.contexts, "--contexts")
+                for r in measure_interleaved(modes, n, args.arch, args.training_length, args.steps)]
+        print(f"{args.arch}, l = {args.training_length}, batch 1, {benchmark.thread_count()} threads, the modes' steps "
+              f"alternated in one process, median of {args.steps} steps each\n")
+        print(benchmark.markdown_table(["context", "mode", "ms/token", f"/ {modes[0]}"],
+                                       [[f"{r['context']:,}", r["mode"], f"{r['ms_per_token']:.2f}", f"{r['vs_first']:.2f}"]
+                                        for r in rows]))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(rows, indent=2))
+        return
     if args.one:
         benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps))
         return

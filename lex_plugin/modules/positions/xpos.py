@@ -102,7 +102,7 @@ class XPos(PositionScheme):
         use_scale: False gives plain RoPE (zeta = 1), the paper's baseline (Su et al. 2021).
         scalar_zeta: one zeta = gamma / (1 + gamma) for every pair (LeX Table 4 ablation).
         rotation: False sets theta = 0: decay only, no rotation (LeX Table 4 ablation).
-        cache_size: number of (centre, direction, device) tables kept.
+        cache_size: number of (centre, direction, device, range) tables kept.
 
     Raises:
         ValueError: odd ``head_dim``, non-positive ``scale_base`` or ``gamma``.
@@ -120,7 +120,7 @@ class XPos(PositionScheme):
         use_scale: bool = True,
         scalar_zeta: bool = False,
         rotation: bool = True,
-        cache_size: int = 8,
+        cache_size: int = 16,
     ):
         super().__init__()
         if head_dim <= 0 or head_dim % 2 != 0:
@@ -171,10 +171,12 @@ class XPos(PositionScheme):
         ones, the decay exponent is divided by its ``decay_divisor`` and both directions carry its
         ``attention_scale`` (YaRN's temperature).
 
-        One table per (scaling, center, direction, device) covers a range of positions and is sliced; a
-        request outside it rebuilds it from the requested start over max(2 * length, TABLE_ROWS) positions,
+        One table per (scaling, center, direction, device, start // TABLE_ROWS) covers a range of positions and is
+        sliced; a request outside it rebuilds it from the requested start over max(2 * length, TABLE_ROWS) positions,
         so consecutive generation steps rebuild once every TABLE_ROWS steps and memory does not grow with
-        the position. Angles and scales are formed in float64.
+        the position. Ranges far apart keep a table each: a position map's step rotates its query at n and at a remapped
+        n / G (Self-Extend), which under one table per direction rebuilt it twice per layer and step (sin and cos over
+        TABLE_ROWS rows: 60% of a 16k Self-Extend step at l = 256). Angles and scales are formed in float64.
 
         Raises:
             ValueError: a negative ``start``.
@@ -183,7 +185,7 @@ class XPos(PositionScheme):
             raise ValueError(f"xPos positions start at 0, got start={start}")
         if not self.use_scale:
             center = 0  # RoPE: one table whatever the centre
-        key = (scaling, center, keys, str(device))
+        key = (scaling, center, keys, str(device), start // TABLE_ROWS)  # far-apart ranges keep a table each
         hit = self._cache.get(key)
         if hit is None or start < hit[0] or start + length > hit[0] + hit[1].size(0):
             # a table from here on, with room for what follows (generation steps): memory stays bounded
