@@ -110,10 +110,9 @@ def measure_interleaved(modes, context: int, arch: str, training_length: int, st
                 pass
         for n in range(context + 1, context + steps + 1):
             for label, model, state in runs:
-                with model.decoder.autocast_context(tokens.device):
-                    start = time.perf_counter()
-                    model(tokens[:, :n], incremental_state=state)
-                    times[label].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                model(tokens[:, :n], incremental_state=state)
+                times[label].append(time.perf_counter() - start)
     medians = {label: 1000 * sorted(t)[len(t) // 2] for label, t in times.items()}
     return [{"mode": label, "context": context, "ms_per_token": medians[label],
              "vs_first": medians[label] / medians[modes[0]]} for label in modes]
@@ -140,6 +139,8 @@ def main():
         if args.baseline is not None:
             p.error("--interleaved measures one checkout: drop --baseline.")
         modes = parse_name_list(args.modes, "--modes")
+        if any("+" in m for m in modes):  # each step would open its own autocast region (weights cast at every step)
+            p.error("--interleaved runs fp32 modes only: measure +bf16 modes without it (one region per generation).")
         rows = [r for n in parse_int_list(args.contexts, "--contexts")
                 for r in measure_interleaved(modes, n, args.arch, args.training_length, args.steps)]
         print(f"{args.arch}, l = {args.training_length}, batch 1, {benchmark.thread_count()} threads, the modes' steps "

@@ -3,8 +3,11 @@ shortfalls, the cache fraction against positions counted by hand, a run's figure
 grid without overlapping labels."""
 
 import json
+import shutil
 
 import pytest
+
+from conftest import REPO
 
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, cache_fraction, closest, design_figures, markdown_verdict, plot_verdict, reference_figures)
@@ -81,6 +84,12 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.75)
     assert (f.passkey_8l, f.greedy_8l, f.greedy_16l) == (0.5, 0.15, 0.8)
     assert f.eval_time == pytest.approx(0.5) and f.gen_time == pytest.approx(0.6) and f.ruler_8l is None
+    # RULER-lite at 8l: the mean over tasks of each task's mean over depths, as RESULTS prints it for the committed
+    # 1,000-update xPos report (full attention 0.32 at 8l); a report without 16l has no ratio
+    shutil.copy(REPO / "examples/lex_lm/ruler/ruler_xpos.json", run / "ruler_answers.json")
+    (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 2048, ppl=9.0)]}))
+    f = design_figures(tmp_path, "rnope_swa", 256, 300)
+    assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None
     with pytest.raises(KeyError, match="not a run"):
         design_figures(tmp_path, "nope", 256, 300)
 

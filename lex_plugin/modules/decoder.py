@@ -418,7 +418,7 @@ class DecoderStack:
         cast once per generation, not at every step (2.1 ms of a 7 ms ``lex_lm_tiny`` step at 16k otherwise).
 
         Raises:
-            ValueError: as :func:`~.autocast.check_autocast` (entering it)."""
+            ValueError: as :func:`~.autocast.check_autocast` (when called outside an open region)."""
         if self._autocast is None or torch.is_autocast_enabled(device.type):
             return contextlib.nullcontext()  # (nested: extract_features inside forward)
         check_autocast(device, self._autocast, self.embed_tokens.weight.dtype)

@@ -6,7 +6,7 @@ cache stores keys rotated at its centre, ``center``), (2) asks the scheme for it
 builds SDPA's mask, the cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused
 kernels), or an explicit boolean / additive float mask (:func:`additive_mask`), and (4) calls
 ``F.scaled_dot_product_attention``, except for one query over a feature-major generation cache
-(``KeyValueCache``), which runs as two matrix-vector products. Sink tokens (StreamingLLM, LM-Infinite)
+(``KeyValueCache``) or a bf16 / fp16 one on CPU, which runs as two matrix-vector products (:func:`_one_query`). Sink tokens (StreamingLLM, LM-Infinite)
 are keys placed at virtual positions: the scheme rotates them (or biases them) there, and the executor
 scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
 per-sample position ids for the same dense chunks. Learned sink logits (gpt-oss: one per head, joining every
@@ -297,7 +297,9 @@ class _Run:
         Rotary schemes: each piece rotates the queries at its positions and its keys at theirs (one centre per
         piece) and attends, on SDPA's fused CPU kernel, to the keys it selects, returning its output and the
         log-sum-exp of its logits (:func:`_attention_lse`); the pieces' outputs are merged by their log-sum-exps,
-        which is one softmax over every key. Bias schemes: one SDPA call, biased at the remapped distance.
+        which is one softmax over every key. A generation step's one query (fp32, or bf16 / fp16 on CPU) instead
+        scores every piece into one row of logits and takes one softmax (:func:`_step_logits`). Bias schemes: one SDPA
+        call, biased at the remapped distance.
 
         Queries go in the map's blocks of at most ``MAP_QUERY_BLOCK`` (``PositionMap.query_blocks``: DCA's also end
         at chunk boundaries), so each block meets only the keys its pieces can select (the far piece of a block of
@@ -341,7 +343,8 @@ class _Run:
                 part = logits[..., piece.lo : piece.hi]
                 part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
             self.observer(logits, n[:, None] - m[None, :], allowed)
-        if qc.size(2) == 1:  # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
+        if qc.size(2) == 1 and (qc.dtype == torch.float32 or _half_step_on_cpu(qc)):
+            # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
             scores = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)  # (B, H, 1, Tk) fp32
             for piece, qr, kr in rotated:
                 part, seen = scores[..., piece.lo : piece.hi], allowed[..., piece.lo : piece.hi] & piece.select
@@ -555,9 +558,11 @@ def _windows_in_batch(x: Tensor) -> Tensor:
 
 def _half_step_on_cpu(q: Tensor) -> bool:
     """Whether a one-query chunk of q's dtype and device runs as :func:`_one_query` on a sequence-major cache: bf16 /
-    fp16 on CPU, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys (4 heads of 64) and two
-    batched products over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16 generation")."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    fp16 on CPU with no gradient to keep, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys
+    (4 heads of 64) and two products per head over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16
+    generation"). A training batch whose last window holds one query keeps SDPA (and its fp32 logits)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+            and not (torch.is_grad_enabled() and q.requires_grad))
 
 
 def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
@@ -589,7 +594,9 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
 
 def _step_logits(q: Tensor, k: Tensor) -> Tensor:
     """q k^T / sqrt(D), (B, H, 1, S) fp32, for one query q (B, H, 1, D) over keys k (B, H, S, D) of q's dtype: one
-    batched product in fp32; per (batch, head) in half precision (:func:`_per_head_products`), then cast."""
+    batched product in fp32; per (batch, head) in half precision on CPU (:func:`_per_head_products`), the logits
+    rounded to that precision once before the cast (SDPA's fused kernel keeps them fp32: against float64, up to about
+    5x its error where attention is peaked, tests/test_autocast.py)."""
     if q.dtype == torch.float32:
         return (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)
     return _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
@@ -604,14 +611,17 @@ def _weighted_values(scores: Tensor, v: Tensor, sink: Optional[Tensor]) -> Tenso
     # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
     top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
     weights = torch.exp(scores - top)
-    out = product(weights.to(v.dtype), v).float() / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
-    return out.to(v.dtype)
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))  # normalised in fp32: no fp16 overflow
+    return product(weights.to(v.dtype), v)
 
 
 def _per_head_products(a: Tensor, b: Tensor) -> Tensor:
     """a @ b for a (B, H, 1, X) and b (B, H, X, Y) of a half-precision dtype on CPU, one 2-D product per (batch,
     head): b is a view of a cache whose (batch, head) matrices lie ``cap`` rows apart, and PyTorch's batched
-    half-precision product copies such a view whole first (3.9 ms for 4 heads of 16k keys; 0.3 ms as 4 products)."""
+    half-precision product copies such a view whole first (3.9 ms for 4 heads of 16k keys; 0.3 ms as 4 products).
+    Differentiable where a gradient is wanted (the products are then stacked)."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return torch.stack([x @ y for x, y in zip(a.flatten(0, 1), b.flatten(0, 1))]).unflatten(0, b.shape[:2])
     out = a.new_empty(*b.shape[:2], 1, b.size(-1))
     rows, mats, outs = a.flatten(0, 1), b.flatten(0, 1), out.flatten(0, 1)
     for i in range(rows.size(0)):
