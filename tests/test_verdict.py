@@ -34,13 +34,17 @@ def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
     ref = Figures("r", "reference R", 1000, **dict(ALL_MET, cache_64k=1.0), reference=True)
     text = markdown_verdict([winner, near, far])
     assert "**Every goal met:** design A" in text and "Closest" not in text
-    assert "| design A | 300 | **0.995** |" in text and "| 6 of 6 measured |" in text
+    assert "| design A | 300 | **0.9950** |" in text and "| 6 of 6 measured |" in text
     text = markdown_verdict([ref, near, far])
     assert closest([ref, near, far]) is ref
+    # as many goals met: the fewer missed wins, whatever is not measured
+    untested = Figures("u", "design U", 300, ratio=0.99, longppl_ratio=0.9, eval_time=0.5, cache_64k=0.3)
+    missing = Figures("m", "design M", 300, **dict(ALL_MET, ratio=1.2, ruler_8l=0.1))
+    assert closest([missing, untested]) is untested
     assert "Closest row: reference R, 5 goals met; short on cache_64k 1.000x against 0.500x; not measured: none." in text
     assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: ruler_8l."
             in text)
-    assert "| design C | 300 | 1.200 | - |" in text
+    assert "| design C | 300 | 1.2000 | - |" in text
 
 
 @pytest.mark.parametrize("name,kept", [

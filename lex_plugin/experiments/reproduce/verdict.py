@@ -6,7 +6,7 @@ far context (LongPPL at 16l below LongPPL at l), retrieves (greedy passkey >= 0.
 ReRoPE's RULER-lite mean at 8l (0.54), evaluates in at most 1.1x full attention's time at 16k and keeps at most half
 of full attention's key/value cache at 64k. The flatness goal is read at its stated precision, rounding half up (a ratio
 below 1.005 is 1.00 and meets it; 1.005 does not). Where no row meets every goal, the closest is the row with the most goals
-met (then the fewest unmeasured), and its shortfalls say by how much.
+met (then the fewest missed, then the fewest unmeasured), and its shortfalls say by how much.
 
 A row's figures (:class:`Figures`) come from a reproduction's work directory (:func:`design_figures`: the run's length
 report, its passkey reports after fine-tuning, a LongPPL report, the benchmarks' JSON) or, for the reference methods
@@ -75,7 +75,7 @@ class Goal:
 
 
 GOALS = (
-    Goal("ratio", "flat: ppl(16l)/ppl(l) <= 1.00", lambda v: v < 1.005, 1.0, "{:.3f}"),
+    Goal("ratio", "flat: ppl(16l)/ppl(l) <= 1.00", lambda v: v < 1.005, 1.0, "{:.4f}"),
     Goal("longppl_ratio", "far context: LongPPL 16l/l < 1", lambda v: v < 1.0, 1.0, "{:.2f}"),
     Goal("greedy_16l", "retrieves: greedy passkey 16l >= 0.9", lambda v: v >= 0.9, 0.9, "{:.2f}"),
     Goal("ruler_8l", "RULER-lite 8l > 0.54", lambda v: v > 0.54, 0.54, "{:.2f}"),
@@ -93,10 +93,12 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
 
 
 def closest(rows: Sequence[Figures]) -> Optional[Figures]:
-    """The row with the most goals met, then the fewest not measured; None for no rows."""
+    """The row with the most goals met, then the fewest missed, then the fewest not measured (the first such row);
+    None for no rows."""
     if not rows:
         return None
-    return max(rows, key=lambda f: (sum(_met(f, g) is True for g in GOALS), -sum(_met(f, g) is None for g in GOALS)))
+    return max(rows, key=lambda f: (sum(_met(f, g) is True for g in GOALS), -sum(_met(f, g) is False for g in GOALS),
+                                    -sum(_met(f, g) is None for g in GOALS)))
 
 
 def _shortfalls(f: Figures) -> List[str]:
