@@ -11,7 +11,7 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (845 tests; 2 quiet cores: 15 min 57 s for 787 of them on a CPU with native bf16, 22 min 50 s for the earlier 715 on one without it; 22 min 3 s for all 843 with a third process running, measured).
+# README command 2: the test suite (873 tests; 2 quiet cores: 14 min 42 s, measured; 30 min 42 s beside a training job).
 # Two workers (pytest-xdist), one thread each: much of the suite is process start-up and fairseq's imports,
 # which a second core halves; one thread per worker keeps the two from oversubscribing the cores.
 test: install
