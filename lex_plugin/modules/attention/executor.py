@@ -6,9 +6,9 @@ cache stores keys rotated at its centre, ``center``), (2) asks the scheme for it
 builds SDPA's mask, the cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused
 kernels), or an explicit boolean / additive float mask (:func:`additive_mask`), and (4) calls
 ``F.scaled_dot_product_attention``, except for one query over a feature-major generation cache
-(``KeyValueCache``) or a bf16 / fp16 one on CPU, which runs as two matrix-vector products (:func:`_one_query`). Sink tokens (StreamingLLM, LM-Infinite)
-are keys placed at virtual positions: the scheme rotates them (or biases them) there, and the executor
-scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
+(``KeyValueCache``) or a bf16 / fp16 one on CPU, which runs as two matrix-vector products (:func:`_one_query`).
+Sink tokens (StreamingLLM, LM-Infinite) are keys placed at virtual positions: the scheme rotates them (or
+biases them) there, and the executor scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
 per-sample position ids for the same dense chunks. Learned sink logits (gpt-oss: one per head, joining every
 softmax's denominator with no value) enter every chunk shape: an extra key in each SDPA call (:func:`_sdpa`), an
 extra column where logits are explicit, an extra piece where pieces merge by their log-sum-exps. With an
