@@ -232,3 +232,17 @@ def test_the_sink_token_is_recorded_and_exported():
         for _ in range(5):
             ids = torch.cat([ids, model(ids)[0][:, -1:].argmax(-1)], 1)
         assert torch.equal(greedy, ids)
+
+
+def test_the_analysis_refuses_a_sink_token_model_with_a_clear_message():
+    """The resolution analysis counts logits by distance; with a sink token at position 0 it would shift the text's
+    pairs by one (it crashed on the 300-update run): refused, saying what to do."""
+    from lex_plugin.analysis import score_by_distance
+
+    model = build_lex_model(tokens_per_sample=L, sink_token=True, seed=7)
+    tokens = random_tokens(model.decoder.dictionary, 1, L)
+    with pytest.raises(ValueError, match="trained with --sink-token"):
+        score_by_distance(model, tokens, AttentionSpec())
+    plain = build_lex_model(tokens_per_sample=L, seed=7)
+    sums, counts = score_by_distance(plain, tokens, AttentionSpec())
+    assert counts[0] == L and counts[L - 1] == 1

@@ -74,8 +74,16 @@ def score_by_distance(model, tokens: Tensor, spec: AttentionSpec):
     Returns:
         (sums, counts): sums (layers, H, L) float64 of a_{i, i-n} over texts and queries; counts (L,) int64,
         the number of visible pairs at each distance over the batch.
+
+    Raises:
+        ValueError: a model trained with ``--sink-token``: its sink key sits at position 0 ahead of the text, and the
+            logits are not yet counted apart from it (the text's pairs would be shifted by one).
     """
     decoder = model.decoder
+    if getattr(decoder, "sink_positions", 0):
+        raise ValueError("this checkpoint was trained with --sink-token: the analysis tools count logits by distance and "
+                         "do not yet separate the sink key at position 0 from the text's keys. Analyse a model trained "
+                         "without --sink-token (its perplexity and probes are unaffected).")
     window = spec.window
     bsz, length = tokens.shape
     heads = decoder.layers[0].self_attn.num_heads

@@ -337,12 +337,14 @@ def _steps_of(method: str) -> int:
 
 
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
-    """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4), two per
+    """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4; 2 with a
+    sink token), two per
     budget, its methods' steps; the data-bin and each probe's data once, unless already written."""
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
-            + sum(4 + 2 * len(budgets) + sum(map(_steps_of, run_methods[n])) for n in runs)
+            + sum(2 + (0 if "--sink-token" in map(str, RUNS[n][0]) else 2) + 2 * len(budgets)
+                  + sum(map(_steps_of, run_methods[n])) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
             + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
@@ -351,7 +353,8 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
 def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, budgets: Sequence[int]) -> None:
     """Train ``r`` (a snapshot at each budget, each evaluated as the last checkpoint is), evaluate the last
     checkpoint at every length (ablations: l and 8l) under full / sliding / BCA (ablations: full / BCA), and
-    measure attention resolution at l and 2l under full attention and BCA."""
+    measure attention resolution at l and 2l under full attention and BCA (not for a run with a sink token, which the
+    analysis refuses)."""
     l, lengths = o.training_length, o.lengths
     ckpt_dir, ckpt = r.ckpt.parent, r.ckpt
     windows = ["full", "bca"] if r.role == "ablation" else ["full", "sliding", "bca"]
@@ -367,6 +370,8 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
               r.dir / "train.done", ckpt, o.max_update)
     run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o),
         r.dir / "eval.log", r.dir / "length_report.json")
+    if "--sink-token" in map(str, r.args):  # the resolution analysis refuses a sink token (analysis.resolution)
+        return
     for w in ("full", "bca"):
         out = r.dir / f"resolution_{w}.json"
         run(f"resolution {r.name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), r.dir / f"resolution_{w}.log", out)
