@@ -409,3 +409,21 @@ def test_one_query_steps_equal_the_formula_with_padding(method, dtype):
                      scheme=XPos(D), q_start=t)
         assert got.dtype == dtype
         assert (got.double() - expected[:, :, t : t + 1]).abs().max() < (2e-5 if dtype == torch.float32 else 3e-2)
+
+
+def test_a_raw_cache_is_laid_out_for_one_query_under_a_position_map(monkeypatch):
+    """Under a position map the cache holds raw keys; single steps re-lay it feature-major (the one-row step reads
+    values as long rows) and the logits stay those of one parallel forward."""
+    from lex_plugin.modules.attention import kv_cache
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 20)
+    model = build_lex_model(pos_emb="xpos", decoder_layers=2).eval()
+    spec = AttentionSpec(position_map=position_map_from_options("self_extend", L_TRAIN))
+    tokens = random_tokens(model.decoder.dictionary, 1, 3 * L_TRAIN)
+    with torch.no_grad():
+        parallel = model(tokens, spec=spec)[0]
+        state = {}
+        outs = [model(tokens[:, : 2 * L_TRAIN], incremental_state=state, spec=spec)[0]]
+        outs += [model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(2 * L_TRAIN, 3 * L_TRAIN)]
+    assert model.decoder.layers[0].self_attn.cache(state).feature_major
+    assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4

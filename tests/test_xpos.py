@@ -229,3 +229,21 @@ def test_rotate_at_shortcuts_equal_the_general_path(use_scale, scaling):
     expected = scheme.rotate_at(x, zero.double(), center=0, keys=True, scaling=s)  # float64 angles and scales
     torch.testing.assert_close(scheme.rotate_at(x, zero, center=0, keys=True, scaling=s), expected, rtol=0, atol=1e-6)
     assert (scheme.rotate_at(x, zero, center=0, keys=True, scaling=s) is x) == (scaling is None)
+
+
+def test_far_apart_positions_keep_a_table_each(monkeypatch):
+    """A position map's generation step rotates at n and at a remapped n / G, far apart: each range keeps its own
+    table, so alternating between them builds two tables, not one per call (the sin / cos of TABLE_ROWS rows were
+    60% of a Self-Extend step when they shared one); the rotations equal freshly built tables."""
+    from lex_plugin.modules.positions.xpos import TABLE_ROWS, XPos
+
+    scheme = XPos(16, use_scale=False)
+    built = []
+    real = scheme._build
+    monkeypatch.setattr(scheme, "_build", lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    x = torch.randn(1, 2, 1, 16)
+    for step in range(6):
+        for n in (4 * TABLE_ROWS + step, TABLE_ROWS // 2 + step // 8):
+            got = scheme.rotate_at(x, torch.tensor([n]), center=0, keys=False)
+            assert torch.allclose(got, XPos(16, use_scale=False).rotate_at(x, torch.tensor([n]), center=0, keys=False))
+    assert len(built) == 2

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .catalogue import LABELS, RUNS, run_arguments
+from .catalogue import LABELS, RUNS
 
 __all__ = ["CONTEXT", "GOALS", "Figures", "Goal", "cache_fraction", "closest", "design_figures", "markdown_verdict",
            "plot_verdict", "reference_figures"]
@@ -182,20 +182,24 @@ def reference_figures(path: Path) -> List[Figures]:
     return rows
 
 
-def cache_fraction(name: str, training_length: int, context: int = CONTEXT) -> float:
-    """The key/value positions run ``name``'s model keeps at ``context`` over full attention's: a global layer keeps
-    every position, a local one its window's span (BCA l, a sliding window W, a chunk C); a sink token is one
-    position more in every layer."""
+def _run_options(name: str, training_length: int) -> dict:
+    """Run ``name``'s model options as ``build_random_lm`` keywords (``{"pos_emb": "rope", "layer_pattern": ...}``)."""
+    from ..benchmark import design_of
+
+    return design_of(f"full@{name}", training_length)[1]
+
+
+def cache_fraction(name: str, training_length: int, context: int = CONTEXT, arch: str = "lex_lm_tiny") -> float:
+    """The key/value positions run ``name``'s model (``arch``, the reproduction's default) keeps at ``context`` over
+    full attention's: a global layer keeps every position, a local one its window's span (BCA l, a sliding window W, a
+    chunk C); a sink token is one position more in every layer."""
+    from ...models.lex_lm import PRESETS
     from ...modules.layer_pattern import parse_layer_pattern
 
-    args = [str(a) for a in run_arguments(name, training_length)]
-
-    def option(flag: str) -> Optional[str]:
-        return args[args.index(flag) + 1] if flag in args else None
-
-    layers = int(option("--decoder-layers") or 4)
-    kinds = parse_layer_pattern(option("--layer-pattern"), option("--pos-emb"), layers, training_length)
-    sink = 1 if "--sink-token" in args else 0
+    options = _run_options(name, training_length)
+    layers = int(options.get("decoder_layers", PRESETS[arch]["decoder_layers"]))
+    kinds = parse_layer_pattern(options.get("layer_pattern"), options["pos_emb"], layers, training_length)
+    sink = 1 if options.get("sink_token") else 0
     kept = [context + sink if kind is None or kind.is_global else min(context, kind.window.span) + sink
             for kind in (kinds or [None] * layers)]
     return sum(kept) / (layers * context)
@@ -206,12 +210,13 @@ def _report(path: Path) -> Optional[dict]:
 
 
 def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
-    """{length: rows} of a report's full-attention rows without log-n (a length report's, or a probe's)."""
+    """{length: rows} of a report's full-attention rows without log-n or a RoPE scaling (a length report's, or a
+    probe's), the mode read as every table of the reproduction reads it (``tables._passkey_mode``)."""
+    from .tables import _passkey_mode
+
     out: Dict[int, List[dict]] = {}
     for r in (report or {}).get("results", []):
-        attention = r.get("attention") or {}
-        mode = attention.get("mode") or r["window"].split("(")[0]
-        if mode == "full" and not attention.get("logn") and not attention.get("rope_scaling"):
+        if _passkey_mode(r) == "full":
             out.setdefault(int(r["length"]), []).append(r)
     return out
 
@@ -247,8 +252,7 @@ def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size:
     --pos-emb) at ``size`` in a benchmark's JSON rows; time ratios from tokens/s (``inverse``) or ms/token."""
     if not rows:
         return None
-    args = run_arguments(name, 256)
-    base = str(args[args.index("--pos-emb") + 1])
+    base = _run_options(name, 256)["pos_emb"]  # (the base scheme does not depend on l)
     by_mode = {r["mode"]: r for r in rows if r.get(size_key) == size and key in r}
     mine, theirs = by_mode.get(f"full@{name}"), by_mode.get(f"full@{base}")
     if mine is None or theirs is None:
