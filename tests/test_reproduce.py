@@ -577,3 +577,35 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     swa_windows = commands["passkey_finetuned rnope_swa"][commands["passkey_finetuned rnope_swa"].index("--windows") + 1]
     gemma_windows = commands["passkey_finetuned gemma_5to1"][commands["passkey_finetuned gemma_5to1"].index("--windows") + 1]
     assert swa_windows == "full,bca,sliding,lm_infinite" and "rerope" in gemma_windows.split(","), (swa_windows, gemma_windows)
+
+
+def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, monkeypatch):
+    """A run trained with --sink-token is evaluated and probed with --sink-tokens 1 (its sink stays visible under BCA
+    and the sliding window, as in training); a run without one gets no sink flag; and its resolution steps are
+    skipped (the analysis refuses a sink token)."""
+    commands = {}
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey", "passkey_finetuned", "ruler", "longppl", "babilong"],
+                                       lambda key, done: None)
+
+    class Recording:
+        def __init__(self, work, steps):
+            pass
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            commands[key] = [str(c) for c in cmd]
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.touch()
+
+    monkeypatch.setattr(reproduce, "Runner", Recording)
+    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE),
+                          ("babilong-bin", "train.answers.npy")):
+        (work / bin_dir).mkdir(parents=True, exist_ok=True)
+        (work / bin_dir / done).touch()
+    reproduce.reproduce(work, o, ["xpos_sink_token", "rope_ssmax"], tmp_path, data)
+    probed = ["eval", "passkey", "passkey_finetuned", "ruler", "longppl", "babilong"]
+    for step in probed:
+        sink = commands[f"{step} xpos_sink_token"]
+        assert sink[sink.index("--sink-tokens") + 1] == "1", step
+        assert "--sink-tokens" not in commands[f"{step} rope_ssmax"], step
+    assert not any(k.startswith("resolution xpos_sink_token") for k in commands)
+    assert "resolution rope_ssmax full" in commands

@@ -312,6 +312,18 @@ class _Run:
     def ckpt(self) -> Path:
         return self.dir / "checkpoints" / "checkpoint_last.pt"
 
+    @property
+    def sink_token(self) -> bool:
+        """Trained with a sink token (``--sink-token``)."""
+        return "--sink-token" in map(str, self.args)
+
+    @property
+    def window_flags(self) -> tuple:
+        """The evaluation flags every bounded window of this run takes: ``--sink-tokens 1`` for a run trained with a
+        sink token, so that BCA and the sliding window keep it visible as it was in training (StreamingLLM section
+        3.3); none otherwise."""
+        return ("--sink-tokens", 1) if self.sink_token else ()
+
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
     """Whether a global layer of the run has positions a position map could remap: every run but a layer pattern
@@ -364,13 +376,13 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
         _train_to(run, f"train {r.name} to {budget}", train_command(data, ckpt_dir, list(r.args), o, updates=budget),
                   r.dir / "train.log", r.dir / f"train_u{budget}.done", ckpt, budget, snap)
         report = r.dir / f"length_report_u{budget}.json"
-        run(f"eval {r.name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o),
+        run(f"eval {r.name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o, r.window_flags),
             r.dir / f"eval_u{budget}.log", report)
     _train_to(run, f"train {r.name}", train_command(data, ckpt_dir, list(r.args), o), r.dir / "train.log",
               r.dir / "train.done", ckpt, o.max_update)
-    run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o),
+    run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o, r.window_flags),
         r.dir / "eval.log", r.dir / "length_report.json")
-    if "--sink-token" in map(str, r.args):  # the resolution analysis refuses a sink token (analysis.resolution)
+    if r.sink_token:  # the resolution analysis refuses a sink token (analysis.resolution)
         return
     for w in ("full", "bca"):
         out = r.dir / f"resolution_{w}.json"
@@ -394,7 +406,8 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                 r.dir / f"passkey_finetuned_{scaled}.log", out)
         return
     out = r.dir / f"{method}.json"
-    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary, ["--logn"] if method.endswith("_logn") else [],
+    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary,
+                                              ["--logn"] if method.endswith("_logn") else list(r.window_flags),
                                               position_maps=r.position_maps),
         r.dir / f"{method}.log", out)
 
@@ -417,7 +430,8 @@ def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: R
     run(f"{probe} finetune {r.name}", answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget),
         tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
     out = r.dir / report
-    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps), out.with_suffix(".log"), out)
+    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps, extra=r.window_flags),
+        out.with_suffix(".log"), out)
 
 
 def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
@@ -425,7 +439,7 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
     (:data:`METHODS`, the length evaluation under it)."""
     if method == "passkey":
         out = r.dir / "passkey.json"
-        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps),
+        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary, r.window_flags, position_maps=r.position_maps),
             r.dir / "passkey.log", out)
     elif method.startswith("passkey_finetuned"):
         _passkey_finetuned(run, r, method, work, data, o)
@@ -433,7 +447,8 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
         _answer_probe(run, r, method, work, data, o)
     elif method == "longppl":
         out = r.dir / LONGPPL_REPORT
-        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps),
+        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
+                                                 extra=r.window_flags),
             out.with_suffix(".log"), out)
     else:
         out = r.dir / f"method_{method}.json"

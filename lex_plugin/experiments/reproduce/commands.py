@@ -141,7 +141,7 @@ def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_a
 
 
 def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
-                  position_maps: bool = True) -> List:
+                  position_maps: bool = True, extra: Sequence = ()) -> List:
     """``lex ruler`` of ``ckpt``: every task at l, 2l, 4l and 8l, :data:`RULER_PROBE`'s depths and trials, under
     :func:`probe_windows`, writing the JSON ``out`` and a heat map
     per task beside it (``out``'s name + ``_TASK.png``)."""
@@ -149,17 +149,17 @@ def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary
     return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
             "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", RULER_PROBE["trials"], "--json", out,
-            "--plot", out.with_suffix(".png")]
+            "--plot", out.with_suffix(".png"), *extra]
 
 
 def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
-                    position_maps: bool = True) -> List:
+                    position_maps: bool = True, extra: Sequence = ()) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
     in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
     return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps)), out, o,
-                        ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only"])
+                        ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only", *extra])
 
 
 def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:
@@ -171,7 +171,7 @@ def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOption
 
 
 def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
-                     position_maps: bool = True) -> List:
+                     position_maps: bool = True, extra: Sequence = ()) -> List:
     """``lex babilong`` of ``ckpt``: :data:`BABILONG_FINETUNE`'s tasks at :data:`BABILONG_PROBE`'s multiples of l,
     its trials per cell, under :func:`probe_windows`, on the test split, writing the JSON ``out`` and its heat map
     beside it (same name, .png)."""
@@ -179,7 +179,7 @@ def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rot
     return [sys.executable, "-m", "lex_plugin.cli", "babilong", data, "--path", ckpt, "--tasks", BABILONG_FINETUNE["tasks"],
             "--lengths", ",".join(str(l * k) for k in BABILONG_PROBE["multiples"]),
             "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", BABILONG_PROBE["trials"], "--json", out,
-            "--plot", out.with_suffix(".png")]
+            "--plot", out.with_suffix(".png"), *extra]
 
 
 def resolution_command(data: Path, ckpt: Path, lengths: List[int], window: str, out: Path, o: ReproduceOptions) -> List:
