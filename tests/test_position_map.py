@@ -362,8 +362,28 @@ def test_a_generation_step_rotates_only_the_new_keys_of_each_far_piece(method, m
             outs.append(model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0])
             per_step.append(sum(rotated))
     assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4
-    # at most the exact pieces' keys (< l) and a few new ones per step, with a rare start-over at a new centre
-    assert sorted(per_step)[len(per_step) // 2] <= L_TRAIN + 2, per_step
+    # at most the exact pieces' keys (< l) and a few new ones per step, with a rare start-over at a new centre; DCA's
+    # three pieces share one rotated copy of the keys (each at m mod c about one centre): the new key alone
+    bound = 1 if method == "dca" else L_TRAIN + 2
+    assert sorted(per_step)[len(per_step) // 2] <= bound, per_step
+
+
+@pytest.mark.parametrize("method", METHODS, ids=str)
+def test_the_pieces_partition_the_pairs_at_the_formula_distance(method):
+    """Every (query, key) pair of a block is scored by exactly one piece, at the paper's distance (its query position
+    minus its key position), for blocks inside one DCA chunk (whole ranges, no select) and straddling chunks."""
+    for n0, n1, m0 in ((40, 41, 0), (40, 48, 0), (17, 60, 0), (100, 101, 5), (70, 90, 30)):
+        n, m = torch.arange(n0, n1), torch.arange(m0, n1)
+        count = torch.zeros(n.numel(), m.numel(), dtype=torch.long)
+        for piece in method.pieces(n, m):
+            select = torch.ones(n.numel(), piece.hi - piece.lo, dtype=torch.bool) if piece.select is None else piece.select
+            count[:, piece.lo : piece.hi] += select
+            for i, j in select.nonzero().tolist():
+                if m[piece.lo + j] <= n[i]:
+                    got = float(piece.q_pos[i] - piece.k_pos[j])
+                    assert got == pytest.approx(paper_distance(method, int(n[i]), int(m[piece.lo + j]))), (n0, n1, i, j)
+        causal = m[None, :] <= n[:, None]
+        assert (count[causal] == 1).all(), (n0, n1, m0)
 
 
 def test_a_reorder_of_the_batch_starts_the_rotated_pieces_over():
@@ -388,15 +408,17 @@ def test_a_reorder_of_the_batch_starts_the_rotated_pieces_over():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("method", [m for m in METHODS if not isinstance(m, LeakyReRoPE)] + [LeakyReRoPE(L_TRAIN // 2, 4.0)],
                          ids=str)
-def test_one_query_steps_equal_the_formula_with_padding(method, dtype):
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_one_query_steps_equal_the_formula_with_padding(method, dtype, padded):
     """A generation step (one query over every key before it, as a cache holds them, the pieces' logits in one row and
-    one softmax) equals float64 attention at the paper's distances for rotary schemes, with a left-padded sample,
-    for the last queries of 4l; bf16 inputs within bf16's resolution."""
+    one softmax) equals float64 attention at the paper's distances for rotary schemes, with a left-padded sample
+    (and without padding: every key visible, no mask formed), for the last queries of 4l; bf16 inputs within bf16's
+    resolution."""
     torch.manual_seed(6)
     B, H, D, length = 2, 2, 16, 4 * L_TRAIN
     q, k, v = (torch.randn(B, H, length, D).to(dtype) for _ in range(3))
     pad = torch.zeros(B, length, dtype=torch.bool)
-    pad[1, :9] = True
+    pad[1, :9] = padded
     dist = torch.tensor([[paper_distance(method, n, m) if m <= n else 0.0 for m in range(length)]
                          for n in range(length)], dtype=torch.float64)
     allowed = (torch.ones(length, length, dtype=torch.bool).tril()[None, None] & ~pad[:, None, None, :]) | torch.eye(
@@ -404,8 +426,9 @@ def test_one_query_steps_equal_the_formula_with_padding(method, dtype):
     expected = naive(q, k, v, dist, allowed, "xpos", H)
     spec = AttentionSpec(position_map=method)
     for t in range(length - 5, length):
-        chunks = plan(spec.window, q_start=t, q_len=1, padded=True)
-        got = attend(q[:, :, t : t + 1], HeldKeys(k[:, :, : t + 1], v[:, :, : t + 1], pad[:, : t + 1]), chunks, spec=spec,
+        chunks = plan(spec.window, q_start=t, q_len=1, padded=padded)
+        got = attend(q[:, :, t : t + 1], HeldKeys(k[:, :, : t + 1], v[:, :, : t + 1], pad[:, : t + 1] if padded else None),
+                     chunks, spec=spec,
                      scheme=XPos(D), q_start=t)
         assert got.dtype == dtype
         assert (got.double() - expected[:, :, t : t + 1]).abs().max() < (2e-5 if dtype == torch.float32 else 3e-2)

@@ -316,48 +316,55 @@ class _Run:
         n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
         m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
         allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
-        if self.kpm is not None:
+        if self.kpm is None and qc.size(2) == 1 and int(m[-1]) <= int(n[0]):
+            allowed = None  # one query after every key: a position map's window (full) sees them all
+        elif self.kpm is not None:
             allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],
                                offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)  # (B, 1, Tq, Tk)
         if self.scheme.kind != "rotary":  # a bias at the remapped (integer) distance
+            allowed = torch.ones_like(n[:, None] >= m[None, :]) if allowed is None else allowed
             distance = position_map.distance(n[:, None], m[None, :]).clamp(min=0).long()
             bias = self.scheme.bias_at(distance, torch.zeros_like(distance))  # (H, Tq, Tk)
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), n[:, None] - m[None, :], allowed)
             return _sdpa(qc, kc, vc, attn_mask=_four_d(additive_mask(allowed, bias, qc.dtype)), sink=self._sink(1))
         rotated = []
-        # a generation cache keeps the keys of each piece that starts at the first key, rotated (RotatedPieces)
+        # a generation cache keeps the rotated keys of each kind of piece, from the first key (RotatedPieces)
         memo = self.rotated_pieces if chunk.k0 == 0 and self.k_start == 0 else None
         for piece in position_map.pieces(n, m):
-            # centred among the piece's queries: a selected key is never after its query, so keys only shrink
-            # (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the queries: fp16 overflows)
-            center = self.scheme.center_near(int(piece.q_pos.min() + piece.q_pos.max()) // 2)
+            # centred among the piece's queries (unless the map shares one centre): a selected key is never after its
+            # query, so keys only shrink (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the
+            # queries: fp16 overflows)
+            middle = int(piece.q_pos.min() + piece.q_pos.max()) // 2 if piece.center is None else piece.center
+            center = self.scheme.center_near(middle)
             rotate = partial(self.scheme.rotate_at, center=center, keys=True, scaling=self.scaling)
-            keys = (rotate(kc[:, :, piece.lo : piece.hi], piece.k_pos) if memo is None or piece.lo != 0
-                    else memo.keys(piece.kind, center, kc[:, :, : piece.hi], piece.k_pos, rotate))
+            keys = (rotate(kc[:, :, piece.lo : piece.hi], piece.k_pos) if memo is None
+                    else memo.keys(piece.kind, center, kc, piece.lo, piece.hi, piece.k_pos, rotate))
             rotated.append((piece, self.scheme.rotate_at(qc, piece.q_pos, center=center, keys=False, scaling=self.scaling),
                             keys))
         if self.observer is not None:
             logits = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)
             for piece, qr, kr in rotated:
                 part = logits[..., piece.lo : piece.hi]
-                part.copy_(torch.where(piece.select, _logits(qr, kr, None), part))
-            self.observer(logits, n[:, None] - m[None, :], allowed)
+                part.copy_(_logits(qr, kr, None) if piece.select is None else torch.where(piece.select, _logits(qr, kr, None), part))
+            self.observer(logits, n[:, None] - m[None, :], torch.ones_like(logits, dtype=torch.bool) if allowed is None else allowed)
         if qc.size(2) == 1 and (qc.dtype == torch.float32 or _half_step_on_cpu(qc)):
             # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
             scores = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)  # (B, H, 1, Tk) fp32
             for piece, qr, kr in rotated:
-                part, seen = scores[..., piece.lo : piece.hi], allowed[..., piece.lo : piece.hi] & piece.select
-                part.copy_(torch.where(seen, _step_logits(qr, kr), part))
+                part, seen = scores[..., piece.lo : piece.hi], _seen(allowed, piece)
+                part.copy_(_step_logits(qr, kr) if seen is None else torch.where(seen, _step_logits(qr, kr), part))
             return _weighted_values(scores, vc, self._sink(1))
         outs, lses = [], []
         for piece, qr, kr in rotated:
-            seen = allowed[..., piece.lo : piece.hi] & piece.select
-            # keys every query sees (a leading and a trailing run) need no mask: SDPA's plain kernel
-            full = seen.reshape(-1, seen.size(-2), seen.size(-1)).all(dim=1).all(dim=0)  # (keys,)
-            head = int(full.long().cumprod(0).sum())
-            tail = 0 if head == full.numel() else int(full.flip(0).long().cumprod(0).sum())
-            for a, b, masked in ((0, head, False), (head, full.numel() - tail, True), (full.numel() - tail, full.numel(), False)):
+            seen, keys = _seen(allowed, piece), piece.hi - piece.lo
+            head = tail = keys
+            if seen is not None:
+                # keys every query sees (a leading and a trailing run) need no mask: SDPA's plain kernel
+                full = seen.reshape(-1, seen.size(-2), seen.size(-1)).all(dim=1).all(dim=0)  # (keys,)
+                head = int(full.long().cumprod(0).sum())
+                tail = 0 if head == keys else int(full.flip(0).long().cumprod(0).sum())
+            for a, b, masked in ((0, head, False), (head, keys - tail, True), (max(head, keys - tail), keys, False)):
                 if b > a:
                     out, lse = _attention_lse(qr, kr[:, :, a:b], vc[:, :, piece.lo + a : piece.lo + b],
                                               seen[..., a:b] if masked else None)
@@ -590,6 +597,16 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return _weighted_values(scores, v, sink)
+
+
+def _seen(allowed: Optional[Tensor], piece) -> Optional[Tensor]:
+    """The pairs of ``piece`` (``position_map.Piece``) a query scores: the window's ``allowed`` ((Tq, Tk), or
+    (B, 1, Tq, Tk) with padding; None: every key) over the piece's range, and its ``select``; None where that is every
+    pair of the range."""
+    if allowed is None:
+        return piece.select
+    seen = allowed[..., piece.lo : piece.hi]
+    return seen if piece.select is None else seen & piece.select
 
 
 def _step_logits(q: Tensor, k: Tensor) -> Tensor:

@@ -74,40 +74,49 @@ class RotatedPieces:
     """A generation cache's keys as the pieces of its position map rotate them, kept between steps.
 
     Under a position map the cache holds raw keys, and each piece rotates the keys it selects at its own positions
-    (Self-Extend's far piece at floor(m / G), DCA's inter-chunk piece at m mod c, ...). A key's position in a piece
-    of one kind depends on the key alone, so the piece's rotated keys of indices 0 .. hi - 1 stay valid from step to
-    step while the piece's centre stays (xPos's scale is relative to it; RoPE's rotation too, as the executor applies
-    it): each step rotates only the keys added since. A new centre, or a reorder of the batch, starts over.
+    (Self-Extend's far piece at floor(m / G), DCA's pieces at m mod c, ...). A key's position in the pieces of one
+    kind depends on the key alone, so the kind's rotated keys of indices 0 .. filled - 1 stay valid from step to step
+    while its centre stays (xPos's scale is relative to it; RoPE's rotation too, as the executor applies it): each
+    step rotates only the keys added since, and a piece whose keys start at or before ``filled`` is a slice of them
+    (DCA's three pieces, taken in the order of their keys, share one copy). A new centre, fewer cached keys than
+    rotated ones (a cache started over), or a reorder of the batch starts over.
     """
 
     def __init__(self):
         self._held: dict = {}  # kind -> (centre, buffer (B, H, cap, D), rows filled)
 
-    def keys(self, kind: str, center: int, raw: Tensor, positions: Tensor, rotate) -> Tensor:
-        """The keys of indices 0 .. hi - 1 rotated at ``positions`` about ``center`` ((B, H, hi, D), a view).
+    def keys(self, kind: str, center: int, raw: Tensor, lo: int, hi: int, positions: Tensor, rotate) -> Tensor:
+        """The keys of indices lo .. hi - 1 rotated at ``positions`` about ``center`` ((B, H, hi - lo, D): a view of
+        the kept copy, or a fresh rotation when the copy has not reached ``lo``, which it then does not keep).
 
         Args:
             kind: the piece's kind (``position_map.Piece.kind``).
             center: the centre the piece rotates about.
-            raw: (B, H, hi, D) raw keys of indices 0 .. hi - 1.
-            positions: (hi,) the piece's position of each.
+            raw: (B, H, T, D) every raw key the cache holds (hi <= T).
+            lo, hi: the piece's key indices.
+            positions: (hi - lo,) the piece's position of each of its keys.
             rotate: ``rotate(keys, positions)``: the piece's rotation of some keys at some positions.
         """
-        hi = raw.size(2)
         held = self._held.get(kind)
-        if held is None or held[0] != center or held[2] > hi or held[1].size(0) != raw.size(0):
+        if held is None or held[0] != center or held[2] > raw.size(2) or held[1].size(0) != raw.size(0):
+            held = None
+            if lo > 0:  # nothing kept reaches the piece: rotate its keys alone
+                return rotate(raw[:, :, lo:hi], positions)
             buffer = raw.new_empty(*raw.shape[:2], max(MIN_CAPACITY, 2 * hi), raw.size(3))
             filled = 0
         else:
             _, buffer, filled = held
+            if filled < lo:
+                return rotate(raw[:, :, lo:hi], positions)
         if hi > filled:
             if hi > buffer.size(2):
                 grown = buffer.new_empty(*buffer.shape[:2], 2 * hi, buffer.size(3))
                 grown[:, :, :filled] = buffer[:, :, :filled]
                 buffer = grown
-            buffer[:, :, filled:hi] = rotate(raw[:, :, filled:hi], positions[filled:hi])
-        self._held[kind] = (center, buffer, hi)
-        return buffer[:, :, :hi]
+            buffer[:, :, filled:hi] = rotate(raw[:, :, filled:hi], positions[filled - lo :])
+            filled = hi
+        self._held[kind] = (center, buffer, filled)
+        return buffer[:, :, lo:hi]
 
     def clear(self) -> None:
         """Forget every piece's keys (a reorder of the batch)."""

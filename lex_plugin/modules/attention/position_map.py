@@ -54,18 +54,22 @@ class Piece(NamedTuple):
         q_pos: (Tq,) positions the queries are rotated at (int64 or float64).
         lo, hi: the range of key indices the piece may select (outside it, it selects nothing).
         k_pos: (hi - lo,) positions those keys are rotated at.
-        select: (Tq, hi - lo) bool: the pairs this piece scores (the pieces of a map partition the causal pairs).
-        kind: which piece of its map it is (``exact``, ``far``; DCA's ``intra``, ``successive``, ``inter``): a key's
-            position in a piece of one kind depends on the key alone, so a generation cache may keep each kind's
-            rotated keys (``kv_cache.RotatedPieces``).
+        select: (Tq, hi - lo) bool: the pairs this piece scores (the pieces of a map partition the causal pairs;
+            causality itself is the window's), or None: every pair of the range.
+        kind: the rotation its keys share with the map's other pieces of that kind (``exact``, ``far``; DCA's three
+            pieces are all ``chunk``: keys at m mod c): a key's position in a piece of one kind depends on the key
+            alone, so a generation cache keeps one rotated copy of each kind's keys (``kv_cache.RotatedPieces``).
+        center: the position its queries and keys are rotated about (rounded by the scheme's ``center_near``), or
+            None: the middle of its query positions. Pieces of one kind that share their keys share a centre.
     """
 
     q_pos: Tensor
     lo: int
     hi: int
     k_pos: Tensor
-    select: Tensor
+    select: Optional[Tensor]
     kind: str = ""
+    center: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -229,18 +233,23 @@ class DualChunk(PositionMap):
         return [blk for a, b in zip(cuts, cuts[1:]) for blk in PositionMap.query_blocks(self, a, b, block)]
 
     def pieces(self, n, m):
+        """The inter-chunk, successive-chunk and intra-chunk pieces, in the order of their keys. Every piece rotates
+        a key at m mod c about one centre (s / 2: queries and keys all lie in [0, s]), so the three share their
+        rotated keys (kind ``chunk``); queries within one chunk (``query_blocks``) select every key of each range."""
         c, k0 = self.chunk_length, int(m[0])
         first, last = int(n[0]) // c, int(n[-1]) // c
         chunk_n = torch.div(n, c, rounding_mode="floor")[:, None]
         out = []
-        for relation, lo, hi in (("intra", first * c, int(n[-1]) + 1), ("successive", (first - 1) * c, last * c),
-                                 ("inter", 0, (last - 1) * c)):
+        for relation, lo, hi in (("inter", 0, (last - 1) * c), ("successive", (first - 1) * c, last * c),
+                                 ("intra", first * c, int(n[-1]) + 1)):
             lo, hi = _range(m, lo - k0, hi - k0)
             if hi <= lo:
                 continue
-            gap = chunk_n - torch.div(m[lo:hi], c, rounding_mode="floor")[None, :]
-            select = gap == 0 if relation == "intra" else gap == 1 if relation == "successive" else gap >= 2
-            out.append(Piece(self._query(n, relation), lo, hi, m[lo:hi] % c, select, relation))
+            select = None
+            if first != last:  # queries straddling chunks: a staircase in every piece
+                gap = chunk_n - torch.div(m[lo:hi], c, rounding_mode="floor")[None, :]
+                select = gap == 0 if relation == "intra" else gap == 1 if relation == "successive" else gap >= 2
+            out.append(Piece(self._query(n, relation), lo, hi, m[lo:hi] % c, select, "chunk", self.chunk_size // 2))
         return out
 
     def __str__(self) -> str:
