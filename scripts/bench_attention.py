@@ -104,7 +104,8 @@ def main():
                             "--pos-emb", args.pos_emb], args.baseline,
                            lambda r: f"{r['tokens_per_s']:>9,.0f} tok/s  peak +{r['peak_mb_above_start']:,.0f} MB", skip)
     compare = args.baseline is not None
-    print(f"\n{args.arch}, --pos-emb {args.pos_emb}, training length l = {args.training_length}, batch 1, fp32, "
+    scheme = ("each @RUN its run's options; the others " if any("@" in m for m in modes) else "") + f"--pos-emb {args.pos_emb}"
+    print(f"\n{args.arch}, {scheme}, training length l = {args.training_length}, batch 1, fp32, "
           f"{benchmark.thread_count()} threads" + (f"; old: {args.baseline}" if compare else "") + "\n")
     columns = {m: [(f"{m} tok/s", "tokens_per_s", "{:,.0f}"), (f"{m} peak MB", "peak_mb_above_start", "{:,.0f}")] for m in modes}
     print(benchmark.sweep_table(rows, lengths, modes, columns, compare))

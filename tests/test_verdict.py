@@ -109,3 +109,21 @@ def test_references_are_checked_and_the_grid_is_readable(tmp_path, figures):  # 
     assert rows[0].reference and not rows[1].reference
     plot_verdict(rows, tmp_path / "verdict.png", "title")
     assert (tmp_path / "verdict.png").is_file() and not _overlaps(figures[-1])
+
+
+def test_a_deeper_design_is_timed_against_its_own_depth(tmp_path):
+    """Gemma's six layers are compared with a six-layer model of its scheme (``full@base:gemma_5to1``), never with the
+    four-layer RoPE run; without that row its cost is unmeasured. The base model keeps the run's scheme and depth only."""
+    from lex_plugin.experiments.benchmark import design_of
+
+    assert design_of("full@base:gemma_5to1", 256) == ("full", {"pos_emb": "rope", "decoder_layers": 6})
+    assert design_of("full@base:rnope_swa", 256) == ("full", {"pos_emb": "rope"})
+    (tmp_path / "runs" / "gemma_5to1").mkdir(parents=True)
+    (tmp_path / "runs" / "gemma_5to1" / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=9.0)]}))
+    rows = [{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
+            {"mode": "full@gemma_5to1", "length": 16384, "tokens_per_s": 3000.0}]
+    (tmp_path / "eval.json").write_text(json.dumps(rows))
+    assert design_figures(tmp_path, "gemma_5to1", 256, 300, eval_bench=tmp_path / "eval.json").eval_time is None
+    (tmp_path / "eval.json").write_text(json.dumps(rows + [{"mode": "full@base:gemma_5to1", "length": 16384,
+                                                             "tokens_per_s": 2000.0}]))
+    assert design_figures(tmp_path, "gemma_5to1", 256, 300, eval_bench=tmp_path / "eval.json").eval_time == pytest.approx(2 / 3)

@@ -60,9 +60,13 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
     return min(time_calls(lambda _: fn(), range(max(1, repeats))))
 
 
+BASE_OPTIONS = ("pos_emb", "decoder_layers")  # what a design's base model keeps of its options (``@base:RUN``)
+
+
 def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
     """A bench mode with an optional trained design (``full@rnope_swa``: a run of ``scripts/reproduce.py``, its
-    layer pattern's windows at ``training_length``): (the mode, the model options of that run as
+    layer pattern's windows at ``training_length``; ``full@base:gemma_5to1``: that run's base model, its --pos-emb
+    and depth without its design, the cost a design is compared with): (the mode, the model options of that run as
     ``build_random_lm`` keywords: ``{"pos_emb": "rope", "layer_pattern": ...}``; {} without one).
 
     Raises:
@@ -73,14 +77,15 @@ def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
     base, at, design = mode.partition("@")
     if not at:
         return mode, {}
-    if design not in RUNS:
-        raise ValueError(f"mode {mode!r}: {design!r} is not a run of scripts/reproduce.py ({', '.join(RUNS)}).")
-    args, options = [str(a) for a in run_arguments(design, training_length)], {}
+    kept, run = (BASE_OPTIONS, design[len("base:"):]) if design.startswith("base:") else (None, design)
+    if run not in RUNS:
+        raise ValueError(f"mode {mode!r}: {run!r} is not a run of scripts/reproduce.py ({', '.join(RUNS)}).")
+    args, options = [str(a) for a in run_arguments(run, training_length)], {}
     for i, arg in enumerate(args):
         if arg.startswith("--"):
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
             options[arg[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
-    return base, options
+    return base, options if kept is None else {k: v for k, v in options.items() if k in kept}
 
 
 def precision_of(mode: str) -> Tuple[str, Optional[object]]:

@@ -248,13 +248,16 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
 
 
 def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size: int, inverse: bool) -> Optional[float]:
-    """This design's figure over its base scheme's full attention (``full@NAME`` against ``full@BASE``, BASE the run's
-    --pos-emb) at ``size`` in a benchmark's JSON rows; time ratios from tokens/s (``inverse``) or ms/token."""
+    """This design's figure over its base model's full attention at ``size`` in a benchmark's JSON rows: ``full@NAME``
+    against ``full@base:NAME`` (the run's --pos-emb and depth, ``benchmark.design_of``), or against ``full@POS_EMB``
+    (the plain run of its scheme) for a run of the default depth; None where neither was measured. Time ratios from
+    tokens/s (``inverse``) or ms/token."""
     if not rows:
         return None
-    base = _run_options(name, 256)["pos_emb"]  # (the base scheme does not depend on l)
+    options = _run_options(name, 256)  # (the base scheme and depth do not depend on l)
     by_mode = {r["mode"]: r for r in rows if r.get(size_key) == size and key in r}
-    mine, theirs = by_mode.get(f"full@{name}"), by_mode.get(f"full@{base}")
+    mine = by_mode.get(f"full@{name}")
+    theirs = by_mode.get(f"full@base:{name}") or (None if "decoder_layers" in options else by_mode.get(f"full@{options['pos_emb']}"))
     if mine is None or theirs is None:
         return None
     return theirs[key] / mine[key] if inverse else mine[key] / theirs[key]
