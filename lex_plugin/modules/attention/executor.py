@@ -63,6 +63,11 @@ __all__ = ["Observer", "additive_mask", "attend", "see_self"]
 # queries per SDPA call under a rotary position map: each call copies its keys into their pieces' slots, so
 # larger blocks copy less often; each holds a (Tq, Tk) mask (executor.remapped)
 MAP_QUERY_BLOCK = 2048
+# A one-query step over a bf16 / fp16 cache on CPU runs its two products per (batch, head) in that dtype beyond this
+# many keys, and batched in fp32 on fp32 copies up to it: this CPU's half-precision products cost ~50 us a call
+# whatever their size, so over 256 keys (a BCA window) the fp32 copies are 5x faster, and over 16k keys the per-head
+# products 3.4x (examples/lex_lm/BENCHMARKS.md, "bf16 generation over short windows").
+HALF_STEP_FP32_KEYS = 2048
 
 # observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
 Observer = Callable[[Tensor, Tensor, Tensor], None]
@@ -579,9 +584,10 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     long contiguous rows, so a generation step reads each cached key and value once near the memory bandwidth
     (``lex_lm_tiny`` at a 64k context: 0.58-0.62 of the time of a step on PyTorch's CPU SDPA kernel;
     examples/lex_lm/BENCHMARKS.md, "Fourth run: generation at the memory bandwidth"). Over a bf16 / fp16 cache on CPU
-    (sequence-major, :func:`_half_step_on_cpu`) the products run in that dtype and the softmax in fp32: the logits
-    are rounded to the cache's dtype once (8 significant bits in bf16, as an eager half-precision attention), where
-    SDPA's fused kernel keeps them fp32.
+    (sequence-major, :func:`_half_step_on_cpu`) the softmax runs in fp32 and the products, over more than
+    :data:`HALF_STEP_FP32_KEYS` keys, per head in that dtype: the logits are then rounded to the cache's dtype once (8
+    significant bits in bf16, as an eager half-precision attention), where SDPA's fused kernel keeps them fp32; over
+    fewer keys, in fp32 on fp32 copies of the keys and values.
 
     Args:
         q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype; bias: (H, 1, S) or None;
@@ -609,27 +615,37 @@ def _seen(allowed: Optional[Tensor], piece) -> Optional[Tensor]:
     return seen if piece.select is None else seen & piece.select
 
 
+def _half_products_per_head(x: Tensor) -> bool:
+    """Whether one query's products over ``x`` (B, H, S, D) keys or values run per (batch, head) in x's half precision
+    (:func:`_per_head_products`): more than :data:`HALF_STEP_FP32_KEYS` of them. At or below it, and in fp32, they run
+    batched in fp32 (on fp32 copies of half-precision keys and values)."""
+    return x.dtype != torch.float32 and x.size(-2) > HALF_STEP_FP32_KEYS
+
+
 def _step_logits(q: Tensor, k: Tensor) -> Tensor:
     """q k^T / sqrt(D), (B, H, 1, S) fp32, for one query q (B, H, 1, D) over keys k (B, H, S, D) of q's dtype: one
-    batched product in fp32; per (batch, head) in half precision on CPU (:func:`_per_head_products`), the logits
-    rounded to that precision once before the cast (SDPA's fused kernel keeps them fp32: against float64, up to about
-    5x its error where attention is peaked, tests/test_autocast.py)."""
-    if q.dtype == torch.float32:
-        return (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-1, -2)
-    return _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
+    batched product in fp32 (on fp32 copies of half-precision keys up to :data:`HALF_STEP_FP32_KEYS`); per (batch,
+    head) in half precision on CPU beyond (:func:`_per_head_products`), the logits rounded to that precision once
+    before the cast (SDPA's fused kernel keeps them fp32: against float64, up to about 5x its error where attention
+    is peaked, tests/test_autocast.py)."""
+    if _half_products_per_head(k):
+        return _per_head_products(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(q.size(-1)))
+    return (q.float() * (1.0 / math.sqrt(q.size(-1)))) @ k.float().transpose(-1, -2)
 
 
 def _weighted_values(scores: Tensor, v: Tensor, sink: Optional[Tensor]) -> Tensor:
     """softmax(scores) v for one query: scores (B, H, 1, S) fp32 (-inf where unseen), v (B, H, S, D); with learned sink
-    logits ``sink`` (1, H, 1, 1) fp32 in the denominator only. Returns (B, H, 1, D) in v's dtype."""
-    product = torch.matmul if v.dtype == torch.float32 else _per_head_products
+    logits ``sink`` (1, H, 1, 1) fp32 in the denominator only. The product as :func:`_step_logits`'s. Returns
+    (B, H, 1, D) in v's dtype."""
     if sink is None:
-        return product(torch.softmax(scores, dim=-1).to(v.dtype), v)
-    # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
-    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
-    weights = torch.exp(scores - top)
-    weights = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))  # normalised in fp32: no fp16 overflow
-    return product(weights.to(v.dtype), v)
+        weights = torch.softmax(scores, dim=-1)
+    else:  # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
+        top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
+        weights = torch.exp(scores - top)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))  # normalised in fp32: no fp16 overflow
+    if _half_products_per_head(v):
+        return _per_head_products(weights.to(v.dtype), v)
+    return (weights @ v.float()).to(v.dtype)
 
 
 def _per_head_products(a: Tensor, b: Tensor) -> Tensor:
