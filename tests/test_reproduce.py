@@ -577,6 +577,10 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     swa_windows = commands["passkey_finetuned rnope_swa"][commands["passkey_finetuned rnope_swa"].index("--windows") + 1]
     gemma_windows = commands["passkey_finetuned gemma_5to1"][commands["passkey_finetuned gemma_5to1"].index("--windows") + 1]
     assert swa_windows == "full,bca,sliding,lm_infinite" and "rerope" in gemma_windows.split(","), (swa_windows, gemma_windows)
+    # a design's fine-tuned passkey is also probed at 16l under full attention (the verdict's greedy column)
+    at_16l = commands["passkey_finetuned rnope_swa 16l"]
+    assert at_16l[at_16l.index("--lengths") + 1] == str(16 * L) and at_16l[at_16l.index("--windows") + 1] == "full"
+    assert at_16l[at_16l.index("--json") + 1].endswith("rnope_swa/passkey_finetuned_16l.json")
 
 
 def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, monkeypatch):
@@ -587,9 +591,11 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey", "passkey_finetuned", "ruler", "longppl", "babilong"],
                                        lambda key, done: None)
 
+    announced = []
+
     class Recording:
         def __init__(self, work, steps):
-            pass
+            announced.append(steps)
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
             commands[key] = [str(c) for c in cmd]
@@ -609,3 +615,6 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
         assert "--sink-tokens" not in commands[f"{step} rope_ssmax"], step
     assert not any(k.startswith("resolution xpos_sink_token") for k in commands)
     assert "resolution rope_ssmax full" in commands
+    # the 16l probe is full attention alone, which takes no sink flag; the steps announced are the steps taken
+    assert "--sink-tokens" not in commands["passkey_finetuned xpos_sink_token 16l"]
+    assert announced == [len(commands)]

@@ -339,13 +339,14 @@ def _drope_start(o: ReproduceOptions) -> int:
     return o.max_update - max(1, round(DROPE_FRACTION * o.max_update))
 
 
-def _steps_of(method: str) -> int:
-    """The runner steps of one method on one run: a probe after fine-tuning is the fine-tuning and its probes."""
+def _steps_of(method: str, design: bool = False) -> int:
+    """The runner steps of one method on one run (a trained ``design``, or not): a probe after fine-tuning is the
+    fine-tuning and its probes (a design's passkey also at 16l)."""
     if method in ("ruler", "babilong"):
         return 2
     if not method.startswith("passkey_finetuned"):
         return 1
-    return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 1)
+    return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 2 if design and method == "passkey_finetuned" else 1)
 
 
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
@@ -356,7 +357,7 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
             + sum(2 + (0 if "--sink-token" in map(str, RUNS[n][0]) else 2) + 2 * len(budgets)
-                  + sum(map(_steps_of, run_methods[n])) for n in runs)
+                  + sum(_steps_of(m, RUNS[n][1] in ("design", "drope")) for m in run_methods[n]) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
             + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
@@ -391,7 +392,8 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
 
 def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
     """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
-    (``passkey_finetuned``, ``_logn`` with log-n), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``)."""
+    (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention,
+    ``passkey_finetuned_16l.json``), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``)."""
     l, passkey_bin, tuned = o.training_length, work / "passkey-bin", r.dir / "passkey_ft" / "checkpoint_last.pt"
     if not (passkey_bin / "train.idx").exists():
         run("passkey data", passkey_data_command(data, r.ckpt, passkey_bin, o), work / "passkey-data.log",
@@ -410,6 +412,10 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                                               ["--logn"] if method.endswith("_logn") else list(r.window_flags),
                                               position_maps=r.position_maps),
         r.dir / f"{method}.log", out)
+    if method == "passkey_finetuned" and r.role in ("design", "drope"):  # the trained designs' verdict reads 16l too
+        out = r.dir / "passkey_finetuned_16l.json"
+        run(f"{method} {r.name} 16l", passkey_command(data, tuned, out, o, lengths=[16 * l], windows=["full"]),
+            r.dir / "passkey_16l.log", out)
 
 
 def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: ReproduceOptions) -> None:
