@@ -25,7 +25,8 @@ def main():
     p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
     p.add_argument("--training-length", type=int, default=256)
     p.add_argument("--longppl-dir", type=Path, help="NAME.json: each run's eval-lm report with --longppl")
-    p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN and full@BASE rows")
+    p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN rows and full@base:RUN (a deeper run) "
+                   "or full@POS_EMB rows")
     p.add_argument("--gen-bench", type=Path, help="scripts/bench_generation.py --json-out, the same modes")
     p.add_argument("--reference", type=Path, action="append", default=[], help="a JSON list of transcribed rows, first")
     p.add_argument("-o", "--plot", type=Path, help="the PNG")

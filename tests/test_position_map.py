@@ -450,3 +450,65 @@ def test_a_raw_cache_is_laid_out_for_one_query_under_a_position_map(monkeypatch)
         outs += [model(tokens[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(2 * L_TRAIN, 3 * L_TRAIN)]
     assert model.decoder.layers[0].self_attn.cache(state).feature_major
     assert (torch.cat(outs, 1) - parallel).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("queries", [1, 64])
+def test_dca_keeps_xpos_finite_in_fp16_at_a_large_chunk_size(queries):
+    """DCA's pieces share one centre (s / 2) only where the scale allows it about every position they use: at l = 16k
+    (s = 12288) xPos's scale about s / 2 leaves fp16's range, so each piece takes its own centre again, and queries
+    of the second chunk (one step, and a block of 64) stay finite and equal fp32's within fp16's resolution."""
+    method, D = DualChunk(12288, 1024), 16
+    c = method.chunk_length
+    scheme = XPos(D)
+    assert scheme.max_center_offset(torch.float16) < method.max_position - scheme.center_near(method.max_position // 2)
+    torch.manual_seed(11)
+    total = c + 101
+    q, k, v = (torch.randn(1, 2, total, D) for _ in range(3))
+    spec = AttentionSpec(position_map=method)
+    t = total - queries
+    out = {}
+    for dtype in (torch.float32, torch.float16):
+        chunks = plan(spec.window, q_start=t, q_len=queries)
+        out[dtype] = attend(q[:, :, t:].to(dtype), HeldKeys(k.to(dtype), v.to(dtype)), chunks, spec=spec, scheme=scheme,
+                            q_start=t)
+    assert torch.isfinite(out[torch.float16]).all()
+    assert (out[torch.float16].float() - out[torch.float32]).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("method", METHODS, ids=str)
+def test_an_observer_of_one_query_gets_the_windows_mask(method):
+    """A one-query step with no padding forms no mask for its own softmax, but its observer still gets the (Tq, Tk)
+    visibility of the window (what lex resolution expands over its logits) and the logits of every key."""
+    torch.manual_seed(4)
+    D, t = 16, 3 * L_TRAIN
+    q, k, v = (torch.randn(1, 2, t + 1, D) for _ in range(3))
+    seen = []
+    attend(q[:, :, t:], HeldKeys(k, v), plan(AttentionWindow.full(), q_start=t, q_len=1),
+           spec=AttentionSpec(position_map=method), scheme=XPos(D), q_start=t,
+           observer=lambda logits, distance, visible: seen.append((logits.shape, visible.shape, bool(visible.all()))))
+    assert seen == [(torch.Size([1, 2, 1, t + 1]), torch.Size([1, t + 1]), True)]
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if not isinstance(m, LeakyReRoPE)] + [LeakyReRoPE(L_TRAIN // 2, 4.0)],
+                         ids=str)
+def test_bf16_steps_over_a_long_cache_take_per_head_products_and_equal_the_formula(method, monkeypatch):
+    """Past HALF_STEP_FP32_KEYS keys a bf16 step under a position map runs its long pieces' products per head in bf16:
+    the last queries of 2,600 keys equal float64 attention at the paper's distances within bf16's resolution."""
+    from lex_plugin.modules.attention import executor
+
+    calls = []
+    original = executor._per_head_products
+    monkeypatch.setattr(executor, "_per_head_products", lambda a, b: calls.append(1) or original(a, b))
+    torch.manual_seed(8)
+    B, H, D, length = 1, 2, 16, 2600
+    q, k, v = (torch.randn(B, H, length, D).bfloat16() for _ in range(3))
+    spec = AttentionSpec(position_map=method)
+    for t in (length - 2, length - 1):
+        dist = torch.tensor([[paper_distance(method, t, m) for m in range(t + 1)]], dtype=torch.float64)
+        expected = naive(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], dist,
+                         torch.ones(1, t + 1, dtype=torch.bool), "xpos", H)
+        got = attend(q[:, :, t : t + 1], HeldKeys(k[:, :, : t + 1], v[:, :, : t + 1]), plan(spec.window, q_start=t, q_len=1),
+                     spec=spec, scheme=XPos(D), q_start=t)
+        assert got.dtype == torch.bfloat16
+        assert (got.double() - expected).abs().max() < 3e-2
+    assert calls

@@ -319,9 +319,9 @@ class _Run:
 
     @property
     def window_flags(self) -> tuple:
-        """The evaluation flags every bounded window of this run takes: ``--sink-tokens 1`` for a run trained with a
-        sink token, so that BCA and the sliding window keep it visible as it was in training (StreamingLLM section
-        3.3); none otherwise."""
+        """The evaluation flags of this run's BCA and sliding-window modes (the modes that take sinks; the others drop
+        them): ``--sink-tokens 1`` for a run trained with a sink token, so that those windows keep it visible as it
+        was in training (StreamingLLM section 3.3); none otherwise."""
         return ("--sink-tokens", 1) if self.sink_token else ()
 
 

@@ -270,7 +270,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction probes l..8l, and the
     16l file is ``lex passkey --lengths 16l --windows full`` on the fine-tuned checkpoint ``passkey_ft/``), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
-    ``bench_generation.py`` JSON with ``full@NAME`` and ``full@BASE`` rows) and the cache fraction at 64k.
+    ``bench_generation.py`` JSON with ``full@NAME`` rows and ``full@base:NAME`` or ``full@POS_EMB`` rows: :func:`_bench_ratio`) and the cache fraction at 64k.
 
     Raises:
         KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run has no length report.

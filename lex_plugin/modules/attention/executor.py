@@ -303,7 +303,8 @@ class _Run:
         piece) and attends, on SDPA's fused CPU kernel, to the keys it selects, returning its output and the
         log-sum-exp of its logits (:func:`_attention_lse`); the pieces' outputs are merged by their log-sum-exps,
         which is one softmax over every key. A generation step's one query (fp32, or bf16 / fp16 on CPU) instead
-        scores every piece into one row of logits and takes one softmax (:func:`_step_logits`). Bias schemes: one SDPA
+        scores every piece into one row of logits and takes one softmax (:func:`_step_logits`; in half precision each
+        piece's product in fp32 or per head by its own key count, so one row may hold both). Bias schemes: one SDPA
         call, biased at the remapped distance.
 
         Queries go in the map's blocks of at most ``MAP_QUERY_BLOCK`` (``PositionMap.query_blocks``: DCA's also end
@@ -320,14 +321,13 @@ class _Run:
         dev = qc.device
         n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
         m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
-        allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
-        if self.kpm is None and qc.size(2) == 1 and int(m[-1]) <= int(n[0]):
-            allowed = None  # one query after every key: a position map's window (full) sees them all
-        elif self.kpm is not None:
+        allowed = None  # one query after every key, no padding: a position map's window (full) sees them all
+        if self.kpm is not None or qc.size(2) > 1 or int(m[-1]) > int(n[0]) or self.scheme.kind != "rotary":
+            allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
+        if self.kpm is not None:
             allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],
                                offset=chunk.q0 - chunk.k0 + self.q_start - self.k_start)  # (B, 1, Tq, Tk)
         if self.scheme.kind != "rotary":  # a bias at the remapped (integer) distance
-            allowed = torch.ones_like(n[:, None] >= m[None, :]) if allowed is None else allowed
             distance = position_map.distance(n[:, None], m[None, :]).clamp(min=0).long()
             bias = self.scheme.bias_at(distance, torch.zeros_like(distance))  # (H, Tq, Tk)
             if self.observer is not None:
@@ -336,12 +336,15 @@ class _Run:
         rotated = []
         # a generation cache keeps the rotated keys of each kind of piece, from the first key (RotatedPieces)
         memo = self.rotated_pieces if chunk.k0 == 0 and self.k_start == 0 else None
+        limit = self.scheme.max_center_offset(qc.dtype, self.scaling)  # None: no scale, any centre is exact
         for piece in position_map.pieces(n, m):
-            # centred among the piece's queries (unless the map shares one centre): a selected key is never after its
-            # query, so keys only shrink (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the
-            # queries: fp16 overflows)
-            middle = int(piece.q_pos.min() + piece.q_pos.max()) // 2 if piece.center is None else piece.center
-            center = self.scheme.center_near(middle)
+            # the map's shared centre where the scheme's scale allows it about every position the map uses; else
+            # centred among the piece's queries: a selected key is never after its query, so keys only shrink
+            # (Self-Extend's far keys at m / G would otherwise put zeta^(n / 2GB) on the queries: fp16 overflows), and
+            # the pieces of one kind no longer share their rotated keys (RotatedPieces keeps one centre's)
+            center = None if piece.center is None else self.scheme.center_near(piece.center)
+            if center is None or (limit is not None and max(center, position_map.max_position - center) > limit):
+                center = self.scheme.center_near(int(piece.q_pos.min() + piece.q_pos.max()) // 2)
             rotate = partial(self.scheme.rotate_at, center=center, keys=True, scaling=self.scaling)
             keys = (rotate(kc[:, :, piece.lo : piece.hi], piece.k_pos) if memo is None
                     else memo.keys(piece.kind, center, kc, piece.lo, piece.hi, piece.k_pos, rotate))
@@ -352,7 +355,7 @@ class _Run:
             for piece, qr, kr in rotated:
                 part = logits[..., piece.lo : piece.hi]
                 part.copy_(_logits(qr, kr, None) if piece.select is None else torch.where(piece.select, _logits(qr, kr, None), part))
-            self.observer(logits, n[:, None] - m[None, :], torch.ones_like(logits, dtype=torch.bool) if allowed is None else allowed)
+            self.observer(logits, n[:, None] - m[None, :], self.window.allowed(n[:, None], m[None, :]) if allowed is None else allowed)
         if qc.size(2) == 1 and (qc.dtype == torch.float32 or _half_step_on_cpu(qc)):
             # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
             scores = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)  # (B, H, 1, Tk) fp32

@@ -59,8 +59,10 @@ class Piece(NamedTuple):
         kind: the rotation its keys share with the map's other pieces of that kind (``exact``, ``far``; DCA's three
             pieces are all ``chunk``: keys at m mod c): a key's position in a piece of one kind depends on the key
             alone, so a generation cache keeps one rotated copy of each kind's keys (``kv_cache.RotatedPieces``).
-        center: the position its queries and keys are rotated about (rounded by the scheme's ``center_near``), or
-            None: the middle of its query positions. Pieces of one kind that share their keys share a centre.
+        center: the position its queries and keys are rotated about (rounded down by the scheme's ``center_near``)
+            where every position the map uses (0 .. ``PositionMap.max_position``) lies within the scale's range of
+            it; otherwise, or None, the middle of its query positions. Pieces of one kind share their rotated keys
+            while they share a centre.
     """
 
     q_pos: Tensor
@@ -79,6 +81,12 @@ class PositionMap:
 
     name: ClassVar[str] = ""
     integer: ClassVar[bool] = True  # remapped distances are integers (bias schemes can take them)
+
+    @property
+    def max_position(self) -> int:
+        """The largest query or key position a piece of the map with a shared centre (``Piece.center``) uses; 0 for a
+        map whose pieces have none."""
+        return 0
 
     def distance(self, n: Tensor, m: Tensor) -> Tensor:
         """The remapped distance d' of queries at ``n`` and keys at ``m`` (int64, broadcast; m <= n), float64."""
@@ -208,6 +216,11 @@ class DualChunk(PositionMap):
         """c = s - w_l: the length of a chunk."""
         return self.chunk_size - self.local_window
 
+    @property
+    def max_position(self) -> int:
+        """s: every query (n mod c, min(n mod c + c, s), min(2c - 1, s)) and key (m mod c) position lies in [0, s]."""
+        return self.chunk_size
+
     def _query(self, n: Tensor, relation: str) -> Tensor:
         c, s = self.chunk_length, self.chunk_size
         if relation == "intra":
@@ -234,8 +247,10 @@ class DualChunk(PositionMap):
 
     def pieces(self, n, m):
         """The inter-chunk, successive-chunk and intra-chunk pieces, in the order of their keys. Every piece rotates
-        a key at m mod c about one centre (s / 2: queries and keys all lie in [0, s]), so the three share their
-        rotated keys (kind ``chunk``); queries within one chunk (``query_blocks``) select every key of each range."""
+        a key at m mod c; about one centre (s / 2, rounded down by the scheme: queries and keys all lie in [0, s]) the
+        three share their rotated keys (kind ``chunk``), where the scheme's scale allows that centre (always for
+        RoPE; xPos in fp16 at large s does not, and takes each piece's own). Queries within one chunk
+        (``query_blocks``) select every key of each range."""
         c, k0 = self.chunk_length, int(m[0])
         first, last = int(n[0]) // c, int(n[-1]) // c
         chunk_n = torch.div(n, c, rounding_mode="floor")[:, None]
