@@ -34,8 +34,11 @@ def main():
     rows = [row for path in args.reference for row in reference_figures(path)]
     for name in parse_name_list(args.runs, "--runs"):
         longppl = args.longppl_dir / f"{name}.json" if args.longppl_dir else None
-        rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
-                                   eval_bench=args.eval_bench, gen_bench=args.gen_bench))
+        try:
+            rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
+                                       eval_bench=args.eval_bench, gen_bench=args.gen_bench))
+        except (KeyError, FileNotFoundError) as e:
+            p.error(str(e).strip("'\""))
     print(markdown_verdict(rows))
     if args.plot:
         plot_verdict(rows, args.plot, "Trained to extrapolate: each design against the goals (lex_lm_tiny, l = 256)")

@@ -96,6 +96,8 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None
     with pytest.raises(KeyError, match="not a run"):
         design_figures(tmp_path, "nope", 256, 300)
+    with pytest.raises(FileNotFoundError, match="irope has not been evaluated"):
+        design_figures(tmp_path, "irope", 256, 300)
 
 
 def test_references_are_checked_and_the_grid_is_readable(tmp_path, figures):  # noqa: F811

@@ -267,8 +267,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
     from ``longppl`` (an eval-lm report with ``--longppl``), the passkey after fine-tuning (``passkey_finetuned.json``
-    and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction probes l..8l, and the
-    16l file is ``lex passkey --lengths 16l --windows full`` on the fine-tuned checkpoint ``passkey_ft/``), RULER-lite
+    and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
+    probe writes both for a trained design), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
     ``bench_generation.py`` JSON with ``full@NAME`` rows and ``full@base:NAME`` or ``full@POS_EMB`` rows: :func:`_bench_ratio`) and the cache fraction at 64k.
 
@@ -278,6 +278,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     if name not in RUNS:
         raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
     run = work / "runs" / name
+    if not (run / "length_report.json").exists():
+        raise FileNotFoundError(f"{run / 'length_report.json'} does not exist: run {name} has not been evaluated. Run "
+                                f"scripts/reproduce.py --work {work} --runs {name} first, or leave it out of --runs.")
     report = json.loads((run / "length_report.json").read_text())
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in _full_rows(report).items()}
