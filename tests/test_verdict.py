@@ -45,6 +45,11 @@ def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
     assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: ruler_8l."
             in text)
     assert "| design C | 300 | 1.2000 | - |" in text
+    # a tie is named: the first tied row is the closest, the others are listed beside it
+    twin = Figures("t", "design T", 300, **dict(ALL_MET, greedy_16l=0.1, ruler_8l=None))
+    text = markdown_verdict([near, twin, far])
+    assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: "
+            "ruler_8l; tied with design T (as many goals met, missed and not measured).") in text
 
 
 @pytest.mark.parametrize("name,kept", [

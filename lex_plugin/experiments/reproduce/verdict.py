@@ -16,7 +16,7 @@ measured in other sessions, from a transcribed JSON file (:func:`reference_figur
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .catalogue import LABELS, RUNS
 
@@ -92,13 +92,18 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
     return None if value is None else bool(goal.test(value))
 
 
+def _rank(f: Figures) -> Tuple[int, int, int]:
+    """(goals met, - goals missed, - goals not measured): what :func:`closest` maximises."""
+    return (sum(_met(f, g) is True for g in GOALS), -sum(_met(f, g) is False for g in GOALS),
+            -sum(_met(f, g) is None for g in GOALS))
+
+
 def closest(rows: Sequence[Figures]) -> Optional[Figures]:
-    """The row with the most goals met, then the fewest missed, then the fewest not measured (the first such row);
-    None for no rows."""
+    """The row with the most goals met, then the fewest missed, then the fewest not measured (the first such row;
+    :func:`markdown_verdict` names the rows tied with it); None for no rows."""
     if not rows:
         return None
-    return max(rows, key=lambda f: (sum(_met(f, g) is True for g in GOALS), -sum(_met(f, g) is False for g in GOALS),
-                                    -sum(_met(f, g) is None for g in GOALS)))
+    return max(rows, key=_rank)
 
 
 def _shortfalls(f: Figures) -> List[str]:
@@ -127,9 +132,12 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
     for kind, group in (("row", rows), ("trained design", [f for f in rows if not f.reference])):
         best = None if winners else closest(group)
         if best is not None:
+            tied = [f.label for f in group if f is not best and _rank(f) == _rank(best)]
             lines.append(f"Closest {kind}: {best.label}, {sum(_met(best, g) is True for g in GOALS)} goals met; short on "
                          + ("; ".join(_shortfalls(best)) or "nothing measured") + "; not measured: "
-                         + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none") + ".")
+                         + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none")
+                         + (f"; tied with {', '.join(tied)} (as many goals met, missed and not measured)" if tied else "")
+                         + ".")
     line = " ".join(lines)
     return "\n".join(head + body + ["", line])
 
