@@ -33,14 +33,12 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.models.builder import build_random_lm
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
     label, (mode, design) = mode, benchmark.design_of(mode, training_length)
     mode, autocast = benchmark.precision_of(mode)
-    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                               share_decoder_input_output_embed=True, **{"pos_emb": pos_emb, **design})
+    model, d = benchmark.random_model(arch, {"pos_emb": pos_emb, **design}, VOCAB_SYMBOLS, training_length)
     options = AttentionOptions({"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode))
     spec = options.spec(training_length)
     model = model.under(spec).with_autocast(autocast)

@@ -39,14 +39,12 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.models.builder import build_random_lm
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
     label, (mode, design) = mode, benchmark.design_of(mode, training_length)
     mode, autocast = benchmark.precision_of(mode)
-    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                               share_decoder_input_output_embed=True, **design)
+    model, d = benchmark.random_model(arch, design, VOCAB_SYMBOLS, training_length)
     # any mode of AttentionOptions (full, bca, sliding, lm_infinite, a position map), or bca_sinks (4 sink tokens)
     options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
     model = model.under(options.spec(training_length)).with_autocast(autocast)
@@ -89,7 +87,6 @@ def measure_interleaved(modes, context: int, arch: str, training_length: int, st
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.models.builder import build_random_lm
     from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
@@ -97,8 +94,7 @@ def measure_interleaved(modes, context: int, arch: str, training_length: int, st
     for label in modes:
         mode, design = benchmark.design_of(label, training_length)
         mode, autocast = benchmark.precision_of(mode)
-        model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
-                                   share_decoder_input_output_embed=True, **design)
+        model, d = benchmark.random_model(arch, design, VOCAB_SYMBOLS, training_length)
         options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
         model = model.under(options.spec(training_length)).with_autocast(autocast)
         runs.append((label, model, {}))

@@ -134,3 +134,16 @@ def test_a_deeper_design_is_timed_against_its_own_depth(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(rows + [{"mode": "full@base:gemma_5to1", "length": 16384,
                                                              "tokens_per_s": 2000.0}]))
     assert design_figures(tmp_path, "gemma_5to1", 256, 300, eval_bench=tmp_path / "eval.json").eval_time == pytest.approx(2 / 3)
+
+
+def test_a_drope_run_is_timed_with_its_positions_dropped():
+    """The benchmarks build a DroPE run as it evaluates after training: RoPE and QK-norm with the positions dropped
+    (NoPE), not a RoPE model; its base is the plain RoPE run."""
+    from lex_plugin.experiments.benchmark import design_of, random_model
+
+    mode, design = design_of("full@rope_drope", 256)
+    assert mode == "full" and design["pos_emb"] == "rope" and design["qk_norm"] is True
+    model, _ = random_model("lex_lm_tiny", design, 100, 256)
+    assert model.decoder.positions_dropped and model.decoder.active_position_kind == "none"
+    model, _ = random_model("lex_lm_tiny", design_of("full@rope_qknorm", 256)[1], 100, 256)
+    assert not model.decoder.positions_dropped

@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
     "Column", "baseline_script", "best_time", "checkout_env", "design_of", "emit", "markdown_table", "measure", "median_time",
+    "random_model",
     "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "sweep", "sweep_table", "thread_count",
     "time_calls",
 ]
@@ -85,7 +86,24 @@ def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
         if arg.startswith("--"):
             value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
             options[arg[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
-    return base, options if kept is None else {k: v for k, v in options.items() if k in kept}
+    if kept is not None:
+        return base, {k: v for k, v in options.items() if k in kept}
+    if RUNS[run][1] == "drope":  # evaluated as trained: its positions dropped (random_model's updates reach the start)
+        options["drope_start"] = 1
+    return base, options
+
+
+def random_model(arch: str, design: dict, vocab_size: int, training_length: int):
+    """A ``build_random_lm`` model of a bench mode's design (:func:`design_of`; shared input and output embeddings), as
+    a trained run of it evaluates: a DroPE run (``drope_start``) told that many updates are done, so that it runs with
+    its positions dropped. Returns (model, dictionary)."""
+    from ..models.builder import build_random_lm
+
+    model, d = build_random_lm(arch, vocab_size=vocab_size, tokens_per_sample=training_length,
+                               share_decoder_input_output_embed=True, **design)
+    if design.get("drope_start"):
+        model.set_num_updates(design["drope_start"])
+    return model, d
 
 
 def precision_of(mode: str) -> Tuple[str, Optional[object]]:
