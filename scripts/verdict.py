@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lex_plugin.experiments.reproduce.verdict import (  # noqa: E402
     design_figures, markdown_verdict, plot_verdict, reference_figures)
+from lex_plugin.experiments.reproduce.catalogue import RUNS  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
 
 
@@ -34,11 +35,13 @@ def main():
     rows = [row for path in args.reference for row in reference_figures(path)]
     for name in parse_name_list(args.runs, "--runs"):
         longppl = args.longppl_dir / f"{name}.json" if args.longppl_dir else None
+        if name not in RUNS:
+            p.error(f"--runs: {name} is not a run of the reproduction ({', '.join(RUNS)}).")
         try:
             rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
                                        eval_bench=args.eval_bench, gen_bench=args.gen_bench))
-        except (KeyError, FileNotFoundError) as e:
-            p.error(str(e).strip("'\""))
+        except FileNotFoundError as e:  # no length report: say which run and what to do
+            p.error(str(e))
     print(markdown_verdict(rows))
     if args.plot:
         plot_verdict(rows, args.plot, "Trained to extrapolate: each design against the goals (lex_lm_tiny, l = 256)")

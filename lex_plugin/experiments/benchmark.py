@@ -67,8 +67,9 @@ BASE_OPTIONS = ("pos_emb", "decoder_layers")  # what a design's base model keeps
 def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
     """A bench mode with an optional trained design (``full@rnope_swa``: a run of ``scripts/reproduce.py``, its
     layer pattern's windows at ``training_length``; ``full@base:gemma_5to1``: that run's base model, its --pos-emb
-    and depth without its design, the cost a design is compared with): (the mode, the model options of that run as
-    ``build_random_lm`` keywords: ``{"pos_emb": "rope", "layer_pattern": ...}``; {} without one).
+    and depth without its design, the cost a design is compared with; a DroPE run with ``drope_start=1``, which
+    :func:`random_model` turns into its positions dropped, as it evaluates): (the mode, the model options of that run
+    as ``build_random_lm`` keywords: ``{"pos_emb": "rope", "layer_pattern": ...}``; {} without one).
 
     Raises:
         ValueError: a name that is not a run of the reproduction.
