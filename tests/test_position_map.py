@@ -512,3 +512,30 @@ def test_bf16_steps_over_a_long_cache_take_per_head_products_and_equal_the_formu
         assert got.dtype == torch.bfloat16
         assert (got.double() - expected).abs().max() < 3e-2
     assert calls
+
+
+def test_rotated_pieces_keep_one_copy_per_kind_and_rotate_a_piece_they_do_not_reach():
+    """RotatedPieces.keys: a piece whose keys the kept copy reaches is a slice of it (only the new keys rotated); a piece
+    starting beyond the copy, or about another centre, is rotated alone and leaves the copy as it was."""
+    from lex_plugin.modules.attention.kv_cache import RotatedPieces
+
+    torch.manual_seed(3)
+    raw = torch.randn(1, 2, 12, 4)
+    positions = torch.arange(12) % 5
+    rotated = []
+
+    def rotate(keys, pos, center=0):
+        rotated.append(keys.size(2))
+        return keys * (1 + pos.float()[:, None] - center)
+
+    memo = RotatedPieces()
+    expected = rotate(raw, positions)
+    rotated.clear()
+    assert torch.equal(memo.keys("chunk", 0, raw, 0, 6, positions[:6], rotate), expected[:, :, :6])
+    assert torch.equal(memo.keys("chunk", 0, raw, 6, 9, positions[6:9], rotate), expected[:, :, 6:9])  # extends the copy
+    assert rotated == [6, 3]
+    assert torch.equal(memo.keys("chunk", 0, raw, 10, 12, positions[10:], rotate), expected[:, :, 10:])  # beyond it
+    assert torch.equal(memo.keys("chunk", 4, raw, 2, 5, positions[2:5], lambda k, p: rotate(k, p, 4)),
+                       rotate(raw[:, :, 2:5], positions[2:5], 4))  # another centre
+    rotated.clear()
+    assert torch.equal(memo.keys("chunk", 0, raw, 0, 9, positions[:9], rotate), expected[:, :, :9]) and rotated == []

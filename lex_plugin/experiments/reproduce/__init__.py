@@ -127,7 +127,7 @@ def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
     main = [n for n in runs if RUNS[n][1] == "main"]
     random_pairs = [n for base in ("xpos", "rope", "alibi") for n in (base, f"{base}_random")
                     if n in runs and f"{base}_random" in runs]
-    designs = [n for n in runs if RUNS[n][1] in ("design", "drope")]
+    designs = [n for n in runs if _is_design(RUNS[n][1])]
     designs = [n for n in ("rope", "none") if n in runs and designs] + designs
     methods = [m for m in METHODS if any(ppl.get(n, {}).get(m) for n in runs)]
     ablations = [n for n in ("xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope") if n in runs]
@@ -315,7 +315,7 @@ class _Run:
     @property
     def sink_token(self) -> bool:
         """Trained with a sink token (``--sink-token``)."""
-        return "--sink-token" in map(str, self.args)
+        return _has_sink_token(self.args)
 
     @property
     def window_flags(self) -> tuple:
@@ -323,6 +323,17 @@ class _Run:
         them): ``--sink-tokens 1`` for a run trained with a sink token, so that those windows keep it visible as it
         was in training (StreamingLLM section 3.3); none otherwise."""
         return ("--sink-tokens", 1) if self.sink_token else ()
+
+
+def _has_sink_token(run_args) -> bool:
+    """Whether a run's training flags place a sink token (``--sink-token``): no resolution steps, ``--sink-tokens 1``
+    under its bounded windows."""
+    return "--sink-token" in map(str, run_args)
+
+
+def _is_design(role: str) -> bool:
+    """Whether a run's role (``catalogue.RUNS``) is a trained design, whose fine-tuned passkey is also probed at 16l."""
+    return role in ("design", "drope")
 
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
@@ -344,9 +355,11 @@ def _steps_of(method: str, design: bool = False) -> int:
     fine-tuning and its probes (a design's passkey also at 16l)."""
     if method in ("ruler", "babilong"):
         return 2
-    if not method.startswith("passkey_finetuned"):
-        return 1
-    return 1 + (len(SCALED_PASSKEY) if method == "passkey_finetuned_scaled" else 2 if design and method == "passkey_finetuned" else 1)
+    if method == "passkey_finetuned_scaled":
+        return 1 + len(SCALED_PASSKEY)
+    if method == "passkey_finetuned":
+        return 3 if design else 2
+    return 2 if method.startswith("passkey_finetuned") else 1
 
 
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
@@ -356,8 +369,8 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
-            + sum(2 + (0 if "--sink-token" in map(str, RUNS[n][0]) else 2) + 2 * len(budgets)
-                  + sum(_steps_of(m, RUNS[n][1] in ("design", "drope")) for m in run_methods[n]) for n in runs)
+            + sum(2 + (0 if _has_sink_token(RUNS[n][0]) else 2) + 2 * len(budgets)
+                  + sum(_steps_of(m, _is_design(RUNS[n][1])) for m in run_methods[n]) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
             + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
@@ -412,7 +425,7 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                                               ["--logn"] if method.endswith("_logn") else list(r.window_flags),
                                               position_maps=r.position_maps),
         r.dir / f"{method}.log", out)
-    if method == "passkey_finetuned" and r.role in ("design", "drope"):  # the trained designs' verdict reads 16l too
+    if method == "passkey_finetuned" and _is_design(r.role):  # the trained designs' verdict reads 16l too
         out = r.dir / "passkey_finetuned_16l.json"
         run(f"{method} {r.name} 16l", passkey_command(data, tuned, out, o, lengths=[16 * l], windows=["full"]),
             r.dir / "passkey_16l.log", out)

@@ -322,7 +322,8 @@ class _Run:
         n = torch.arange(self.q_start + chunk.q0, self.q_start + chunk.q1, device=dev)
         m = torch.arange(self.k_start + chunk.k0, self.k_start + chunk.k1, device=dev)
         allowed = None  # one query after every key, no padding: a position map's window (full) sees them all
-        if self.kpm is not None or qc.size(2) > 1 or int(m[-1]) > int(n[0]) or self.scheme.kind != "rotary":
+        last_key, first_query = self.k_start + chunk.k1 - 1, self.q_start + chunk.q0  # (ints: no device sync)
+        if self.kpm is not None or qc.size(2) > 1 or last_key > first_query or self.scheme.kind != "rotary":
             allowed = self.window.allowed(n[:, None], m[None, :])  # (Tq, Tk)
         if self.kpm is not None:
             allowed = see_self(allowed[None, None] & ~self.kpm[:, None, None, chunk.k0 : chunk.k1],

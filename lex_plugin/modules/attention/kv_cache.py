@@ -99,7 +99,6 @@ class RotatedPieces:
         """
         held = self._held.get(kind)
         if held is None or held[0] != center or held[2] > raw.size(2) or held[1].size(0) != raw.size(0):
-            held = None
             if lo > 0:  # nothing kept reaches the piece: rotate its keys alone
                 return rotate(raw[:, :, lo:hi], positions)
             buffer = raw.new_empty(*raw.shape[:2], max(MIN_CAPACITY, 2 * hi), raw.size(3))
