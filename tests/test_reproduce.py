@@ -178,6 +178,7 @@ def test_method_and_passkey_commands(tmp_path):
     assert tune[tune.index("--finetune-from-model") + 1] == str(tmp_path / "c.pt") and tune[1] == str(tmp_path / "pk")
     assert tune[tune.index("--sample-break-mode") + 1] == "eos" and "--disable-validation" in tune
     assert tune[tune.index("--tokens-per-sample") + 1] == str(L) and tune[tune.index("--pos-emb") + 1] == "alibi"
+    assert tune[tune.index("--save-interval-updates") + 1] == "100"  # a killed fine-tuning resumes (stamp: train.done)
     # RULER-lite: its data (l - 1 tokens), the fine-tuning as the passkey's, the probe over every window at l..8l
     data = reproduce.ruler_data_command(tmp_path, tmp_path / "c.pt", tmp_path / "rb", o)
     assert "ruler-data" in data and data[data.index("--max-length") + 1] == L - 1
@@ -203,6 +204,7 @@ def test_method_and_passkey_commands(tmp_path):
     tune = reproduce.answer_finetune_command(tmp_path / "bb", tmp_path / "c.pt", tmp_path / "ft", ["--pos-emb", "alibi"], o,
                                              reproduce.BABILONG_FINETUNE)
     assert tune[1] == str(tmp_path / "bb") and "--answer-only-loss" in tune and tune[tune.index("--max-update") + 1] == "600"
+    assert tune[tune.index("--save-interval-updates") + 1] == "100"
     probe = reproduce.babilong_command(tmp_path, tmp_path / "c.pt", tmp_path / "babilong.json", o, rotary=False)
     assert probe[probe.index("--lengths") + 1] == f"{L},{2 * L},{4 * L},{8 * L},{16 * L}"
     assert probe[probe.index("--windows") + 1] == "full,bca,sliding,lm_infinite,rerope,self_extend,dca"

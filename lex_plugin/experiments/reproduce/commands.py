@@ -17,6 +17,9 @@ __all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command
            "scaled_passkey_flags", "prepare_command", "resolution_command", "ruler_command", "ruler_data_command",
            "train_command"]
 
+# a fine-tuning keeps a checkpoint every this many updates, so that a killed one resumes there (its stamp is train.done)
+FINETUNE_SAVE_INTERVAL = 100
+
 
 def probe_windows(rotary: bool, position_maps: bool = True) -> tuple:
     """The attention modes every probe compares: :data:`PROBE_WINDOWS`, and Leaky ReRoPE on a ``rotary``
@@ -90,7 +93,7 @@ def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: L
     return fairseq_train_command(passkey_data, save_dir, arch=o.arch, model_args=run_args,
                                  tokens_per_sample=o.training_length, batch_size=f["batch_size"], lr=f["lr"],
                                  updates=f["updates"], warmup=max(1, f["updates"] // 20), break_mode="eos",
-                                 log_interval=50, seed=o.seed,
+                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50, seed=o.seed,
                                  extra=["--finetune-from-model", ckpt])
 
 
@@ -136,7 +139,7 @@ def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_a
     return fairseq_train_command(answers_bin, save_dir, arch=o.arch, model_args=run_args,
                                  tokens_per_sample=o.training_length, batch_size=recipe["batch_size"], lr=recipe["lr"],
                                  updates=recipe["updates"], warmup=max(1, recipe["updates"] // 20), break_mode="eos",
-                                 log_interval=50, seed=o.seed, extra=["--finetune-from-model", ckpt,
+                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50, seed=o.seed, extra=["--finetune-from-model", ckpt,
                                                         *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 
