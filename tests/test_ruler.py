@@ -145,21 +145,16 @@ def _answers(hub, prompt):
 
 
 def _oracle(hub):
-    """score_candidates and greedy_answer of that reader: 0 for what the text answers, -1 else; it writes them all."""
-    def score(model, prompt, candidates, spec, eos, pad):
-        right = set(_answers(hub, prompt))
-        scores = torch.tensor([0.0 if hub.decode(c) in right else -1.0 for c in candidates], dtype=torch.float64)
-        return CandidateScores(scores, scores.eq(0))
-
-    def write(model, prompt, answer_tokens, spec, eos, pad):
-        return hub.encode_fragment(", ".join(_answers(hub, prompt)) + ".")
-    return score, write
+    """answer_query of that reader: 0 for what the text answers, -1 else; greedy decoding writes them all."""
+    def answer(model, prompt, candidates, answer_tokens, spec, eos, pad):
+        right = _answers(hub, prompt)
+        scores = torch.tensor([0.0 if hub.decode(c) in set(right) else -1.0 for c in candidates], dtype=torch.float64)
+        return CandidateScores(scores, scores.eq(0)), hub.encode_fragment(", ".join(right) + ".")
+    return answer
 
 
 def test_an_oracle_that_reads_the_prompt_scores_one(hub, filler, monkeypatch):
-    score, write = _oracle(hub)
-    monkeypatch.setattr(probe_module, "score_candidates", score)
-    monkeypatch.setattr(probe_module, "greedy_answer", write)
+    monkeypatch.setattr(probe_module, "answer_query", _oracle(hub))
     lengths = [4 * TRAIN_LEN, 16 * TRAIN_LEN]
     results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, TASKS, lengths, [0.2, 0.8],
                              [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2, progress=False, unk=hub.src_dict.unk())
@@ -188,29 +183,76 @@ def test_greedy_counts_a_written_answer_never_a_written_distractor(hub, filler, 
         answer_counts.extend(len(q.answers) for q in sample.queries)
         return sample
 
-    written = deque()
-
-    def stub(model, prompt, candidates, spec, eos, pad):  # candidates: [*answers, *distractors]
+    def stub(model, prompt, candidates, answer_tokens, spec, eos, pad):  # candidates: [*answers, *distractors]
         answers = answer_counts.popleft()
         scores = torch.tensor([0.0] * answers + [-1.0] * (len(candidates) - answers), dtype=torch.float64)
-        written.append(candidates[answers if writes == "a distractor" else 0])
-        return CandidateScores(scores, torch.zeros(len(candidates), dtype=torch.bool))
-
-    def write(model, prompt, answer_tokens, spec, eos, pad):  # called after the query's stub, with its candidates
-        return torch.cat([hub.encode_fragment("It is"), written.popleft(), hub.encode_fragment(".")])
+        written = candidates[answers if writes == "a distractor" else 0]
+        return (CandidateScores(scores, torch.zeros(len(candidates), dtype=torch.bool)),
+                torch.cat([hub.encode_fragment("It is"), written, hub.encode_fragment(".")]))
 
     monkeypatch.setattr(probe_module, "make_sample", make)
-    monkeypatch.setattr(probe_module, "score_candidates", stub)
-    monkeypatch.setattr(probe_module, "greedy_answer", write)
+    monkeypatch.setattr(probe_module, "answer_query", stub)
     results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "niah_multivalue"],
                              [4 * TRAIN_LEN], [0.5], [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=2,
                              progress=False, unk=hub.src_dict.unk())
-    assert not answer_counts and not written and all(r.accuracy == 1.0 for r in results)
+    assert not answer_counts and all(r.accuracy == 1.0 for r in results)
     assert any(r.items > r.queries for r in results)  # a task with several answers per query was scored
     for r in results:
         assert r.queries >= r.trials > 0
         expected = 0 if writes == "a distractor" else r.queries / (4 if r.task == "niah_multivalue" else 1)
         assert r.greedy == pytest.approx(expected), (r.task, r.greedy, r.queries)
+
+
+@pytest.mark.parametrize("mode,sinks", [("full", None), ("bca", None), ("sliding", 2), ("lm_infinite", None),
+                                        ("dca", None), ("rerope", None)])
+def test_one_read_prompt_gives_what_two_fresh_reads_give(hub, filler, mode, sinks):
+    """answer_query reads the prompt once and continues it twice (greedy decoding on a fork of the caches, then the
+    candidates): the written ids equal greedy decoding from fresh caches, token by token the argmax of a parallel
+    forward over the whole sequence, and each candidate's log-probability equals a parallel forward over prompt and
+    candidate (1e-5 nats), at 3l, under every kind of cache (bounded, sinks, raw keys of a position map)."""
+    from lex_plugin.evaluation.sampling import continue_ids
+
+    spec = hub.spec_for(mode=mode, sink_tokens=sinks)
+    model, eos, pad = hub.models[0], hub.src_dict.eos(), hub.src_dict.pad()
+    sample = _sample(hub, filler, "niah_single_3", 3 * TRAIN_LEN, 0.4)
+    query = sample.queries[0]
+    prompt = torch.cat([sample.context, query.question])
+    candidates = [*query.answers, *query.distractors[:3]]
+    scores, written = probe_module.answer_query(model, prompt, candidates, 6, spec, eos, pad)
+    source = torch.cat([prompt.new_tensor([eos]), prompt])
+    assert torch.equal(written, continue_ids(model, source, 6 + probe_module.GREEDY_SLACK, eos, pad, temperature=0.0,
+                                             spec=spec))
+    with torch.no_grad():
+        logits, _ = model(torch.cat([source, written])[None, :-1], spec=spec)
+    logits[..., pad] = float("-inf")
+    assert torch.equal(logits[0, prompt.numel():].argmax(-1), written)
+    for i, cand in enumerate(candidates):
+        with torch.no_grad():
+            logits, _ = model(torch.cat([source, cand])[None, :-1], spec=spec)
+        expected = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
+        assert float(scores.logprob[i]) == pytest.approx(float(expected), abs=1e-5), (i, mode)
+
+
+def test_a_forked_state_leaves_its_source_as_it_was(hub):
+    """fork_incremental_state copies every cache: ten greedy steps on the fork change neither the source's length nor
+    a byte of its keys; continue_ids refuses a state that already holds the whole prompt."""
+    from lex_plugin.evaluation.passkey import read_prompt
+    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.modules.attention.kv_cache import fork_incremental_state
+
+    model, eos, pad = hub.models[0], hub.src_dict.eos(), hub.src_dict.pad()
+    read = read_prompt(model, hub.encode_fragment("The cat sat on the mat . " * 20), hub.spec_for(mode="bca"), eos)
+    before = {k: (c.end, c.held().keys.clone()) for k, c in read.state.items()}
+    continue_ids(model, read.source[0], 10, eos, pad, temperature=0.0, incremental_state=fork_incremental_state(read.state),
+                 spec=hub.spec_for(mode="bca"))
+    assert len(before) == LAYERS
+    for key, cache in read.state.items():
+        assert cache.end == before[key][0] == read.source.size(1) - 1
+        assert torch.equal(cache.held().keys, before[key][1])
+    with pytest.raises(ValueError, match="leave the prompt's last token out"):
+        continue_ids(model, read.source[0, :-1], 2, eos, pad, incremental_state=fork_incremental_state(read.state))
+    with pytest.raises(TypeError, match="only a lex_lm's key/value caches fork"):
+        fork_incremental_state({"x": torch.zeros(1)})
 
 
 def test_a_model_that_cannot_see_the_needle_scores_at_chance(hub, filler):
@@ -309,10 +351,8 @@ def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypat
             raise ValueError("length 256 is too short.")
         return real(task, *args, **kwargs)
 
-    score, write = _oracle(hub)
     monkeypatch.setattr(probe_module, "make_sample", flaky)
-    monkeypatch.setattr(probe_module, "score_candidates", score)
-    monkeypatch.setattr(probe_module, "greedy_answer", write)
+    monkeypatch.setattr(probe_module, "answer_query", _oracle(hub))
     single, vt = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "vt"], [4 * TRAIN_LEN], [0.5],
                                 [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=3, progress=False)
     assert single.trials == 3 and single.skipped is None and calls.count("niah_single_1") == 4

@@ -31,8 +31,8 @@ from ..data.finetune import FinetuneRow
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward, progress_bar
 
-__all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "build_prompt", "finetune_samples", "format_passkey", "passkey_accuracy",
-           "plot_passkey", "score_candidates"]
+__all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "ReadPrompt", "build_prompt", "finetune_samples", "format_passkey",
+           "passkey_accuracy", "plot_passkey", "read_prompt", "score_candidates", "score_continuations"]
 
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text . Find it and "
          "memorize it . I will quiz you about the important information there .")
@@ -148,42 +148,84 @@ class CandidateScores(NamedTuple):
     greedy: Tensor
 
 
+@dataclass
+class ReadPrompt:
+    """A prompt read once, ready to be continued (:func:`read_prompt`).
+
+    ``source``: (1, P + 1) int64, ``</s>`` then the prompt, on the model's device. ``state``: the layers' key/value
+    caches holding every position of ``source`` but the last, so that a continuation's first call runs the last
+    prompt token and predicts the first new one. Continue a copy (``fork_incremental_state``) to continue it twice.
+    """
+
+    source: Tensor
+    state: Dict
+
+
+@torch.no_grad()
+def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int) -> ReadPrompt:
+    """Run ``</s>`` and ``prompt`` but its last token through fresh caches, block by block (``spec.window.feed_block``
+    positions a call, bounded under BCA / the sliding window; :data:`FULL_BLOCK` under full attention).
+
+    Args:
+        model: a lex_lm model in eval mode.
+        prompt: (P,) int64 prompt ids.
+        spec: the attention window and RoPE scaling.
+        eos: the dictionary's end-of-sentence id (put first, as fairseq's LM task does).
+    """
+    device = next(model.parameters()).device
+    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
+    state: Dict = {}
+    for _ in blockwise_forward(model, source[:, :-1], spec.window.feed_block or FULL_BLOCK, state, spec=spec):
+        pass
+    return ReadPrompt(source, state)
+
+
+@torch.no_grad()
+def score_continuations(model, read: ReadPrompt, candidates: Sequence[Tensor], spec: AttentionSpec, pad: int) -> CandidateScores:
+    """Log-probability of each candidate's tokens after a prompt read by :func:`read_prompt`, and whether greedy
+    decoding writes it. The candidates continue ``read.state`` as one batch (it is reordered to N rows: fork it
+    first to continue it again).
+
+    Args:
+        candidates: N 1-D int64 tensors, the ids of each candidate (lengths may differ: a BPE may split some digits;
+            the score is then the log-probability of the candidate's text either way).
+        spec: the attention spec the prompt was read with; pad: the dictionary's padding id.
+
+    Returns:
+        :class:`CandidateScores`: (N,) float64 log-probabilities and (N,) bool greedy flags, on the CPU.
+    """
+    device = read.source.device
+    n, m = len(candidates), max(c.numel() for c in candidates)
+    cands = torch.full((n, m), pad, dtype=torch.long, device=device)
+    for i, c in enumerate(candidates):
+        cands[i, : c.numel()] = c
+    model.decoder.reorder_incremental_state_scripting(read.state, torch.zeros(n, dtype=torch.long, device=device))
+    # the decoder runs only the uncached columns: the last prompt token, then each candidate's first m - 1 tokens
+    # (right padding never reaches earlier positions); their outputs predict the candidates' m tokens
+    logits, _ = model(torch.cat([read.source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=read.state, spec=spec)
+    log_probs = logits[:, -m:].double().log_softmax(-1)  # (N, m, V)
+    steps = log_probs.gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
+    padding = cands.eq(pad)
+    greedy = (log_probs.argmax(-1).eq(cands) | padding).all(-1)
+    return CandidateScores(steps.masked_fill(padding, 0.0).sum(-1).cpu(), greedy.cpu())
+
+
 @torch.no_grad()
 def score_candidates(model, prompt: Tensor, candidates: Sequence[Tensor], spec: AttentionSpec, eos: int, pad: int) -> CandidateScores:
-    """Log-probability of each candidate's tokens after ``prompt``, and whether greedy decoding writes it.
+    """Log-probability of each candidate's tokens after ``prompt``, and whether greedy decoding writes it: the prompt
+    read once (:func:`read_prompt`), the candidates continuing its caches as one batch (:func:`score_continuations`).
 
     Args:
         model: a lex_lm model in eval mode.
         prompt: (L,) int64 prompt ids (``</s>`` is put in front, as fairseq's LM task does).
-        candidates: N 1-D int64 tensors, the ids of each candidate (lengths may differ: a BPE may split
-            some digits; the score is then the log-probability of the candidate's text either way).
+        candidates: N 1-D int64 tensors, the ids of each candidate.
         spec: the attention window and RoPE scaling.
         eos, pad: the dictionary's end-of-sentence and padding ids.
 
     Returns:
         :class:`CandidateScores`: (N,) float64 log-probabilities and (N,) bool greedy flags, on the CPU.
     """
-    device = next(model.parameters()).device
-    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
-    state: Dict = {}
-    block = spec.window.feed_block or FULL_BLOCK
-    last = None
-    for _, _, out in blockwise_forward(model, source, block, state, spec=spec):
-        last = out[:, -1]
-    n, m = len(candidates), max(c.numel() for c in candidates)
-    cands = torch.full((n, m), pad, dtype=torch.long, device=device)
-    for i, c in enumerate(candidates):
-        cands[i, : c.numel()] = c
-    model.decoder.reorder_incremental_state_scripting(state, torch.zeros(n, dtype=torch.long, device=device))
-    logits = last.expand(n, -1)[:, None]
-    if m > 1:  # the decoder runs only the uncached columns; right padding never reaches earlier positions
-        more, _ = model(torch.cat([source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=state, spec=spec)
-        logits = torch.cat([logits, more], dim=1)
-    log_probs = logits.double().log_softmax(-1)  # (N, m, V)
-    steps = log_probs.gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
-    padding = cands.eq(pad)
-    greedy = (log_probs.argmax(-1).eq(cands) | padding).all(-1)
-    return CandidateScores(steps.masked_fill(padding, 0.0).sum(-1).cpu(), greedy.cpu())
+    return score_continuations(model, read_prompt(model, prompt, spec, eos), candidates, spec, pad)
 
 
 @dataclass

@@ -30,7 +30,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 @torch.no_grad()
 def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, generator: Optional[torch.Generator] = None, stop_at_eos: bool = False,
-                 spec: Optional[AttentionSpec] = None) -> Tensor:
+                 spec: Optional[AttentionSpec] = None, incremental_state: Optional[dict] = None) -> Tensor:
     """Sample up to ``max_len`` ids after ``prompt`` (temperature 0: greedy; ``<pad>`` is never drawn).
 
     Args:
@@ -43,21 +43,28 @@ def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temper
         generator: the random generator of the draws (None: torch's default).
         stop_at_eos: stop before a drawn ``</s>``.
         spec: the attention spec (None: the model's default).
+        incremental_state: caches (batch 1) already holding the first tokens of ``prompt`` under ``spec``, fewer than
+            all of them (``evaluation.passkey.read_prompt``): the first step runs the rest; it is extended in place.
+            None: fresh caches.
 
     Returns:
         (n,) int64 generated ids on the CPU, n <= max_len.
 
     Raises:
-        ValueError: max_len <= 0.
+        ValueError: max_len <= 0; ``incremental_state`` already holds the whole prompt (nothing is left to predict
+            the first token from).
     """
     if max_len <= 0:
         raise ValueError(f"max_len must be positive, got {max_len}.")
     length = prompt.numel()
+    decoder = getattr(model, "decoder", model)
+    state: dict = {} if incremental_state is None else incremental_state
+    if state and hasattr(decoder, "past_length") and decoder.past_length(state) >= length:
+        raise ValueError(f"the incremental state already holds {decoder.past_length(state)} tokens of a {length}-token "
+                         "prompt: leave the prompt's last token out of it, so that the first step predicts from it.")
     buffer = prompt.new_empty(1, length + max_len)
     buffer[0, :length] = prompt
-    state: dict = {}
-    generated: List[int] = []
-    decoder = getattr(model, "decoder", model)  # one autocast region: an autocast view casts its weights once, not per step
+    generated: List[int] = []  # one autocast region: an autocast view casts its weights once, not per step
     region = decoder.autocast_context(prompt.device) if hasattr(decoder, "autocast_context") else contextlib.nullcontext()
     with region:
         for _ in range(max_len):

@@ -2,14 +2,14 @@
 length, depth); its table, heat maps, and the fine-tuning samples in the probe's format (``lex ruler-data``).
 
 Each query's prompt (context and question) runs once through the key/value cache (bounded under BCA / the
-sliding window, :func:`~lex_plugin.evaluation.passkey.score_candidates`); its answers and distractors then
-continue it as one batch. An answer counts as found when its log-probability is above every distractor's
+sliding window, :func:`answer_query`); greedy decoding continues a copy of that cache, and its answers and
+distractors then continue the cache itself as one batch. An answer counts as found when its log-probability is above every distractor's
 (chance 1 / (K + 1) for each answer); a trial scores the fraction of its answers found (RULER's
 ``string_match_all`` in kind), a cell the mean over trials.
 
 Ranking K + 1 candidates is a lenient test: a 7-digit value usually differs from its distractors in its first
 token, so a model that copies only that token ranks the answer first. The first measure is therefore RULER's own:
-greedy decoding writes as many tokens as the answer text has, plus 4 (:func:`greedy_answer`), and a query scores
+greedy decoding writes as many tokens as the answer text has, plus 4 (:func:`answer_query`), and a query scores
 the fraction of its answers whose tokens appear in what it wrote (``string_match_all``, on token ids).
 
 Summaries per window (:func:`effective_length`): RULER's effective length, the longest length up to which
@@ -21,7 +21,7 @@ the shortest length), and RULER's length-weighted averages (weights rising, ``wA
 import logging
 import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -29,7 +29,8 @@ from torch import Tensor
 from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
-from ..passkey import score_candidates
+from ...modules.attention.kv_cache import fork_incremental_state
+from ..passkey import CandidateScores, read_prompt, score_continuations
 from ..sampling import continue_ids
 from .tasks import DEPTHLESS, TASKS, make_sample
 
@@ -40,7 +41,7 @@ GREEDY_SLACK = 4  # tokens greedy decoding may write beyond the answer text's le
 REDRAWS = 20  # prompts drawn for a trial before its length counts as too short for the task
 RULER_THRESHOLD = 0.856  # RULER's effective-length threshold (Llama-2-7B's average at 4K)
 
-__all__ = ["RulerResult", "effective_length", "finetune_samples", "format_ruler", "greedy_answer", "plot_ruler",
+__all__ = ["RulerResult", "answer_query", "effective_length", "finetune_samples", "format_ruler", "plot_ruler",
            "ruler_accuracy", "sentence_stops"]
 
 
@@ -99,12 +100,25 @@ def _contains(seq: List[int], part: List[int]) -> bool:
     return any(seq[i : i + n] == part for i in range(len(seq) - n + 1))
 
 
-def greedy_answer(model, prompt: Tensor, answer_tokens: int, spec: AttentionSpec, eos: int, pad: int) -> Tensor:
-    """What greedy decoding writes after ``prompt`` (``</s>`` put first): ``answer_tokens`` + GREEDY_SLACK ids, on the
-    CPU, through the key/value cache (:func:`~lex_plugin.evaluation.sampling.continue_ids`)."""
-    device = next(model.parameters()).device
-    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)
-    return continue_ids(model, source, answer_tokens + GREEDY_SLACK, eos, pad, temperature=0.0, spec=spec)
+@torch.no_grad()
+def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tokens: int, spec: AttentionSpec, eos: int,
+                 pad: int) -> Tuple[CandidateScores, Tensor]:
+    """One query of a probe, its prompt read once (``</s>`` put first, :func:`~lex_plugin.evaluation.passkey.read_prompt`)
+    and continued twice: greedy decoding on a copy of its caches writes ``answer_tokens`` + GREEDY_SLACK ids
+    (:func:`~lex_plugin.evaluation.sampling.continue_ids`), then the candidates are scored on the caches themselves
+    (:func:`~lex_plugin.evaluation.passkey.score_continuations`).
+
+    Args:
+        prompt: (P,) int64 context and question; candidates: N 1-D int64 tensors (the answers, then the distractors).
+
+    Returns:
+        (:class:`~lex_plugin.evaluation.passkey.CandidateScores` of the candidates, (answer_tokens + GREEDY_SLACK,)
+        int64 ids greedy decoding wrote, on the CPU).
+    """
+    read = read_prompt(model, prompt, spec, eos)
+    written = continue_ids(model, read.source[0], answer_tokens + GREEDY_SLACK, eos, pad, temperature=0.0, spec=spec,
+                           incremental_state=fork_incremental_state(read.state))
+    return score_continuations(model, read, candidates, spec, pad), written
 
 
 def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
@@ -153,12 +167,12 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
                 greedy = 0.0
                 for query in sample.queries:
                     prompt = torch.cat([sample.context, query.question])
-                    scores, _ = score_candidates(model, prompt, [*query.answers, *query.distractors], spec, eos, pad)
+                    (scores, _), written = answer_query(model, prompt, [*query.answers, *query.distractors],
+                                                        encode(query.answer_text).numel(), spec, eos, pad)
                     best_wrong = scores[len(query.answers):].max()
                     found += int((scores[:len(query.answers)] > best_wrong).sum())
                     items += len(query.answers)
-                    written = greedy_answer(model, prompt, encode(query.answer_text).numel(), spec, eos, pad).tolist()
-                    greedy += sum(_contains(written, a.tolist()) for a in query.answers) / len(query.answers)
+                    greedy += sum(_contains(written.tolist(), a.tolist()) for a in query.answers) / len(query.answers)
                 result = cell[str(spec)]
                 result.queries += len(sample.queries)
                 result.greedy += greedy

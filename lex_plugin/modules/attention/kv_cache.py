@@ -29,13 +29,14 @@ with attention sinks, the first k keys and values un-rotated (``sinks``: they ar
 virtual place at every use).
 """
 
+import copy
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["HeldKeys", "KeyValueCache", "RotatedPieces"]
+__all__ = ["HeldKeys", "KeyValueCache", "RotatedPieces", "fork_incremental_state"]
 
 MIN_CAPACITY = 64
 FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md, fourth run)
@@ -335,6 +336,18 @@ class KeyValueCache:
         """Sink positions held besides the window's keys."""
         return 0 if self.sink_k is None else self.sink_k.size(2)
 
+    def fork(self) -> "KeyValueCache":
+        """An independent copy: the same positions, centre, keys, values, padding and sinks, in buffers of its own, so
+        that one prompt read once can be continued twice (greedy decoding and candidate scoring, ``evaluation.passkey``).
+        Extending either leaves the other as it was. The rotated pieces of a position map are not copied (the fork
+        rotates its own at its first step)."""
+        twin = copy.copy(self)
+        twin.rotated_pieces = None if self.rotated_pieces is None else RotatedPieces()
+        held = self._k if self._k is not None else self.sink_k
+        if held is not None:
+            twin.reorder(torch.arange(held.size(0), device=held.device))  # index_select: fresh buffers, same layout
+        return twin
+
     def reorder(self, order: Tensor) -> None:
         """Select batch rows ``order`` (beam search)."""
         if self.rotated_pieces is not None:
@@ -359,3 +372,16 @@ def _buffer(like: Tensor, batch: int, rows: int, feature_major: bool) -> Tensor:
     if feature_major:
         return like.new_empty(batch, heads, dim, rows).transpose(-1, -2)
     return like.new_empty(batch, heads, rows, dim)
+
+
+def fork_incremental_state(state: Dict[str, "KeyValueCache"]) -> Dict[str, "KeyValueCache"]:
+    """A copy of a model's incremental state (every layer's :class:`KeyValueCache`, :meth:`KeyValueCache.fork`):
+    continuing the copy leaves ``state`` as it was.
+
+    Raises:
+        TypeError: ``state`` holds something other than this module's caches (it is not a lex_lm's state).
+    """
+    strangers = sorted(k for k, v in state.items() if not isinstance(v, KeyValueCache))
+    if strangers:
+        raise TypeError(f"cannot fork an incremental state holding {strangers}: only a lex_lm's key/value caches fork.")
+    return {k: v.fork() for k, v in state.items()}
