@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
+from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
 from lex_plugin.options import parse_int_list, parse_name_list
 
@@ -59,6 +59,10 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--bf16-autocast/--no-bf16-autocast", default=False, show_default=True,
               help="train each run under bf16 autocast (fp32 weights and optimizer state; every evaluation, and the "
                    "probes' fine-tuning, stay fp32); needs native bf16 (CUDA 8.0+, or a CPU with AVX-512 BF16 / AMX)")
+@click.option("--probe-windows", default="", show_default=True,
+              help="comma-separated attention modes the probes (passkey, RULER-lite, BABILong-lite, LongPPL) compare, "
+                   f"each run taking those that apply to it; '' for all: {','.join((*PROBE_WINDOWS, 'leaky_rerope'))}. "
+                   "'full' is the trained designs' battery (their verdict reads full attention)")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
               help="a named setting: its values replace the defaults of the options not given on the command line. "
                    + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
@@ -79,6 +83,11 @@ def main(ctx, **params):
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
+    probe_windows = parse_name_list(p["probe_windows"], "--probe-windows")
+    unknown = [w for w in probe_windows if w not in (*PROBE_WINDOWS, "leaky_rerope")]
+    if unknown:
+        raise click.BadParameter(f"unknown probe windows {unknown}; choose from {', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}",
+                                 param_hint="--probe-windows")
     l, max_update = p["training_length"], p["max_update"]
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
@@ -110,7 +119,7 @@ def main(ctx, **params):
     o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
                          seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
                          resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
-                         budgets=budgets, bf16_autocast=p["bf16_autocast"])
+                         budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=probe_windows)
     try:
         reproduce(Path(p["work"]), o, runs, p["corpus"], p["data_bin"])
     except ReproduceError as e:

@@ -2,6 +2,7 @@
 reports, the step commands, and one tiny resumable run on real text through fairseq-train,
 fairseq-eval-lm and lex resolution."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -620,3 +621,28 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
     # the 16l probe is full attention alone, which takes no sink flag; the steps announced are the steps taken
     assert "--sink-tokens" not in commands["passkey_finetuned xpos_sink_token 16l"]
     assert announced == [len(commands)]
+
+
+def test_probe_windows_narrow_every_probe_and_refuse_what_no_run_takes(tmp_path, monkeypatch):
+    """--probe-windows full,leaky_rerope: every probe command of a rotary run compares exactly those two, ALiBi's only
+    full attention (Leaky ReRoPE does not apply to it); a design whose global layers are NoPE takes no position map,
+    so --probe-windows dca is refused before any step runs, naming the run; an unknown window is refused."""
+    _, _, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl", "babilong"],
+                                 lambda key, done: None)
+    o = dataclasses.replace(o, probe_windows=("full", "leaky_rerope"))
+    for rotary, expected in ((True, "full,leaky_rerope"), (False, "full")):
+        cmds = {"passkey": reproduce.passkey_command(tmp_path, tmp_path / "c.pt", tmp_path / "p.json", o, rotary),
+                "ruler": reproduce.ruler_command(tmp_path, tmp_path / "c.pt", tmp_path / "r.json", o, rotary),
+                "babilong": reproduce.babilong_command(tmp_path, tmp_path / "c.pt", tmp_path / "b.json", o, rotary)}
+        for name, cmd in cmds.items():
+            assert cmd[cmd.index("--windows") + 1] == expected, name
+        longppl = reproduce.longppl_command(tmp_path, tmp_path / "c.pt", tmp_path / "l.json", o, rotary)
+        assert longppl[longppl.index("--eval-windows") + 1] == expected
+    steps = []
+    (tmp_path / "b").mkdir()
+    work, data, o, _ = _recorded_steps(tmp_path / "b", monkeypatch, ["ruler"], lambda key, done: steps.append(key))
+    with pytest.raises(reproduce.ReproduceError, match="xpos_bca_nope: --probe-windows dca: none applies"):
+        reproduce.reproduce(work, dataclasses.replace(o, probe_windows=("dca",)), ["xpos", "xpos_bca_nope"], tmp_path, data)
+    assert steps == []  # refused before xpos trained
+    with pytest.raises(ValueError, match="not a probe window"):
+        reproduce.probe_windows(True, True, ("chunked",))

@@ -29,10 +29,10 @@ from ...modules.layer_pattern import parse_layer_pattern
 from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
                         LABELS, LONGPPL_PROBE,
                         LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
-                        RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
+                        PROBE_WINDOWS, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of, profile_flags, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
-                       longppl_command, method_command, passkey_command, passkey_data_command, prepare_command,
+                       longppl_command, method_command, passkey_command, passkey_data_command, prepare_command, probe_windows,
                        resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
 from .options import ReproduceOptions
 from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
@@ -45,8 +45,8 @@ from .tables import (check_claims, check_magnitudes, far_context, flat_and_retri
 __all__ = [
     "DEFAULT_RUNS", "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_magnitudes", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
-    "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBES",
-    "PROFILES", "ReproduceOptions", "profile_flags",
+    "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+    "PROFILES", "ReproduceOptions", "probe_windows", "profile_flags",
     "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command",
     "answer_finetune_command", "babilong_command", "babilong_data_command", "longppl_command",
@@ -474,6 +474,25 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
         run(f"{method} {r.name}", method_command(data, r.ckpt, method, out, o), r.dir / f"method_{method}.log", out)
 
 
+def _make_run(name: str, work: Path, o: ReproduceOptions) -> _Run:
+    """Run ``name`` of :data:`RUNS` as its steps see it: its training flags (with ``--random-positions`` for a random
+    run and ``--drope-start`` for DroPE), its directory, whether it is rotary and has positions to remap.
+
+    Raises:
+        ReproduceError: DroPE with fewer than 2 updates.
+    """
+    run_args, role = run_arguments(name, o.training_length), RUNS[name][1]
+    if role == "random":
+        run_args = [*run_args, "--random-positions", max(o.lengths)]
+    if role == "drope":
+        if o.max_update < 2:
+            raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
+        run_args = [*run_args, "--drope-start", _drope_start(o)]
+    pos_emb = str(run_args[run_args.index("--pos-emb") + 1])
+    return _Run(name, tuple(run_args), role, work / "runs" / name, pos_emb in ("rope", "xpos"),
+                _has_positions(run_args, pos_emb, o.training_length))
+
+
 def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
     """Every step of the reproduction, skipping the finished ones: check and record the options
     (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
@@ -507,16 +526,15 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     run = Runner(work, _step_count(work, data, runs, run_methods, budgets))
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
-    for name in runs:
-        run_args, role = run_arguments(name, o.training_length), RUNS[name][1]
-        if role == "random":
-            run_args = [*run_args, "--random-positions", max(o.lengths)]
-        if role == "drope":
-            if o.max_update < 2:
-                raise ReproduceError(f"{name} drops the positions for the last updates: it needs --max-update >= 2.")
-            run_args = [*run_args, "--drope-start", _drope_start(o)]
-        pos_emb = str(run_args[run_args.index("--pos-emb") + 1])
-        r = _Run(name, tuple(run_args), role, work / "runs" / name, pos_emb in ("rope", "xpos"), _has_positions(run_args, pos_emb, o.training_length))
+    made = [_make_run(name, work, o) for name in runs]  # every run's refusals before any step runs
+    for r in made:
+        if any(m in PROBES for m in run_methods[r.name]):
+            try:
+                probe_windows(r.rotary, r.position_maps, o.probe_windows)
+            except ValueError as e:
+                raise ReproduceError(f"{r.name}: {e}") from None
+    for r in made:
+        name = r.name
         _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[name]:
             _run_method(run, r, method, work, data, o)

@@ -21,13 +21,27 @@ __all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command
 FINETUNE_SAVE_INTERVAL = 100
 
 
-def probe_windows(rotary: bool, position_maps: bool = True) -> tuple:
+def probe_windows(rotary: bool, position_maps: bool = True, only: Sequence[str] = ()) -> tuple:
     """The attention modes every probe compares: :data:`PROBE_WINDOWS`, and Leaky ReRoPE on a ``rotary``
     checkpoint (its fractional distances mean nothing to ALiBi's bias); without the position maps when the
     checkpoint has no positions they could remap (``position_maps`` False: a layer pattern whose global layers
-    are NoPE)."""
+    are NoPE); of those, the ones named in ``only`` when it is given (``--probe-windows``).
+
+    Raises:
+        ValueError: ``only`` names a mode that is no probe window, or none that applies to this checkpoint.
+    """
+    unknown = [w for w in only if w not in (*PROBE_WINDOWS, "leaky_rerope")]
+    if unknown:
+        raise ValueError(f"--probe-windows {','.join(unknown)}: not a probe window; choose from "
+                         f"{', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}.")
     windows = PROBE_WINDOWS + (("leaky_rerope",) if rotary else ())
-    return windows if position_maps else tuple(w for w in windows if w not in POSITION_MAPS)
+    windows = windows if position_maps else tuple(w for w in windows if w not in POSITION_MAPS)
+    if not only:
+        return windows
+    kept = tuple(w for w in windows if w in only)
+    if not kept:
+        raise ValueError(f"--probe-windows {','.join(only)}: none applies to this run (it takes {', '.join(windows)}).")
+    return kept
 
 
 def prepare_command(corpus: Path, data: Path) -> List:
@@ -108,7 +122,7 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rota
     leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
     l = o.training_length
     if not windows:
-        windows = probe_windows(rotary, position_maps)
+        windows = probe_windows(rotary, position_maps, o.probe_windows)
         windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
@@ -151,7 +165,7 @@ def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary
     l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "ruler", data, "--path", ckpt,
             "--lengths", ",".join(str(l * k) for k in (1, 2, 4, 8)), "--depths", RULER_PROBE["depths"],
-            "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", RULER_PROBE["trials"], "--json", out,
+            "--windows", ",".join(probe_windows(rotary, position_maps, o.probe_windows)), "--trials", RULER_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png"), *extra]
 
 
@@ -161,7 +175,7 @@ def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rota
     in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
-    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps)), out, o,
+    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps, o.probe_windows)), out, o,
                         ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only", *extra])
 
 
@@ -181,7 +195,7 @@ def babilong_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rot
     l = o.training_length
     return [sys.executable, "-m", "lex_plugin.cli", "babilong", data, "--path", ckpt, "--tasks", BABILONG_FINETUNE["tasks"],
             "--lengths", ",".join(str(l * k) for k in BABILONG_PROBE["multiples"]),
-            "--windows", ",".join(probe_windows(rotary, position_maps)), "--trials", BABILONG_PROBE["trials"], "--json", out,
+            "--windows", ",".join(probe_windows(rotary, position_maps, o.probe_windows)), "--trials", BABILONG_PROBE["trials"], "--json", out,
             "--plot", out.with_suffix(".png"), *extra]
 
 

@@ -26,6 +26,9 @@ class ReproduceOptions:
         budgets: updates below ``max_update`` at which each run stops, keeps ``checkpoint_uN.pt``, is evaluated,
             and resumes the same schedule.
         bf16_autocast: train under bf16 autocast (fp32 weights and optimizer state).
+        probe_windows: the attention modes the probes (passkey, RULER-lite, BABILong-lite, LongPPL) compare, among
+            ``catalogue.PROBE_WINDOWS`` and ``leaky_rerope``; each run takes those that apply to it
+            (``commands.probe_windows``). Empty: all of them.
     """
 
     arch: str = "lex_lm_tiny"
@@ -41,9 +44,10 @@ class ReproduceOptions:
     passkey_trials: int = 10
     budgets: Tuple[int, ...] = ()
     bf16_autocast: bool = False
+    probe_windows: Tuple[str, ...] = ()
 
     def __post_init__(self):  # lists given by callers become tuples: the value stays frozen
-        for name in ("lengths", "methods", "budgets"):
+        for name in ("lengths", "methods", "budgets", "probe_windows"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def as_json(self) -> dict:

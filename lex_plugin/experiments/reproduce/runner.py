@@ -83,7 +83,7 @@ class Runner:
 
 
 # options the reproduction gained after work directories were made, with the value those directories ran with
-OPTIONS_ADDED_LATER = {"bf16_autocast": False}
+OPTIONS_ADDED_LATER = {"bf16_autocast": False, "probe_windows": []}
 
 
 # options a work directory may be re-run with other values of: each method's report stands alone, and a budget is
