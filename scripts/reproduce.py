@@ -83,11 +83,12 @@ def main(ctx, **params):
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
-    probe_windows = parse_name_list(p["probe_windows"], "--probe-windows")
-    unknown = [w for w in probe_windows if w not in (*PROBE_WINDOWS, "leaky_rerope")]
+    named, windows = parse_name_list(p["probe_windows"], "--probe-windows"), (*PROBE_WINDOWS, "leaky_rerope")
+    unknown = [w for w in named if w not in windows]
     if unknown:
-        raise click.BadParameter(f"unknown probe windows {unknown}; choose from {', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}",
+        raise click.BadParameter(f"unknown probe windows {unknown}; choose from {', '.join(windows)}",
                                  param_hint="--probe-windows")
+    probe_windows = [w for w in windows if w in named]  # one order: the same setting reads the same in options.json
     l, max_update = p["training_length"], p["max_update"]
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")

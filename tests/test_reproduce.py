@@ -641,8 +641,13 @@ def test_probe_windows_narrow_every_probe_and_refuse_what_no_run_takes(tmp_path,
     steps = []
     (tmp_path / "b").mkdir()
     work, data, o, _ = _recorded_steps(tmp_path / "b", monkeypatch, ["ruler"], lambda key, done: steps.append(key))
-    with pytest.raises(reproduce.ReproduceError, match="xpos_bca_nope: --probe-windows dca: none applies"):
+    (data / "dict.txt").unlink()  # a fresh data-bin: nothing may be prepared either
+    with pytest.raises(reproduce.ReproduceError, match="xpos_bca_nope, ruler: --probe-windows dca: none applies"):
         reproduce.reproduce(work, dataclasses.replace(o, probe_windows=("dca",)), ["xpos", "xpos_bca_nope"], tmp_path, data)
-    assert steps == []  # refused before xpos trained
+    assert steps == [] and not work.exists()  # refused before anything was written: a corrected re-run is not blocked
+    with pytest.raises(reproduce.ReproduceError, match="passkey_finetuned_logn: .* none applies to this run with log-n"):
+        reproduce.reproduce(work, dataclasses.replace(o, methods=("passkey_finetuned_logn",), probe_windows=("bca", "sliding")),
+                            ["alibi"], tmp_path, data)
+    assert steps == [] and not work.exists()
     with pytest.raises(ValueError, match="not a probe window"):
         reproduce.probe_windows(True, True, ("chunked",))

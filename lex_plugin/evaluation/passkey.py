@@ -12,8 +12,9 @@ model is not asked to generate: the true key and N random distractor keys are sc
 log-probability of their text after the prompt, and a trial counts as retrieved when the true key
 scores highest (chance: 1 / (N + 1)).
 
-The prompt runs once, block by block through the key/value cache (bounded under BCA / sliding window);
-the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``).
+The prompt but its last token runs once, block by block through the key/value cache (bounded under BCA / sliding
+window); the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``), each row running
+the last prompt token before the candidate's own.
 
 A model too small or too briefly trained to copy at all retrieves at chance even inside l. Then
 :func:`finetune_samples` and :func:`~lex_plugin.data.finetune.write_rows` give a short fine-tuning set in the probe's own format

@@ -64,7 +64,8 @@ def continue_ids(model, prompt: Tensor, max_len: int, eos: int, pad: int, temper
                          "prompt: leave the prompt's last token out of it, so that the first step predicts from it.")
     buffer = prompt.new_empty(1, length + max_len)
     buffer[0, :length] = prompt
-    generated: List[int] = []  # one autocast region: an autocast view casts its weights once, not per step
+    generated: List[int] = []
+    # one autocast region: an autocast view casts its weights once, not per step
     region = decoder.autocast_context(prompt.device) if hasattr(decoder, "autocast_context") else contextlib.nullcontext()
     with region:
         for _ in range(max_len):

@@ -6,5 +6,5 @@ from .probe import (RulerResult, answer_query, effective_length, finetune_sample
                     ruler_accuracy, sentence_stops)
 from .tasks import DEPTHLESS, TASKS, Query, RulerSample, make_sample
 
-__all__ = ["DEPTHLESS", "Query", "RulerResult", "RulerSample", "TASKS", "effective_length", "finetune_samples",
-           "answer_query", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy", "sentence_stops"]
+__all__ = ["DEPTHLESS", "Query", "RulerResult", "RulerSample", "TASKS", "answer_query", "effective_length",
+           "finetune_samples", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy", "sentence_stops"]

@@ -513,26 +513,28 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
         The text of WORK/tables.md.
 
     Raises:
-        ReproduceError: other options in WORK, or a step failed (re-running continues after the last
-            finished step).
+        ReproduceError: other options in WORK; budgets not below ``max_update``; DroPE with fewer than 2 updates; a
+            run that takes none of ``o.probe_windows`` for one of its probes (these three before anything is written);
+            a step failed (re-running continues after the last finished step).
     """
-    check_options(work, o)
-    data = data_bin or work / "data-bin"
     run_methods = {n: methods_of(n, o.methods) for n in runs}
     budgets = sorted(o.budgets)
     if budgets and budgets[-1] >= o.max_update:
         raise ReproduceError(f"budgets {budgets} must be below --max-update {o.max_update} (the last checkpoint "
                              "is the last budget).")
+    made = [_make_run(name, work, o) for name in runs]  # every refusal before anything is written or run
+    for r in made:
+        for method in run_methods[r.name]:
+            if method in PROBES and method != "passkey_finetuned_scaled":  # (that one: 8l, full attention, always)
+                try:
+                    probe_windows(r.rotary, r.position_maps, o.probe_windows, logn=method.endswith("_logn"))
+                except ValueError as e:
+                    raise ReproduceError(f"{r.name}, {method}: {e}") from None
+    check_options(work, o)
+    data = data_bin or work / "data-bin"
     run = Runner(work, _step_count(work, data, runs, run_methods, budgets))
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
-    made = [_make_run(name, work, o) for name in runs]  # every run's refusals before any step runs
-    for r in made:
-        if any(m in PROBES for m in run_methods[r.name]):
-            try:
-                probe_windows(r.rotary, r.position_maps, o.probe_windows)
-            except ValueError as e:
-                raise ReproduceError(f"{r.name}: {e}") from None
     for r in made:
         name = r.name
         _train_and_evaluate(run, r, data, o, budgets)

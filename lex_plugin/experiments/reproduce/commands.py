@@ -21,14 +21,15 @@ __all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command
 FINETUNE_SAVE_INTERVAL = 100
 
 
-def probe_windows(rotary: bool, position_maps: bool = True, only: Sequence[str] = ()) -> tuple:
+def probe_windows(rotary: bool, position_maps: bool = True, only: Sequence[str] = (), logn: bool = False) -> tuple:
     """The attention modes every probe compares: :data:`PROBE_WINDOWS`, and Leaky ReRoPE on a ``rotary``
     checkpoint (its fractional distances mean nothing to ALiBi's bias); without the position maps when the
     checkpoint has no positions they could remap (``position_maps`` False: a layer pattern whose global layers
-    are NoPE); of those, the ones named in ``only`` when it is given (``--probe-windows``).
+    are NoPE); of those, the ones named in ``only`` when it is given (``--probe-windows``); with ``logn``, without
+    BCA and the sliding window (no query of theirs sees more than l keys, so log-n is the identity there).
 
     Raises:
-        ValueError: ``only`` names a mode that is no probe window, or none that applies to this checkpoint.
+        ValueError: ``only`` names a mode that is no probe window, or leaves none for this checkpoint.
     """
     unknown = [w for w in only if w not in (*PROBE_WINDOWS, "leaky_rerope")]
     if unknown:
@@ -36,11 +37,11 @@ def probe_windows(rotary: bool, position_maps: bool = True, only: Sequence[str] 
                          f"{', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}.")
     windows = PROBE_WINDOWS + (("leaky_rerope",) if rotary else ())
     windows = windows if position_maps else tuple(w for w in windows if w not in POSITION_MAPS)
-    if not only:
-        return windows
-    kept = tuple(w for w in windows if w in only)
+    windows = tuple(w for w in windows if not logn or w not in ("bca", "sliding"))
+    kept = tuple(w for w in windows if not only or w in only)
     if not kept:
-        raise ValueError(f"--probe-windows {','.join(only)}: none applies to this run (it takes {', '.join(windows)}).")
+        raise ValueError(f"--probe-windows {','.join(only)}: none applies to this run{' with log-n' if logn else ''} "
+                         f"(it takes {', '.join(windows)}).")
     return kept
 
 
@@ -119,11 +120,14 @@ def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rota
     ReRoPE, Self-Extend, DCA; and Leaky ReRoPE for a ``rotary`` checkpoint), ``o.passkey_trials`` prompts per
     cell (9 distractor keys), with the further ``lex passkey`` flags ``extra`` (``--logn``, a RoPE scaling),
     writing the JSON ``out`` and the heat map beside it (same name, .png). With ``--logn`` the default windows
-    leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity."""
+    leave out BCA and the sliding window: no query of theirs sees more than l keys, so log-n is the identity.
+
+    Raises:
+        ValueError: ``o.probe_windows`` leaves no default window (:func:`probe_windows`).
+    """
     l = o.training_length
     if not windows:
-        windows = probe_windows(rotary, position_maps, o.probe_windows)
-        windows = tuple(w for w in windows if "--logn" not in extra or w not in ("bca", "sliding"))
+        windows = probe_windows(rotary, position_maps, o.probe_windows, logn="--logn" in extra)
     lengths = lengths or [l * k for k in (1, 2, 4, 8)]
     return [sys.executable, "-m", "lex_plugin.cli", "passkey", data, "--path", ckpt,
             "--lengths", ",".join(map(str, lengths)), "--depths", "0.1,0.3,0.5,0.7,0.9",
