@@ -194,15 +194,33 @@ def test_one_query_over_a_feature_major_cache_equals_float64_attention(bias, pad
     assert keys.stride(-1) == 1 and torch.equal(keys, k[order]) and torch.equal(values, v[order])
 
 
-def test_half_precision_caches_stay_sequence_major(monkeypatch):
-    """A bf16 cache keeps (S, D) rows, the layout SDPA's kernels read, whatever its length (only CPU fp32
-    caches are re-laid)."""
+def test_a_half_cache_widens_to_fp32_for_one_query_and_narrows_back(monkeypatch):
+    """A bf16 cache on CPU read by one query over FEATURE_MAJOR_KEYS keys or more is re-laid feature-major in fp32 (its
+    values exactly: bf16 widens losslessly); it stays so as it grows past its capacity, and goes back to bf16
+    sequence-major for several queries. One with attention sinks, whose keys join the window's, stays bf16."""
     from lex_plugin.modules.attention import KeyValueCache, kv_cache
+    from lex_plugin.modules.positions import NoPositions
 
-    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 1)
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 20)
+    torch.manual_seed(4)
+    k, v = (torch.randn(1, 2, 90, 8, dtype=torch.bfloat16) for _ in range(2))
     cache = KeyValueCache(AttentionSpec())
-    cache.append(torch.randn(1, 2, 5, 8, dtype=torch.bfloat16), torch.randn(1, 2, 5, 8, dtype=torch.bfloat16))
-    assert cache.held(queries=1).keys.stride(-1) == 1
+    cache.append(k[:, :, :10], v[:, :, :10])
+    assert cache.held(queries=1).keys.dtype == torch.bfloat16  # 10 keys: below the threshold
+    cache.append(k[:, :, 10:30], v[:, :, 10:30])
+    held = cache.held(queries=1)
+    assert held.feature_major and held.keys.stride(-2) == 1 and held.keys.dtype == held.values.dtype == torch.float32
+    assert torch.equal(held.keys, k[:, :, :30].float()) and torch.equal(held.values, v[:, :, :30].float())
+    cache.append(k[:, :, 30:], v[:, :, 30:])  # 90 keys: past the first buffer's rows
+    held = cache.held(queries=1)
+    assert cache.capacity >= 90 and held.feature_major and held.keys.dtype == torch.float32
+    assert torch.equal(held.keys, k.float()) and torch.equal(held.values, v.float())
+    held = cache.held(queries=2)
+    assert not held.feature_major and held.keys.stride(-1) == 1 and held.keys.dtype == held.values.dtype == torch.bfloat16
+    assert torch.equal(held.keys, k) and torch.equal(held.values, v)
+    spec = AttentionSpec(AttentionWindow.sliding(200).with_sinks(2))
+    sunk = KeyValueCache.after_prefill(spec, NoPositions(), k, v, None)
+    assert sunk.sink_length == 2 and sunk.held(queries=1).keys.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("pos_emb", ["xpos", "alibi"])
@@ -227,6 +245,35 @@ def test_generation_after_a_chunked_prefill_equals_parallel_through_both_layouts
             layouts.append(model.decoder.layers[0].self_attn.cache(state).feature_major)
     assert layouts == [False, True, False, True]
     assert (torch.cat(outs, 1) - full).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["full", "dca"])
+def test_bf16_generation_over_a_widened_cache_is_as_close_to_fp32_as_a_parallel_bf16_pass(mode, monkeypatch):
+    """A bf16 model (xPos) generating one token at a time past FEATURE_MAJOR_KEYS keys reads fp32 feature-major caches
+    (under DCA: raw keys, which each piece rotates) and returns bf16; its logits are as close to fp32 attention over the same
+    bf16 weights as one parallel bf16 forward's are (within 1.5x its error), the first steps included."""
+    import copy
+
+    from lex_plugin.modules.attention import kv_cache
+    from lex_plugin.modules.attention.spec import AttentionOptions
+
+    monkeypatch.setattr(kv_cache, "FEATURE_MAJOR_KEYS", 40)
+    half = build_lex_model(tokens_per_sample=L_TRAIN, pos_emb="xpos").to(torch.bfloat16)
+    reference = copy.deepcopy(half).float()  # the same (bf16-rounded) weights in fp32
+    spec = AttentionOptions(mode=mode).spec(L_TRAIN)
+    tokens = random_tokens(half.decoder.dictionary, 1, 4 * L_TRAIN, seed=21)
+    with torch.no_grad():
+        expected = reference(tokens, spec=spec)[0][:, 40:]
+        parallel = half(tokens, spec=spec)[0][:, 40:]
+        state = {}
+        half.decoder(tokens[:, :40], incremental_state=state, spec=spec)
+        steps = [half.decoder(tokens[:, : t + 1], incremental_state=state, spec=spec)[0] for t in range(40, tokens.size(1))]
+    cache = half.decoder.layers[0].self_attn.cache(state)
+    assert steps[-1].dtype == torch.bfloat16 and cache.held().keys.dtype == torch.float32
+    assert cache.feature_major  # (under DCA its raw keys, which each piece rotates)
+    err_steps = (torch.cat(steps, 1).float() - expected).abs().max()
+    err_parallel = (parallel.float() - expected).abs().max()
+    assert err_steps <= 1.5 * err_parallel, (float(err_steps), float(err_parallel))
 
 
 def test_changing_the_window_mid_generation_is_refused():

@@ -66,7 +66,9 @@ MAP_QUERY_BLOCK = 2048
 # A one-query step over a bf16 / fp16 cache on CPU runs its two products per (batch, head) in that dtype beyond this
 # many keys, and batched in fp32 on fp32 copies up to it: this CPU's half-precision products cost ~50 us a call
 # whatever their size, so over 256 keys (a BCA window) the fp32 copies are 5x faster, and over 16k keys the per-head
-# products 3.4x (examples/lex_lm/BENCHMARKS.md, "bf16 generation over short windows").
+# products 3.4x (examples/lex_lm/BENCHMARKS.md, "bf16 generation over short windows"). From kv_cache.FEATURE_MAJOR_KEYS
+# keys on, a generation cache widens itself to fp32 feature-major, and its steps take fp32's path ("bf16 generation at
+# 16k"): the per-head products serve the caches in between, and one-query chunks that are no cache's.
 HALF_STEP_FP32_KEYS = 2048
 
 # observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
@@ -121,7 +123,9 @@ def attend(
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
         with torch.autocast(q.device.type, enabled=False):  # (a cache's sink keys already hold its dtype)
-            cast = replace(held, keys=held.keys.to(dtype), values=held.values.to(dtype))
+            # a half cache widened for one query (fp32, feature-major: KeyValueCache) is read as it is, not copied back
+            keep = held.feature_major and held.keys.dtype == torch.float32
+            cast = held if keep else replace(held, keys=held.keys.to(dtype), values=held.values.to(dtype))
             return attend(q.to(dtype), cast, chunks, spec=spec, scheme=scheme, q_start=q_start, dropout_p=dropout_p,
                           observer=observer, positions=positions, sink_logits=sink_logits)
     if spec.logn:
@@ -363,7 +367,7 @@ class _Run:
             for piece, qr, kr in rotated:
                 part, seen = scores[..., piece.lo : piece.hi], _seen(allowed, piece)
                 part.copy_(_step_logits(qr, kr) if seen is None else torch.where(seen, _step_logits(qr, kr), part))
-            return _weighted_values(scores, vc, self._sink(1))
+            return _weighted_values(scores, vc, self._sink(1)).to(qc.dtype)
         outs, lses = [], []
         for piece, qr, kr in rotated:
             seen, keys = _seen(allowed, piece), piece.hi - piece.lo
@@ -591,10 +595,12 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     (sequence-major, :func:`_half_step_on_cpu`) the softmax runs in fp32 and the products, over more than
     :data:`HALF_STEP_FP32_KEYS` keys, per head in that dtype: the logits are then rounded to the cache's dtype once (8
     significant bits in bf16, as an eager half-precision attention), where SDPA's fused kernel keeps them fp32; over
-    fewer keys, in fp32 on fp32 copies of the keys and values.
+    fewer keys, in fp32 on fp32 copies of the keys and values. A generation cache of ``kv_cache.FEATURE_MAJOR_KEYS``
+    keys or more widens itself to fp32 feature-major, so a half-precision step over it runs as fp32's does (the
+    output is cast back to q's dtype).
 
     Args:
-        q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype; bias: (H, 1, S) or None;
+        q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype (or fp32: a widened cache); bias: (H, 1, S) or None;
         allowed: boolean visibility broadcastable to (B, H, 1, S) (padded keys), or None: every key.
         sink: learned sink logits (1, H, 1, 1) fp32, or None.
 
@@ -606,7 +612,7 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
         scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return _weighted_values(scores, v, sink)
+    return _weighted_values(scores, v, sink).to(q.dtype)  # (a widened half cache's values are fp32)
 
 
 def _seen(allowed: Optional[Tensor], piece) -> Optional[Tensor]:

@@ -14,12 +14,16 @@ keys are multiplied by one (d,) factor (``rescale_keys``), which only shrinks th
 value stays finite at any length.
 
 Layout: a buffer is sequence-major, (B, H, cap, D) in memory, what SDPA's kernels read, or, for a
-generation step's single query over at least ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32, feature-major,
+generation step's single query over at least ``FEATURE_MAJOR_KEYS`` keys on CPU, feature-major and fp32,
 (B, H, D, cap) in memory: the step's two matrix-vector products (``executor``) then read keys and values
-as long contiguous rows, at about the memory bandwidth. ``view(queries)`` re-lays the buffers when the
+as long contiguous rows, at about the memory bandwidth. ``held(queries)`` re-lays the buffers when the
 kind of reader changes (once when generation starts after a chunked prefill; back if several queries
-come again); ``held`` always gives (B, H, T, D) views. A bf16 / fp16 cache stays sequence-major: its step runs as
-two 2-D products per (batch, head) over the (S, D) rows (``executor._one_query``).
+come again); ``held`` always gives (B, H, T, D) views. A bf16 / fp16 cache (bf16 autocast, a half model) is widened
+to fp32 when it goes feature-major, and narrowed back to the model's dtype with the layout: on CPU a half-precision
+product costs about 50 us a call whatever its size, and over long caches PyTorch's batched half products copy the
+cache first, so the widened step runs at fp32's speed where the half one ran at half of it; it holds the cache in
+fp32's bytes meanwhile (examples/lex_lm/BENCHMARKS.md, "bf16 generation at 16k"). A half cache with attention sinks,
+or under ``FEATURE_MAJOR_KEYS`` keys, stays sequence-major in its dtype (``executor._one_query``).
 
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
@@ -148,6 +152,7 @@ class KeyValueCache:
         self._offset = 0  # buffer row of position ``start``
         self.feature_major = False  # layout of the buffers (module docstring)
         self._length = 0
+        self._dtype: Optional[torch.dtype] = None  # the keys' dtype as the model gives them (a widened cache holds fp32)
         self.sink_k: Optional[Tensor] = None  # (B, H, s, D) un-rotated keys of positions 0 .. s - 1 (sink tokens)
         self.sink_v: Optional[Tensor] = None
         self.sink_pad: Optional[Tensor] = None  # (B, s) bool: which sink positions are padding
@@ -206,7 +211,9 @@ class KeyValueCache:
                 raise ValueError("only an empty cache takes a start position.")
             self.start = start
         tokens = k.size(2)
-        self._reserve(tokens, k)
+        if self._k is None:
+            self._dtype = k.dtype
+        self._reserve(tokens, k if self._k is None else self._k)  # a widened cache stays fp32 as it grows
         rows = slice(self._offset + self._length, self._offset + self._length + tokens)
         self._k[:, :, rows] = k
         self._v[:, :, rows] = v
@@ -228,11 +235,11 @@ class KeyValueCache:
                 None keeps the layout.
         """
         if queries is not None and self._k is not None:
-            if queries > 1 and self.feature_major:
-                self._move(self._k, self.capacity, False)
+            if queries > 1 and self.feature_major:  # back to sequence-major, in the model's dtype
+                self._move(self._k[:, :, :0].to(self._dtype), self.capacity, False)
             elif (queries == 1 and not self.feature_major and self._length >= FEATURE_MAJOR_KEYS
-                  and self._k.device.type == "cpu" and self._k.dtype == torch.float32):
-                self._move(self._k, self.capacity, True)
+                  and self._k.device.type == "cpu" and (self._k.dtype == torch.float32 or self.sink_k is None)):
+                self._move(self._k[:, :, :0].float(), self.capacity, True)  # a bf16 / fp16 cache widens to fp32
         live = slice(self._offset, self._offset + self._length)
         pad = None if self._pad is None else self._pad[:, live]
         if pad is not None and not bool(pad.any()):
