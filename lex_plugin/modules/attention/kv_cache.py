@@ -231,7 +231,8 @@ class KeyValueCache:
         Args:
             queries: how many new queries will read the views, to lay the buffers out for them (module
                 docstring; a change of layout copies the live rows once): one query over at least
-                ``FEATURE_MAJOR_KEYS`` keys on CPU in fp32 -> feature-major, several -> sequence-major.
+                ``FEATURE_MAJOR_KEYS`` keys on CPU -> feature-major in fp32 (a bf16 / fp16 cache widened, unless it
+                holds sinks), several -> sequence-major in the model's dtype.
                 None keeps the layout.
         """
         if queries is not None and self._k is not None:
