@@ -11,7 +11,7 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (916 tests; 914 of them: 20 min 28 s on 2 cores, other jobs beside it for its first 13 minutes; 14 min 42 s for 873 of them on quiet cores; 30 min 42 s beside a training job).
+# README command 2: the test suite (926 tests: 19 min 34 s on 2 cores, a probe beside it for its first 7 minutes; 14 min 42 s for 873 of them on quiet cores; 30 min 42 s beside a training job).
 # Two workers (pytest-xdist), one thread each: much of the suite is process start-up and fairseq's imports,
 # which a second core halves; one thread per worker keeps the two from oversubscribing the cores.
 test: install
