@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, RUNS, ReproduceError, ReproduceOptions, profile_flags,
+from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, RUNS, probe_windows, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
 from lex_plugin.options import parse_int_list, parse_name_list
 
@@ -83,12 +83,11 @@ def main(ctx, **params):
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
-    named, windows = parse_name_list(p["probe_windows"], "--probe-windows"), (*PROBE_WINDOWS, "leaky_rerope")
-    unknown = [w for w in named if w not in windows]
-    if unknown:
-        raise click.BadParameter(f"unknown probe windows {unknown}; choose from {', '.join(windows)}",
-                                 param_hint="--probe-windows")
-    probe_windows = [w for w in windows if w in named]  # one order: the same setting reads the same in options.json
+    named = parse_name_list(p["probe_windows"], "--probe-windows")
+    try:  # every probe window a run can take, in one order: the same setting reads the same in options.json
+        windows = list(probe_windows(rotary=True, position_maps=True, only=named)) if named else []
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--probe-windows") from None
     l, max_update = p["training_length"], p["max_update"]
     if l % 2:
         raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
@@ -120,7 +119,7 @@ def main(ctx, **params):
     o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
                          seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
                          resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
-                         budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=probe_windows)
+                         budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=windows)
     try:
         reproduce(Path(p["work"]), o, runs, p["corpus"], p["data_bin"])
     except ReproduceError as e:

@@ -536,9 +536,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for r in made:
-        name = r.name
         _train_and_evaluate(run, r, data, o, budgets)
-        for method in run_methods[name]:
+        for method in run_methods[r.name]:
             _run_method(run, r, method, work, data, o)
         write_results(work, o, runs)  # tables grow as runs finish
     text = write_results(work, o, runs)
