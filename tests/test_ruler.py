@@ -364,3 +364,44 @@ def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypat
                                 [hub.spec], hub.src_dict.eos(), hub.src_dict.pad(), trials=3, progress=False)
     assert single.trials == 3 and single.skipped is None and calls.count("niah_single_1") == 4
     assert vt.trials == 0 and "too short" in vt.skipped and calls.count("vt") == probe_module.REDRAWS
+
+
+def test_a_killed_probe_resumes_at_its_first_unfinished_cell(hub, filler, tmp_path, monkeypatch):
+    """A probe killed after two of its four cells, run again on the same journal: the two finished cells are read
+    back (no query of theirs is asked again), a line the kill cut short is dropped, and the results equal an
+    uninterrupted run's in every field. A journal signed for another probe is started afresh."""
+    from lex_plugin.evaluation.journal import CellJournal
+
+    specs = [hub.spec_for(mode="full"), hub.spec_for(mode="bca")]
+    args = (hub.models[0], hub.encode_fragment, filler, ["niah_single_1", "vt"], [4 * TRAIN_LEN, 8 * TRAIN_LEN], [0.5], specs,
+            hub.src_dict.eos(), hub.src_dict.pad())
+    asked = []
+    real = probe_module.answer_query
+
+    def counted(model, prompt, *rest, **kw):
+        asked.append(prompt.numel())
+        if kill_after is not None and len(asked) > kill_after:
+            raise KeyboardInterrupt
+        return real(model, prompt, *rest, **kw)
+
+    monkeypatch.setattr(probe_module, "answer_query", counted)
+    kill_after = None
+    reference = ruler_accuracy(*args, trials=1, progress=False)
+    per_cell = len(asked) // 4  # one query per prompt of both tasks, two windows
+    assert len(asked) == 8 and per_cell == 2
+
+    path, signature = tmp_path / "ruler.json.cells.jsonl", {"checkpoint": "a", "trials": 1}
+    asked.clear()
+    kill_after = 2 * per_cell + 1  # dies within the third cell
+    with pytest.raises(KeyboardInterrupt):
+        ruler_accuracy(*args, trials=1, progress=False, journal=CellJournal(path, signature))
+    with path.open("a") as f:
+        f.write('{"key": ["vt", 256')  # the write a kill cut short
+    asked.clear()
+    kill_after = None
+    journal = CellJournal(path, signature)
+    assert len(journal) == 2
+    resumed = ruler_accuracy(*args, trials=1, progress=False, journal=journal)
+    assert len(asked) == 2 * per_cell  # the two unfinished cells only
+    assert [r.to_dict() for r in resumed] == [r.to_dict() for r in reference]
+    assert len(CellJournal(path, signature)) == 4 and len(CellJournal(path, {**signature, "trials": 2})) == 0

@@ -149,3 +149,26 @@ JSON_OUT = click.option("--json", "json_out", type=click.Path(dir_okay=False, pa
 
 
 PLOT_OUT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write a PNG")
+
+
+RESUME = click.option("--resume/--no-resume", default=True, show_default=True,
+                      help="with --json OUT: record each finished cell in OUT.cells.jsonl, and read the cells of an earlier, "
+                           "killed run of the same command (same checkpoint file, same options) back instead of computing them")
+
+
+def probe_journal(json_out, checkpoint, resume: bool):
+    """The cell journal of a ``--resume`` probe writing ``json_out`` (``OUT.cells.jsonl``), signed with the command,
+    the checkpoint file and every option given (:class:`~lex_plugin.evaluation.journal.CellJournal`); None without
+    ``--json`` or with ``--no-resume`` (which also drops a journal left by an earlier run)."""
+    from ..evaluation.journal import JOURNAL_SUFFIX, CellJournal, checkpoint_identity
+
+    if json_out is None:
+        return None
+    path = json_out.with_name(json_out.name + JOURNAL_SUFFIX)
+    if not resume:
+        path.unlink(missing_ok=True)
+        return None
+    ctx = click.get_current_context()
+    options = {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in sorted(ctx.params.items())
+               if k not in ("json_out", "plot_out", "resume")}
+    return CellJournal(path, {"command": ctx.command.name, "checkpoint": checkpoint_identity(checkpoint), "options": options})

@@ -3,7 +3,7 @@
 import click
 
 from ..options import parse_float_list, parse_int_list, parse_name_list
-from .common import CKPT, DATA, JSON_OUT, PLOT_OUT, WINDOWS, probe_options, probe_outputs, probe_specs
+from .common import CKPT, DATA, JSON_OUT, PLOT_OUT, RESUME, WINDOWS, probe_journal, probe_options, probe_outputs, probe_specs
 from .group import main
 
 
@@ -72,8 +72,9 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
 @probe_options
 @JSON_OUT
 @PLOT_OUT
+@RESUME
 def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distractors, hops, seed, split, threshold,
-              relative_threshold, json_out, plot_out, **flags):
+              relative_threshold, json_out, plot_out, resume, **flags):
     """RULER-lite (RULER's synthetic tasks for small models): needles in noise or book text (numbers, UUIDs),
     several keys, values and queries, variable tracking, frequent- and common-word extraction. Each query is
     scored by greedy exact match (RULER's string_match_all on what greedy decoding writes) and by ranking each
@@ -95,8 +96,9 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
             raise ValueError("--tasks, --lengths, --depths and --windows each need at least one value.")
         specs = probe_specs(hub, flags, modes, max(sizes))
         filler = split_stream(data, split, hub.src_dict)
+        journal = probe_journal(json_out, checkpoint, resume)
         results = ruler_accuracy(hub.models[0], hub.encode_fragment, filler, names, sizes, fractions, specs, hub.src_dict.eos(),
-                                 hub.src_dict.pad(), trials, distractors, hops, seed, unk=hub.src_dict.unk())
+                                 hub.src_dict.pad(), trials, distractors, hops, seed, unk=hub.src_dict.unk(), journal=journal)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     click.echo(format_ruler(results, l, threshold, relative_threshold))
@@ -108,6 +110,8 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
               "relative_threshold": relative_threshold, "summary": summary, "results": [r.to_dict() for r in results]}
     probe_outputs(report, json_out, plot_out, lambda out: plot_ruler(results, out, l),
                    plot_out and plot_out.with_name(f"{plot_out.stem}_TASK{plot_out.suffix}"))
+    if journal is not None:
+        journal.remove()
 
 
 @main.command("babilong")
@@ -122,7 +126,8 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
 @probe_options
 @JSON_OUT
 @PLOT_OUT
-def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split, json_out, plot_out, **flags):
+@RESUME
+def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split, json_out, plot_out, resume, **flags):
     """BABILong-lite: bAbI stories (qa1-qa5: one, two, three supporting facts; two- and three-argument relations)
     scattered through book text at each length, then the question; scored by greedy exact match of the answer
     word and by ranking it against the task's other answers. Table, JSON, heat map. Fine-tune first on
@@ -141,12 +146,15 @@ def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split,
         if not sizes or not modes or not names:
             raise ValueError("--tasks, --lengths and --windows each need at least one value.")
         specs = probe_specs(hub, flags, modes, max(sizes))
+        journal = probe_journal(json_out, checkpoint, resume)
         results = babilong_accuracy(hub.models[0], hub.encode_fragment, split_stream(data, split, hub.src_dict), names,
                                     sizes, specs, hub.src_dict.eos(), hub.src_dict.pad(), trials, seed,
-                                    unk=hub.src_dict.unk())
+                                    unk=hub.src_dict.unk(), journal=journal)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     click.echo(format_babilong(results, l))
     report = {"checkpoint": str(checkpoint), "data": str(data), "split": split, "training_length": l, "trials": trials,
               "seed": seed, "results": [r.to_dict() for r in results]}
     probe_outputs(report, json_out, plot_out, lambda out: plot_babilong(results, out, l))
+    if journal is not None:
+        journal.remove()

@@ -25,7 +25,7 @@ length): greedy exact match (every token of the answer word is the model's argma
 import logging
 import math
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -34,6 +34,7 @@ from torch import Tensor
 from ..data.finetune import FinetuneRow
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import progress_bar
+from .journal import CellJournal
 from .passkey import score_candidates
 from .ruler.probe import sentence_stops
 from .ruler.tasks import _book
@@ -252,13 +253,22 @@ class BabilongResult:
         out.update(greedy_accuracy=self.greedy_accuracy, ranking_accuracy=self.ranking_accuracy)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "BabilongResult":
+        """The result :meth:`to_dict` wrote (its derived accuracies dropped)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
 
 def babilong_accuracy(model, encode: Encode, filler: Tensor, tasks: Sequence[str], lengths: Sequence[int],
                       specs: Sequence[AttentionSpec], eos: int, pad: int, trials: int = 20, seed: int = 0,
-                      progress: bool = True, unk: Optional[int] = None) -> List[BabilongResult]:
+                      progress: bool = True, unk: Optional[int] = None,
+                      journal: Optional[CellJournal] = None) -> List[BabilongResult]:
     """Greedy and ranking accuracy per (task, window, length): ``trials`` prompts per cell, the same prompts for
     every window (seeded by ``seed``, task, length and trial; a story too long for the length is redrawn, and a
     cell where REDRAWS draws never fit keeps the trials it has, none at all: '-' in the table).
+
+    ``journal``: the finished cells of an earlier, killed run of the same probe (read back, not computed) and where
+    each cell is recorded as it finishes (:class:`~lex_plugin.evaluation.journal.CellJournal`); None: none.
 
     Raises:
         ValueError: as :func:`make_sample`.
@@ -271,6 +281,11 @@ def babilong_accuracy(model, encode: Encode, filler: Tensor, tasks: Sequence[str
     bar = progress_bar(len(tasks) * len(lengths) * trials * len(specs), "babilong", "prompt", progress)
     for task in tasks:
         for length in lengths:
+            done = journal.get([task, length]) if journal is not None else None
+            if done is not None:
+                results += [BabilongResult.from_dict(d) for d in done]
+                bar.update(trials * len(specs))
+                continue
             cell = {str(s): BabilongResult(task, str(s), length, attention=s.fields()) for s in specs}
             for trial in range(trials):
                 g = torch.Generator().manual_seed(zlib.crc32(repr((seed, task, length, trial)).encode()))
@@ -296,6 +311,8 @@ def babilong_accuracy(model, encode: Encode, filler: Tensor, tasks: Sequence[str
                     result.tokens = max(result.tokens, prompt.numel())
                     bar.update(1)
             results += cell.values()
+            if journal is not None:
+                journal.put([task, length], [r.to_dict() for r in cell.values()])
     bar.close()
     return results
 

@@ -20,7 +20,7 @@ the shortest length), and RULER's length-weighted averages (weights rising, ``wA
 
 import logging
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -29,6 +29,7 @@ from torch import Tensor
 from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
+from ..journal import CellJournal
 from ...modules.attention.kv_cache import fork_incremental_state
 from ..passkey import CandidateScores, read_prompt, score_continuations
 from ..sampling import continue_ids
@@ -94,6 +95,11 @@ class RulerResult:
         out["greedy_rate"] = self.greedy_rate
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "RulerResult":
+        """The result :meth:`to_dict` wrote (its derived ``accuracy`` and ``greedy_rate`` dropped)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
 
 def _contains(seq: List[int], part: List[int]) -> bool:
     n = len(part)
@@ -123,7 +129,8 @@ def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tok
 
 def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
                    specs: Sequence[AttentionSpec], eos: int, pad: int, trials: int = 5, distractors: int = 9, hops: int = 2,
-                   seed: int = 0, progress: bool = True, unk: Optional[int] = None) -> List[RulerResult]:
+                   seed: int = 0, progress: bool = True, unk: Optional[int] = None,
+                   journal: Optional[CellJournal] = None) -> List[RulerResult]:
     """Accuracy per (task, window, length, depth): ``trials`` prompts per cell (``fwe``: one row per length, depth
     None), the same prompts for every window (seeded by ``seed``, task, length, depth and trial).
 
@@ -131,6 +138,8 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
         model: a lex_lm model in eval mode; encode: text -> ids (``LexHubInterface.encode_fragment``).
         filler: (T,) int64 book text for the book haystacks (the data-bin's test split).
         specs: the attention specs compared; eos, pad, unk: the dictionary's ids (``unk``: refuse text it cannot spell).
+        journal: the finished cells of an earlier, killed run of the same probe (read back, not computed) and where
+            each cell is recorded as it finishes (:class:`~lex_plugin.evaluation.journal.CellJournal`); None: none.
 
     Raises:
         ValueError: as :func:`~.tasks.make_sample` (unknown task, bad depth, a length too short, too little filler).
@@ -143,6 +152,11 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
     results = []
     bar = progress_bar(len(cells) * trials * len(specs), "ruler", "prompt", progress)
     for task, length, depth in cells:
+        done = journal.get([task, length, depth]) if journal is not None else None
+        if done is not None:
+            results += [RulerResult.from_dict(d) for d in done]
+            bar.update(trials * len(specs))
+            continue
         cell = {str(s): RulerResult(task, str(s), length, depth, distractors, attention=s.fields()) for s in specs}
         for trial in range(trials):
             sample, err = None, None
@@ -184,6 +198,8 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
                 result.prompt_tokens.append(sample.tokens)
                 bar.update(1)
         results += cell.values()
+        if journal is not None:
+            journal.put([task, length, depth], [r.to_dict() for r in cell.values()])
     bar.close()
     return results
 

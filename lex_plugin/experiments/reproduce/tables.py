@@ -419,11 +419,10 @@ def markdown_ruler(ruler: Dict[str, dict], runs: Sequence[str], l: int) -> str:
     (mean over depths), as ``lex ruler`` prints it."""
     from ...evaluation.ruler import RulerResult, format_ruler
 
-    fields = set(RulerResult.__dataclass_fields__)
     parts = []
     for name in runs:
         if name in ruler:
-            results = [RulerResult(**{k: v for k, v in r.items() if k in fields}) for r in ruler[name]["results"]]
+            results = [RulerResult.from_dict(r) for r in ruler[name]["results"]]
             parts.append(f"{LABELS.get(name, name)}:\n\n" + format_ruler(results, l))
     return "\n\n".join(parts)
 

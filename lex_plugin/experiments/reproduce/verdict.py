@@ -247,8 +247,7 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
     from ...evaluation.ruler import RulerResult
     from ...evaluation.ruler.probe import effective_length
 
-    known = set(RulerResult.__dataclass_fields__)
-    results = [RulerResult(**{k: v for k, v in r.items() if k in known}) for r in report["results"]]
+    results = [RulerResult.from_dict(r) for r in report["results"]]
     full = [r for r in results if r.window == "full"]
     if not full:
         return None
