@@ -176,7 +176,9 @@ def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int) -> ReadPro
     device = next(model.parameters()).device
     source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
     state: Dict = {}
-    for _ in blockwise_forward(model, source[:, :-1], spec.window.feed_block or FULL_BLOCK, state, spec=spec):
+    # the caches are what is kept: the hidden states are not projected onto the vocabulary (features_only)
+    for _ in blockwise_forward(model, source[:, :-1], spec.window.feed_block or FULL_BLOCK, state, spec=spec,
+                               features_only=True):
         pass
     return ReadPrompt(source, state)
 
