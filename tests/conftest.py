@@ -38,15 +38,54 @@ def pg_slice(tmp_path_factory) -> Path:
     return dst
 
 
+# lex commands run_cli starts as processes: prepare's pool of workers, and train, which replaces its process with
+# fairseq-train (os.execvp); every other `python -m lex_plugin.cli CMD` runs in this process
+LEX_SUBPROCESS = {"prepare", "train"}
+
+
 def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run a command with this interpreter's scripts first on PATH (``env``: more variables); fail with
-    its output on error."""
+    its output on error.
+
+    ``python -m lex_plugin.cli CMD ...`` (CMD not in :data:`LEX_SUBPROCESS`, no further subprocess arguments) runs
+    in this process through click's CliRunner: the same command and options, its stdout and stderr (the log) kept
+    apart, without the ~7 s of a new interpreter importing torch and fairseq. The data-bin fixture's prepare and
+    the tests that expect a failure still start real processes."""
+    args = [str(a) for a in args]
+    if args[:3] == [sys.executable, "-m", "lex_plugin.cli"] and len(args) > 3 and args[3] not in LEX_SUBPROCESS and not kwargs:
+        return _invoke_lex(args, env)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def _invoke_lex(args, env) -> subprocess.CompletedProcess:
+    """``lex`` args[3:] in this process, from the repository root; the root logger the command configures
+    (``logging.basicConfig(force=True)``) is put back after it."""
+    import logging
+    import traceback
+
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main
+
+    root, cwd = logging.getLogger(), os.getcwd()
+    handlers, level = root.handlers[:], root.level
+    os.chdir(REPO)
+    try:
+        result = CliRunner().invoke(main, args[3:], env=env, prog_name="lex")
+    finally:
+        os.chdir(cwd)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    if result.exit_code != 0:
+        trace = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
+        raise AssertionError(f"lex {' '.join(args[3:])} failed ({result.exit_code}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-5000:]}\n{trace[-3000:]}")
+    return subprocess.CompletedProcess(args, 0, result.stdout, result.stderr)
 
 
 def make_dictionary(size: int = 100) -> Dictionary:
