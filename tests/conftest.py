@@ -1,5 +1,6 @@
 """Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models."""
 
+import functools
 import json
 import os
 import re
@@ -41,19 +42,23 @@ def pg_slice(tmp_path_factory) -> Path:
 # lex commands run_cli starts as processes: prepare's pool of workers, and train, which replaces its process with
 # fairseq-train (os.execvp); every other `python -m lex_plugin.cli CMD` runs in this process
 LEX_SUBPROCESS = {"prepare", "train"}
+# scripts whose click command run_cli runs in this process (their steps still start their own processes)
+IN_PROCESS_SCRIPTS = ("reproduce.py",)
 
 
 def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run a command with this interpreter's scripts first on PATH (``env``: more variables); fail with
     its output on error.
 
-    ``python -m lex_plugin.cli CMD ...`` (CMD not in :data:`LEX_SUBPROCESS`, no further subprocess arguments) runs
-    in this process through click's CliRunner: the same command and options, its stdout and stderr (the log) kept
-    apart, without the ~7 s of a new interpreter importing torch and fairseq. The data-bin fixture's prepare and
-    the tests that expect a failure still start real processes."""
+    ``python -m lex_plugin.cli CMD ...`` (CMD not in :data:`LEX_SUBPROCESS`) and ``python scripts/NAME ...`` (NAME in
+    :data:`IN_PROCESS_SCRIPTS`) run in this process through click's CliRunner (``timeout`` then unused): the same
+    command and options, its stdout and stderr (the log) kept apart, without the ~7 s of a new interpreter importing
+    torch and fairseq. The data-bin fixture's prepare and the tests that expect a failure still start real
+    processes."""
     args = [str(a) for a in args]
-    if args[:3] == [sys.executable, "-m", "lex_plugin.cli"] and len(args) > 3 and args[3] not in LEX_SUBPROCESS and not kwargs:
-        return _invoke_lex(args, env)
+    command = _in_process_command(args) if set(kwargs) <= {"timeout"} else None
+    if command is not None:
+        return _invoke(*command, args, env)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
@@ -62,28 +67,50 @@ def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
-def _invoke_lex(args, env) -> subprocess.CompletedProcess:
-    """``lex`` args[3:] in this process, from the repository root; the root logger the command configures
-    (``logging.basicConfig(force=True)``) is put back after it."""
+def _in_process_command(args):
+    """(click command, its arguments, its name) for a command run_cli runs in this process, else None."""
+    if args[:3] == [sys.executable, "-m", "lex_plugin.cli"] and len(args) > 3 and args[3] not in LEX_SUBPROCESS:
+        from lex_plugin.cli import main
+
+        return main, args[3:], "lex"
+    if len(args) > 1 and args[0] == sys.executable and Path(args[1]).parent == REPO / "scripts" and Path(args[1]).name in IN_PROCESS_SCRIPTS:
+        return _script(Path(args[1]).name).main, args[2:], Path(args[1]).name
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _script(name: str):
+    """The module of scripts/NAME, loaded once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_script_{Path(name).stem}", REPO / "scripts" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _invoke(command, arguments, name, args, env) -> subprocess.CompletedProcess:
+    """``command`` on ``arguments`` in this process, from the repository root, with this interpreter's scripts first on
+    PATH (``env``: more variables); the root logger a command configures (``logging.basicConfig(force=True)``) is put
+    back after it."""
     import logging
     import traceback
 
     from click.testing import CliRunner
 
-    from lex_plugin.cli import main
-
     root, cwd = logging.getLogger(), os.getcwd()
     handlers, level = root.handlers[:], root.level
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {})}
     os.chdir(REPO)
     try:
-        result = CliRunner().invoke(main, args[3:], env=env, prog_name="lex")
+        result = CliRunner().invoke(command, arguments, env=env, prog_name=name)
     finally:
         os.chdir(cwd)
         root.handlers[:] = handlers
         root.setLevel(level)
     if result.exit_code != 0:
         trace = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
-        raise AssertionError(f"lex {' '.join(args[3:])} failed ({result.exit_code}):\n{result.stdout[-3000:]}\n"
+        raise AssertionError(f"{name} {' '.join(arguments)} failed ({result.exit_code}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}\n{trace[-3000:]}")
     return subprocess.CompletedProcess(args, 0, result.stdout, result.stderr)
 
