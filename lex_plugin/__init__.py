@@ -22,7 +22,7 @@ except ModuleNotFoundError as err:  # the fairseq-free core; any other import er
         raise
     __all__ = []
 else:
-    from . import checkpoints, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, torch_adamw, lex_language_modeling)
+    from . import checkpoints, criterions, models, optim, tasks  # noqa: E402,F401  (registers lex_lm, its architectures, answer_cross_entropy, torch_adamw, lex_language_modeling)
     from .data import lex_moses  # noqa: F401  (registers the lex_moses tokenizer)
     from .hub_interface import from_pretrained
     from .models import LexLanguageModel

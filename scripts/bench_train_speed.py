@@ -11,6 +11,8 @@ second of fairseq's own ``train_inner`` log over the updates after warm-up, and 
     python scripts/bench_train_speed.py --baseline ../lex-before   # old / new / new/old columns
     python scripts/bench_train_speed.py --autocast --arch lex_lm_tiny,lex_lm_small   # fp32 vs --bf16-autocast
     python scripts/bench_train_speed.py --designs rope,rope_learned_sinks,rnope_swa   # the reproduction's runs by name
+    python scripts/bench_train_speed.py --finetune work/repro_long/ruler-bin --batch-size 32 --baseline ../lex-before
+        # a probe's fine-tuning: --answer-only-loss on a lex ruler-data / babilong-data bin
 
 With --baseline PATH every run is repeated right after itself with PATH's lex_plugin as --user-dir (under
 PYTHONPATH=PATH); the stock transformer_lm runs the same code on both sides, so its new/old ratio shows
@@ -45,13 +47,15 @@ WPS = [("train tokens/s (median)", "median_wps", "{:,.0f}")]
 
 
 def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sample: int, batch_size: int,
-              checkout: Optional[Path] = None) -> List[float]:
+              checkout: Optional[Path] = None, break_mode: str = "none") -> List[float]:
     """wps of every ``train_inner`` log line past ``warmup`` updates of one fairseq-train run of the project's
-    recipe (``lex_plugin.experiments.recipe``; ``arch``: an ``ARCHS`` entry; ``checkout``: with that checkout's lex_plugin)."""
+    recipe (``lex_plugin.experiments.recipe``; ``arch``: an ``ARCHS`` entry; ``checkout``: with that checkout's lex_plugin;
+    ``break_mode``: ``--sample-break-mode``). fairseq's wps counts the targets the loss is over (under
+    ``--answer-only-loss``, the answers' tokens)."""
     name, model_args, plugin = arch
     user_dir = (Path(checkout).resolve() / "lex_plugin" if checkout is not None else REPO / "lex_plugin") if plugin else None
     cmd = fairseq_train_command(data, None, arch=name, model_args=model_args, tokens_per_sample=tokens_per_sample,
-                                batch_size=batch_size, lr="1e-3", updates=updates, warmup=50,
+                                batch_size=batch_size, lr="1e-3", updates=updates, warmup=50, break_mode=break_mode,
                                 log_format="json", log_interval=5, user_dir=user_dir)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=benchmark.checkout_env(checkout), cwd=REPO)
     if proc.returncode != 0:
@@ -75,12 +79,15 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
               help="compare lex_lm_tiny with and without --random-positions L_MAX instead")
 @click.option("--autocast", is_flag=True,
               help="compare each --arch in fp32 and under --bf16-autocast (bf16 autocast, fp32 weights) instead")
+@click.option("--finetune", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="BIN",
+              help="time a probe's fine-tuning instead: lex_lm_tiny on the rows of BIN (lex ruler-data / babilong-data), "
+                   "one per sample, with --answer-only-loss (with --baseline: its old and new loss)")
 @click.option("--arch", "arch_names", default="lex_lm_tiny", show_default=True, help="the lex_lm presets of --autocast")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None)
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="PATH",
               help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
 def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, designs, random_positions, autocast,
-         arch_names, json_out, baseline):
+         finetune, arch_names, json_out, baseline):
     if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
         raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS
@@ -105,13 +112,17 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
     if autocast:
         archs = {f"{a} {p}": (a, flags, True) for a in arch_names.split(",")
                  for p, flags in (("fp32", []), ("bf16 autocast", ["--bf16-autocast"]))}
+    break_mode = "none"
+    if finetune:
+        data, break_mode = finetune, "eos"
+        archs = {"lex_lm_tiny --answer-only-loss": ("lex_lm_tiny", ["--answer-only-loss"], True)}
     sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
     wps = {side: {name: [] for name in archs} for side in sides}
     for r in range(rounds):
         for name, args in archs.items():
             for side, checkout in sides.items():
                 click.echo(f"round {r + 1}/{rounds}: {name}{' (baseline)' if side == 'old' else ''} ...", err=True)
-                wps[side][name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size, checkout)
+                wps[side][name] += train_wps(data, args, updates, warmup, tokens_per_sample, batch_size, checkout, break_mode)
     med = {side: {name: statistics.median(v) for name, v in runs.items()} for side, runs in wps.items()}
     new = med["new"]
     ref = "xpos" if schemes and "xpos" in new else next(iter(new))

@@ -224,6 +224,23 @@ def _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode):
             lp = logits[0].double().log_softmax(-1).gather(-1, row[:, None]).squeeze(-1)
             nll += (-lp[-(int(a) + 1):]).tolist()
     assert sample_size == len(nll) and loss.item() / sample_size == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+    # the task's criterion projects the answers' positions alone: fairseq's cross_entropy's loss and gradients
+    from fairseq.criterions.cross_entropy import CrossEntropyCriterion
+
+    from lex_plugin.criterions import AnswerCrossEntropyCriterion
+
+    criterion = task.build_criterion(cfg.criterion)
+    assert isinstance(criterion, AnswerCrossEntropyCriterion)
+    got = []
+    for crit in (criterion, CrossEntropyCriterion(task, sentence_avg=False)):
+        model.zero_grad()
+        loss, sample_size, log = crit(model, batch)
+        loss.backward()
+        got.append((loss.item(), sample_size, log["ntokens"], [p.grad.clone() for p in model.parameters()]))
+    (ours, size, ntokens, grads), (theirs, size_ref, ntokens_ref, grads_ref) = got
+    assert (size, ntokens) == (size_ref, ntokens_ref) and ours == pytest.approx(theirs, rel=1e-6)
+    for g, ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-7)
     np.save(dest / "train.answers.npy", answers[:-1])  # the lengths of other rows
     task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
     with pytest.raises(ValueError, match="belongs to other rows"):

@@ -97,7 +97,8 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         default=False,
         metadata={"help": "fine-tuning on a probe's data-bin (lex passkey-data / ruler-data): the loss on each row's "
                           "answer and end-of-sentence only (SPLIT.answers.npy), the prompt still read; needs "
-                          "--sample-break-mode eos"},
+                          "--sample-break-mode eos; --criterion cross_entropy then projects the answers' positions alone "
+                          "onto the vocabulary (answer_cross_entropy: the same loss, faster)"},
     )
     bf16_autocast: bool = field(
         default=False,
@@ -199,6 +200,17 @@ class LexLanguageModelingTask(LanguageModelingTask):
             logger.info("bf16 autocast: forward in bf16, weights fp32")
         self._models.append(weakref.ref(model))
         return model
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        """fairseq's hook. Under ``--answer-only-loss`` fairseq's ``cross_entropy`` becomes ``answer_cross_entropy``
+        (:mod:`lex_plugin.criterions.answer_cross_entropy`): the same loss and gradients, only the answers' positions
+        projected onto the vocabulary. Any other criterion is built as given."""
+        if self.args.answer_only_loss and getattr(cfg, "_name", None) == "cross_entropy":
+            from ..criterions import AnswerCrossEntropyCriterion
+
+            logger.info("--answer-only-loss: answer_cross_entropy (the answers' positions alone projected onto the vocabulary)")
+            return AnswerCrossEntropyCriterion(self, cfg.sentence_avg)
+        return super().build_criterion(cfg, from_checkpoint)
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, **kwargs):
         """fairseq's eval-lm batches. fairseq-eval-lm calls no other task hook between loading the models
