@@ -146,7 +146,9 @@ def _answers(hub, prompt):
 
 def _oracle(hub):
     """answer_query of that reader: 0 for what the text answers, -1 else; greedy decoding writes them all."""
-    def answer(model, prompt, candidates, answer_tokens, spec, eos, pad):
+    def answer(model, prompt, candidates, answer_tokens, spec, eos, pad, context=None):
+        if context is not None:  # the question of a context read once: the reader reads both
+            prompt = torch.cat([context.source[0, 1:], prompt])
         right = _answers(hub, prompt)
         scores = torch.tensor([0.0 if hub.decode(c) in set(right) else -1.0 for c in candidates], dtype=torch.float64)
         return CandidateScores(scores, scores.eq(0)), hub.encode_fragment(", ".join(right) + ".")
@@ -183,7 +185,7 @@ def test_greedy_counts_a_written_answer_never_a_written_distractor(hub, filler, 
         answer_counts.extend(len(q.answers) for q in sample.queries)
         return sample
 
-    def stub(model, prompt, candidates, answer_tokens, spec, eos, pad):  # candidates: [*answers, *distractors]
+    def stub(model, prompt, candidates, answer_tokens, spec, eos, pad, context=None):  # candidates: [*answers, *distractors]
         answers = answer_counts.popleft()
         scores = torch.tensor([0.0] * answers + [-1.0] * (len(candidates) - answers), dtype=torch.float64)
         written = candidates[answers if writes == "a distractor" else 0]
@@ -209,7 +211,8 @@ def test_one_read_prompt_gives_what_two_fresh_reads_give(hub, filler, mode, sink
     """answer_query reads the prompt once and continues it twice (greedy decoding on a fork of the caches, then the
     candidates): the written ids equal greedy decoding from fresh caches, token by token the argmax of a parallel
     forward over the whole sequence, and each candidate's log-probability equals a parallel forward over prompt and
-    candidate (1e-5 nats), at 3l, under every kind of cache (bounded, sinks, raw keys of a position map)."""
+    candidate (1e-5 nats), at 3l, under every kind of cache (bounded, sinks, raw keys of a position map). The context
+    read once and continued by its question (read_context) gives the same, twice from the same context."""
     from lex_plugin.evaluation.sampling import continue_ids
 
     spec = hub.spec_for(mode=mode, sink_tokens=sinks)
@@ -232,6 +235,14 @@ def test_one_read_prompt_gives_what_two_fresh_reads_give(hub, filler, mode, sink
         expected = logits[0, -cand.numel():].double().log_softmax(-1).gather(-1, cand[:, None]).sum()
         # fp32 logits summed in other orders: about 1e-6 nats a token, over candidates of up to ~30 tokens
         assert float(scores.logprob[i]) == pytest.approx(float(expected), abs=1e-6 * cand.numel() + 1e-5), (i, mode)
+    # the context read once for several questions (niah_multiquery): the same ids and scores, twice from one context
+    from lex_plugin.evaluation.passkey import read_context
+
+    context = read_context(model, sample.context, spec, eos)
+    for _ in range(2):
+        shared, shared_written = probe_module.answer_query(model, query.question, candidates, 6, spec, eos, pad, context)
+        assert torch.equal(shared_written, written) and torch.equal(shared.greedy, scores.greedy), mode
+        torch.testing.assert_close(shared.logprob, scores.logprob, rtol=0, atol=1e-5)
 
 
 def test_a_forked_state_and_its_source_continue_apart(hub):

@@ -140,10 +140,12 @@ def _batches(items, batch_size: int):
         yield batch
 
 
-def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Optional[dict] = None, **kwargs):
+def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Optional[dict] = None, start: int = 0,
+                      **kwargs):
     """Run ``tokens`` (B, L) through ``model`` ``block`` positions at a time with a key/value cache: the
     recurrent reuse of LeX Figure 3. Under BCA or a sliding window the cache is bounded, so memory does not
-    grow with L; the outputs equal those of one parallel forward.
+    grow with L; the outputs equal those of one parallel forward. ``start``: the positions ``incremental_state``
+    already holds (the first chunk begins there).
 
     Yields:
         (start, end, output) per chunk: ``output`` is the model's first return value for positions
@@ -151,7 +153,7 @@ def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Opti
     """
     state = {} if incremental_state is None else incremental_state
     length = tokens.size(1)
-    for start in range(0, length, block):
+    for start in range(start, length, block):
         end = min(start + block, length)
         out, _ = model(tokens[:, :end], incremental_state=state, **kwargs)
         yield start, end, out

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..data.finetune import FinetuneRow
+from ..modules.attention.kv_cache import fork_incremental_state
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward, progress_bar
 
@@ -151,19 +152,45 @@ class CandidateScores(NamedTuple):
 
 @dataclass
 class ReadPrompt:
-    """A prompt read once, ready to be continued (:func:`read_prompt`).
+    """A prompt read once, ready to be continued (:func:`read_prompt`), or a context several prompts share
+    (:func:`read_context`).
 
     ``source``: (1, P + 1) int64, ``</s>`` then the prompt, on the model's device. ``state``: the layers' key/value
-    caches holding every position of ``source`` but the last, so that a continuation's first call runs the last
-    prompt token and predicts the first new one. Continue a copy (``fork_incremental_state``) to continue it twice.
+    caches holding every position of ``source`` but the last (:func:`read_prompt`: a continuation's first call runs
+    the last prompt token and predicts the first new one), or every position (:func:`read_context`). Continue a copy
+    (``fork_incremental_state``) to continue it twice.
     """
 
     source: Tensor
     state: Dict
 
 
+def _read(model, source: Tensor, spec: AttentionSpec, state: Dict, start: int = 0) -> None:
+    """Positions ``start`` .. of ``source`` (1, S) through ``state`` (holding the first ``start``), block by block
+    (``spec.window.feed_block`` positions a call, bounded under BCA / the sliding window; :data:`FULL_BLOCK` under full
+    attention). The caches are what is kept: the hidden states are not projected onto the vocabulary."""
+    for _ in blockwise_forward(model, source, spec.window.feed_block or FULL_BLOCK, state, spec=spec, features_only=True,
+                               start=start):
+        pass
+
+
 @torch.no_grad()
-def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int) -> ReadPrompt:
+def read_context(model, context: Tensor, spec: AttentionSpec, eos: int) -> ReadPrompt:
+    """Run ``</s>`` and the whole of ``context`` through fresh caches: the start several prompts share (a RULER
+    sample's context before each of its questions), each then read by :func:`read_prompt` ``(..., context=)``.
+
+    Args:
+        context: (C,) int64 ids; model, spec, eos: as :func:`read_prompt`.
+    """
+    device = next(model.parameters()).device
+    source = torch.cat([context.new_tensor([eos]), context]).to(device)[None]
+    state: Dict = {}
+    _read(model, source, spec, state)
+    return ReadPrompt(source, state)
+
+
+@torch.no_grad()
+def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int, context: Optional[ReadPrompt] = None) -> ReadPrompt:
     """Run ``</s>`` and ``prompt`` but its last token through fresh caches, block by block (``spec.window.feed_block``
     positions a call, bounded under BCA / the sliding window; :data:`FULL_BLOCK` under full attention).
 
@@ -172,14 +199,17 @@ def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int) -> ReadPro
         prompt: (P,) int64 prompt ids.
         spec: the attention window and RoPE scaling.
         eos: the dictionary's end-of-sentence id (put first, as fairseq's LM task does).
+        context: a context read by :func:`read_context` under the same ``spec``, which ``prompt`` continues: a copy of
+            its caches reads ``prompt`` but its last token (the context's own are left as they were, for the next
+            prompt); the result equals reading the context and ``prompt`` as one prompt. None: ``prompt`` alone.
     """
     device = next(model.parameters()).device
-    source = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None]
-    state: Dict = {}
-    # the caches are what is kept: the hidden states are not projected onto the vocabulary (features_only)
-    for _ in blockwise_forward(model, source[:, :-1], spec.window.feed_block or FULL_BLOCK, state, spec=spec,
-                               features_only=True):
-        pass
+    if context is None:
+        source, state, start = torch.cat([prompt.new_tensor([eos]), prompt]).to(device)[None], {}, 0
+    else:
+        source = torch.cat([context.source, prompt.to(device)[None]], dim=1)
+        state, start = fork_incremental_state(context.state), context.source.size(1)
+    _read(model, source[:, :-1], spec, state, start)
     return ReadPrompt(source, state)
 
 

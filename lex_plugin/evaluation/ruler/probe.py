@@ -31,7 +31,7 @@ from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
 from ..journal import CellJournal
 from ...modules.attention.kv_cache import fork_incremental_state
-from ..passkey import CandidateScores, read_prompt, score_continuations
+from ..passkey import CandidateScores, ReadPrompt, read_context, read_prompt, score_continuations
 from ..sampling import continue_ids
 from .tasks import DEPTHLESS, TASKS, make_sample
 
@@ -108,20 +108,22 @@ def _contains(seq: List[int], part: List[int]) -> bool:
 
 @torch.no_grad()
 def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tokens: int, spec: AttentionSpec, eos: int,
-                 pad: int) -> Tuple[CandidateScores, Tensor]:
+                 pad: int, context: Optional[ReadPrompt] = None) -> Tuple[CandidateScores, Tensor]:
     """One query of a probe, its prompt read once (``</s>`` put first, :func:`~lex_plugin.evaluation.passkey.read_prompt`)
     and continued twice: greedy decoding on a copy of its caches writes ``answer_tokens`` + GREEDY_SLACK ids
     (:func:`~lex_plugin.evaluation.sampling.continue_ids`), then the candidates are scored on the caches themselves
     (:func:`~lex_plugin.evaluation.passkey.score_continuations`).
 
     Args:
-        prompt: (P,) int64 context and question; candidates: N 1-D int64 tensors (the answers, then the distractors).
+        prompt: (P,) int64 context and question, or the question alone when ``context`` is given (the sample's context
+            read once by :func:`~lex_plugin.evaluation.passkey.read_context` under ``spec``, shared by its queries);
+        candidates: N 1-D int64 tensors (the answers, then the distractors).
 
     Returns:
         (:class:`~lex_plugin.evaluation.passkey.CandidateScores` of the candidates, (answer_tokens + GREEDY_SLACK,)
         int64 ids greedy decoding wrote, on the CPU).
     """
-    read = read_prompt(model, prompt, spec, eos)
+    read = read_prompt(model, prompt, spec, eos, context)
     written = continue_ids(model, read.source[0], answer_tokens + GREEDY_SLACK, eos, pad, temperature=0.0, spec=spec,
                            incremental_state=fork_incremental_state(read.state))
     return score_continuations(model, read, candidates, spec, pad), written
@@ -179,10 +181,12 @@ def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths:
             for spec in specs:
                 found = items = 0
                 greedy = 0.0
+                # several questions about one context (niah_multiquery): the context is read once
+                context = read_context(model, sample.context, spec, eos) if len(sample.queries) > 1 else None
                 for query in sample.queries:
-                    prompt = torch.cat([sample.context, query.question])
+                    prompt = query.question if context is not None else torch.cat([sample.context, query.question])
                     (scores, _), written = answer_query(model, prompt, [*query.answers, *query.distractors],
-                                                        encode(query.answer_text).numel(), spec, eos, pad)
+                                                        encode(query.answer_text).numel(), spec, eos, pad, context)
                     best_wrong = scores[len(query.answers):].max()
                     found += int((scores[:len(query.answers)] > best_wrong).sum())
                     items += len(query.answers)
