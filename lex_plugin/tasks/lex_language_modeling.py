@@ -201,7 +201,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
         self._models.append(weakref.ref(model))
         return model
 
-    def build_criterion(self, cfg, from_checkpoint=False):
+    def build_criterion(self, cfg):
         """fairseq's hook. Under ``--answer-only-loss`` fairseq's ``cross_entropy`` becomes ``answer_cross_entropy``
         (:mod:`lex_plugin.criterions.answer_cross_entropy`): the same loss and gradients, only the answers' positions
         projected onto the vocabulary. Any other criterion is built as given."""
@@ -210,7 +210,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
 
             logger.info("--answer-only-loss: answer_cross_entropy (the answers' positions alone projected onto the vocabulary)")
             return AnswerCrossEntropyCriterion(self, cfg.sentence_avg)
-        return super().build_criterion(cfg, from_checkpoint)
+        return super().build_criterion(cfg)  # (fairseq's language_modeling task is a LegacyFairseqTask: cfg alone)
 
     def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, **kwargs):
         """fairseq's eval-lm batches. fairseq-eval-lm calls no other task hook between loading the models
