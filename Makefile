@@ -11,9 +11,9 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (926 tests: 19 min 34 s on 2 cores, a probe beside it for its first 7 minutes; 14 min 42 s for 873 of them on quiet cores; 30 min 42 s beside a training job).
-# Two workers (pytest-xdist), one thread each: much of the suite is process start-up and fairseq's imports,
-# which a second core halves; one thread per worker keeps the two from oversubscribing the cores.
+# README command 2: the test suite (929 tests: 11 min 32 s on 2 quiet cores).
+# Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
+# The tests run `lex` commands and scripts/reproduce.py inside the test process (conftest.run_cli): no new interpreter.
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
 
