@@ -65,7 +65,8 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 
 
 @click.command()
-@click.option("--data", type=click.Path(exists=True, path_type=Path), default=REPO / "work/demo/data-bin", show_default=True)
+@click.option("--data", type=click.Path(path_type=Path), default=REPO / "work/demo/data-bin", show_default=True,
+              help="the data-bin trained on (not read with --finetune)")
 @click.option("--updates", default=60, show_default=True)
 @click.option("--warmup", default=20, show_default=True, help="updates left out of the median")
 @click.option("--rounds", default=2, show_default=True)
@@ -115,6 +116,8 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
     break_mode = "none"
     if finetune:
         data, break_mode = finetune, "eos"
+    elif not data.is_dir():
+        raise click.BadParameter(f"{data} is not a data-bin directory (make demo writes work/demo/data-bin).", param_hint="--data")
         archs = {"lex_lm_tiny --answer-only-loss": ("lex_lm_tiny", ["--answer-only-loss"], True)}
     sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
     wps = {side: {name: [] for name in archs} for side in sides}

@@ -241,6 +241,11 @@ def _answer_only_loss_is_the_answers_nll(dest, items, ckpt, encode):
     assert (size, ntokens) == (size_ref, ntokens_ref) and ours == pytest.approx(theirs, rel=1e-6)
     for g, ref in zip(grads, grads_ref):
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-7)
+    with torch.no_grad():  # a loss per position (reduce=False): fairseq's shape and values, padding included
+        per_position, _, _ = criterion(model, batch, reduce=False)
+        ref_per_position, _, _ = CrossEntropyCriterion(task, sentence_avg=False)(model, batch, reduce=False)
+    assert per_position.shape == ref_per_position.shape == batch["target"].view(-1).shape
+    torch.testing.assert_close(per_position, ref_per_position)
     np.save(dest / "train.answers.npy", answers[:-1])  # the lengths of other rows
     task, _ = _task(dest, "--sample-break-mode", "eos", "--answer-only-loss")
     with pytest.raises(ValueError, match="belongs to other rows"):
