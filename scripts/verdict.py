@@ -25,7 +25,8 @@ def main():
     p.add_argument("--runs", required=True, help="comma-separated runs of the reproduction, in the table's order")
     p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
     p.add_argument("--training-length", type=int, default=256)
-    p.add_argument("--longppl-dir", type=Path, help="NAME.json: each run's eval-lm report with --longppl")
+    p.add_argument("--longppl-dir", type=Path, help="NAME.json: each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
+                   "for every run); default: each run's own WORK/runs/NAME/longppl.json (the reproduction's longppl probe)")
     p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN rows and full@base:RUN (a deeper run) "
                    "or full@POS_EMB rows")
     p.add_argument("--gen-bench", type=Path, help="scripts/bench_generation.py --json-out, the same modes")

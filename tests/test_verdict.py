@@ -98,7 +98,11 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     shutil.copy(REPO / "examples/lex_lm/ruler/ruler_xpos.json", run / "ruler_answers.json")
     (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 2048, ppl=9.0)]}))
     f = design_figures(tmp_path, "rnope_swa", 256, 300)
-    assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None
+    assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None and f.longppl_ratio is None
+    # no LongPPL report given: the run's own (the reproduction's longppl probe, its own key tokens)
+    shutil.copy(tmp_path / "lp.json", run / "longppl.json")
+    assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.75)
+    assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
     with pytest.raises(KeyError, match="not a run"):
         design_figures(tmp_path, "nope", 256, 300)
     with pytest.raises(FileNotFoundError, match="irope has not been evaluated"):

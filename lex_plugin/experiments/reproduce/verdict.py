@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .catalogue import LABELS, RUNS
+from .catalogue import LABELS, LONGPPL_REPORT, RUNS
 
 __all__ = ["CONTEXT", "GOALS", "Figures", "Goal", "cache_fraction", "closest", "design_figures", "markdown_verdict",
            "plot_verdict", "reference_figures"]
@@ -273,7 +273,9 @@ def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size:
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
                    eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
-    from ``longppl`` (an eval-lm report with ``--longppl``), the passkey after fine-tuning (``passkey_finetuned.json``
+    from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
+    None: the run's own ``longppl.json``, the reproduction's ``longppl`` probe, key tokens the checkpoint's own, as
+    the reference rows' are), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
@@ -293,7 +295,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ppl = {L: rows[0]["ppl"] for L, rows in _full_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
     longppl_ratio = None
-    if longppl is not None and longppl.is_file():
+    longppl = run / LONGPPL_REPORT if longppl is None else longppl
+    if longppl.is_file():
         lp = {L: rows[0].get("longppl") for L, rows in _full_rows(json.loads(longppl.read_text())).items()}
         if lp.get(l) and lp.get(16 * l):
             longppl_ratio = lp[16 * l] / lp[l]
