@@ -151,3 +151,13 @@ def test_a_drope_run_is_timed_with_its_positions_dropped():
     assert model.decoder.positions_dropped and model.decoder.active_position_kind == "none"
     model, _ = random_model("lex_lm_tiny", design_of("full@rope_qknorm", 256)[1], 100, 256)
     assert not model.decoder.positions_dropped
+
+
+def test_the_committed_1000_update_reports_give_the_results_row():
+    """RESULTS' "The verdict at 1,000 updates" quotes iRoPE's row from the reports committed in
+    examples/lex_lm/designs_1000: reading them again gives the same figures (LongPPL from the run's own report)."""
+    work = REPO / "examples/lex_lm/designs_1000"
+    f = design_figures(work, "irope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
+    assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
+    assert (round(f.eval_time, 2), round(f.gen_time, 2)) == (0.44, 0.59)
