@@ -161,3 +161,6 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
     assert (round(f.eval_time, 2), round(f.gen_time, 2)) == (0.44, 0.59)
+    # the xPos BCA + NoPE pattern: five goals met, RULER-lite missed (the closest row of the 1,000-update table)
+    f = design_figures(work, "xpos_bca_nope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.92, 0.19)
