@@ -116,9 +116,9 @@ def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, 
     break_mode = "none"
     if finetune:
         data, break_mode = finetune, "eos"
+        archs = {"lex_lm_tiny --answer-only-loss": ("lex_lm_tiny", ["--answer-only-loss"], True)}
     elif not data.is_dir():
         raise click.BadParameter(f"{data} is not a data-bin directory (make demo writes work/demo/data-bin).", param_hint="--data")
-        archs = {"lex_lm_tiny --answer-only-loss": ("lex_lm_tiny", ["--answer-only-loss"], True)}
     sides = {"new": None} if baseline is None else {"new": None, "old": baseline}
     wps = {side: {name: [] for name in archs} for side in sides}
     for r in range(rounds):

@@ -124,3 +124,22 @@ def test_bench_hf_generate_times_every_engine(tmp_path):
     assert "| context | lex ms/token | hf ms/token |" in proc.stdout and "hf speed / lex" in proc.stdout, proc.stdout
     rows = json.loads(out.read_text())
     assert [r["engine"] for r in rows] == ["lex", "hf"] * 2 and all(r["ms_per_token"] > 0 for r in rows), rows  # engines take turns
+
+
+def test_bench_train_speed_finetune_times_the_answer_only_loss_on_its_rows(tmp_path, monkeypatch):
+    """--finetune BIN trains lex_lm_tiny with --answer-only-loss on BIN's rows (one per sample), whatever --data says;
+    without it a missing --data is refused with what to do (fairseq-train is replaced by a recorder here)."""
+    from click.testing import CliRunner
+
+    from conftest import _script
+
+    script = _script("bench_train_speed.py")
+    calls = []
+    monkeypatch.setattr(script, "train_wps", lambda data, arch, *rest: calls.append((data, arch, rest[-1])) or [1.0])
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    result = CliRunner().invoke(script.main, ["--finetune", str(rows), "--data", str(tmp_path / "none"), "--rounds", "1"])
+    assert result.exit_code == 0, result.output
+    assert calls == [(rows, ("lex_lm_tiny", ["--answer-only-loss"], True), "eos")]  # break mode: one row a sample
+    result = CliRunner().invoke(script.main, ["--data", str(tmp_path / "none"), "--rounds", "1"])
+    assert result.exit_code != 0 and "is not a data-bin directory" in result.output
