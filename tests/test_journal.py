@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from conftest import TRAIN_LEN
 from lex_plugin.cli.common import JSON_OUT, RESUME, probe_journal
+from lex_plugin.evaluation import journal as journal_module
 
 
 @click.command("probe")
@@ -26,7 +27,7 @@ def _probe(checkpoint, trials, json_out, resume):
     journal.put(["cell", len(journal)], [{"trials": trials}])
 
 
-def test_only_the_same_command_on_the_same_checkpoint_file_resumes(tmp_path):
+def test_only_the_same_command_on_the_same_checkpoint_file_and_code_resumes(tmp_path, monkeypatch):
     ckpt, out = tmp_path / "checkpoint_last.pt", tmp_path / "out.json"
     ckpt.write_bytes(b"weights")
     run = lambda *extra: CliRunner().invoke(_probe, ["--path", str(ckpt), "--json", str(out), *extra]).output.strip()  # noqa: E731
@@ -37,8 +38,27 @@ def test_only_the_same_command_on_the_same_checkpoint_file_resumes(tmp_path):
     stat = ckpt.stat()
     os.utime(ckpt, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the checkpoint written again (a new fine-tuning)
     assert run("--trials", "2") == "finished 0"
+    assert run("--trials", "2") == "finished 1"
+    monkeypatch.setattr(journal_module, "code_identity", lambda: "another version")  # lex_plugin edited in between
+    assert run("--trials", "2") == "finished 0"
     assert run("--trials", "2", "--no-resume") == "none" and not (tmp_path / "out.json.cells.jsonl").exists()
     assert CliRunner().invoke(_probe, ["--path", str(ckpt)]).output.strip() == "none"  # no --json: nothing to resume
+
+
+def test_the_code_digest_follows_every_python_file_of_the_package_and_nothing_else(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    first = journal_module.code_identity(tmp_path)
+    assert journal_module.code_identity(tmp_path) == first and len(first) == 16
+    (tmp_path / "notes.md").write_text("not code")
+    assert journal_module.code_identity(tmp_path) == first
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert journal_module.code_identity(tmp_path) != first
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "sub" / "c.py")  # same bytes, another module
+    assert journal_module.code_identity(tmp_path) != first
+    assert journal_module.code_identity() == journal_module.code_identity(Path(journal_module.__file__).parents[1])
 
 
 def test_lex_babilong_killed_then_run_again_asks_only_the_unfinished_cell(trained, data_bin, tmp_path, monkeypatch):

@@ -153,14 +153,14 @@ PLOT_OUT = click.option("--plot", "plot_out", type=click.Path(dir_okay=False, pa
 
 RESUME = click.option("--resume/--no-resume", default=True, show_default=True,
                       help="with --json OUT: record each finished cell in OUT.cells.jsonl, and read the cells of an earlier, "
-                           "killed run of the same command (same checkpoint file, same options) back instead of computing them")
+                           "killed run of the same command (same checkpoint file, same options, same lex_plugin source) back instead of computing them")
 
 
 def probe_journal(json_out, checkpoint, resume: bool):
     """The cell journal of a ``--resume`` probe writing ``json_out`` (``OUT.cells.jsonl``), signed with the command,
-    the checkpoint file and every option given (:class:`~lex_plugin.evaluation.journal.CellJournal`); None without
+    the checkpoint file, every option given and the digest of lex_plugin's source (:class:`~lex_plugin.evaluation.journal.CellJournal`); None without
     ``--json`` or with ``--no-resume`` (which also drops a journal left by an earlier run)."""
-    from ..evaluation.journal import JOURNAL_SUFFIX, CellJournal, checkpoint_identity
+    from ..evaluation.journal import JOURNAL_SUFFIX, CellJournal, checkpoint_identity, code_identity
 
     if json_out is None:
         return None
@@ -171,4 +171,5 @@ def probe_journal(json_out, checkpoint, resume: bool):
     ctx = click.get_current_context()
     options = {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in sorted(ctx.params.items())
                if k not in ("json_out", "plot_out", "resume")}
-    return CellJournal(path, {"command": ctx.command.name, "checkpoint": checkpoint_identity(checkpoint), "options": options})
+    return CellJournal(path, {"command": ctx.command.name, "checkpoint": checkpoint_identity(checkpoint), "options": options,
+                              "code": code_identity()})

@@ -1,20 +1,22 @@
 """A probe's finished cells on disk, so that a killed probe resumes at its first unfinished cell.
 
 ``lex ruler`` and ``lex babilong`` with ``--json OUT`` keep ``OUT.cells.jsonl`` while they run: its first line is
-the probe's signature (the checkpoint file's size and modification time, and every option of the command), then
+the probe's signature (the checkpoint file's size and modification time, every option of the command, and a digest
+of lex_plugin's source, so that a probe resumed after a code change starts afresh instead of mixing versions), then
 one line per finished cell (a key, and the cell's results under every window). Run again with the same signature,
 the probe reads the cells back instead of computing them; with another signature the file is started afresh. The
 journal is removed once the JSON is written. A cell's prompts are seeded by the cell alone (task, length, depth,
 trial), so a resumed probe's results equal an uninterrupted one's.
 """
 
+import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["CellJournal", "JOURNAL_SUFFIX", "checkpoint_identity"]
+__all__ = ["CellJournal", "JOURNAL_SUFFIX", "checkpoint_identity", "code_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,17 @@ def checkpoint_identity(path) -> Dict[str, Any]:
     modification time in ns (a fine-tuning written again over it changes the last two)."""
     stat = Path(path).stat()
     return {"path": str(Path(path).resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def code_identity(root=None) -> str:
+    """A digest of the code that computes a probe's cells: SHA-256 (hex, first 16 digits) over the relative path and
+    bytes of every ``*.py`` file under ``root`` (default: the installed lex_plugin package), in sorted order. Any
+    edit, a docstring's included, changes it: a resumed probe then recomputes rather than risk mixing versions."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 class CellJournal:
