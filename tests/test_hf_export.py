@@ -661,7 +661,10 @@ def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"training_length": L, "split": "test", "split_tokens": 1000, "results": [
         {"window": "full", "length": L, "ppl": 50.0}, {"window": "full", "length": 4 * L, "ppl": 80.5},
-        {"window": "bca", "length": 4 * L, "ppl": 48.25}]}))
+        {"window": "bca", "length": 4 * L, "ppl": 48.25},
+        # --fixed-target-tokens' rows carry the same labels: the card is the stream protocol's table
+        {"window": "full", "length": L, "ppl": 61.0, "protocol": "fixed_target"},
+        {"window": "full", "length": 4 * L, "ppl": 70.0, "protocol": "fixed_target"}]}))
     out = tmp_path / "hf"
     export_hf(scheme_checkpoints["alibi"], data_bin, out, AttentionOptions("sliding", "48"), max_position_embeddings=1000,
               length_report=report)
@@ -671,8 +674,22 @@ def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp
     assert card.startswith("---\nlibrary_name: transformers\n") and "- alibi" in card
     assert f"| training length l | {L} tokens |" in card and "sliding(48)" in card
     assert f"| window | {L} (1l) | {4 * L} (4l) |" in card and "| full | 50.00 | 80.50 |" in card and "| bca | - | 48.25 |" in card
+    assert "61.00" not in card and "Moses + SentencePiece" in card
     with pytest.raises(ValueError, match="max-position-embeddings"):
         export_hf(scheme_checkpoints["learned"], data_bin, tmp_path / "learned", max_position_embeddings=L + 1)
+
+
+def test_a_data_bin_without_its_tokenization_record_is_refused(scheme_checkpoints, data_bin, tmp_path):
+    """Without lex_prepare.json the hub takes text as already tokenized: no export tokenizer could match it."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("dict.txt", "spm.model"):
+        shutil.copyfile(data_bin / name, bare / name)
+    with pytest.raises(FileNotFoundError, match="lex_prepare.json"):
+        export_hf(scheme_checkpoints["xpos"], bare, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_tokenizer_names_a_missing_file_first(exports, tmp_path):

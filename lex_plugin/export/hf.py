@@ -128,7 +128,9 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         The exported model (fp32, eval mode), its weights equal to the checkpoint's.
 
     Raises:
-        FileNotFoundError: no checkpoint, data-bin or length report. FileExistsError: ``out`` is not empty and
+        FileNotFoundError: no checkpoint, data-bin or length report; a data-bin without ``lex_prepare.json`` (its
+            tokenization is unknown: the hub would take text as already tokenized, the export's tokenizer could not
+            match it). FileExistsError: ``out`` is not empty and
             not ``force``. ValueError: as :func:`hf_config`; a checkpoint that is not a lex_lm; a length report
             without results. ``remote_code.RemoteCodeError``: the package's inference modules import something an
             export cannot carry.
@@ -141,6 +143,11 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --force.")
     if length_report is not None and not Path(length_report).is_file():
         raise FileNotFoundError(f"no length report {length_report}: give the JSON of fairseq-eval-lm --report-json.")
+    if not (data / META_FILE).is_file():
+        raise FileNotFoundError(f"{data} has no {META_FILE}, so how its text was tokenized is unknown and the export's "
+                                "tokenizer could not match the model's; give the data-bin lex prepare wrote (or one "
+                                "made with lex prepare --like it).")
+    meta = json.loads((data / META_FILE).read_text())
     code = remote_code()  # before anything is written: a failure leaves ``out`` as it was
     hub = from_pretrained(checkpoint.parent, checkpoint.name, data)
     if not hasattr(hub.models[0].decoder, "stack_features"):
@@ -150,7 +157,7 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings,
                        positions_dropped=hub.models[0].decoder.positions_dropped)
     model = from_fairseq(hub.models[0], config)
-    card = model_card(config, str(model.spec), checkpoint, length_report)
+    card = model_card(config, str(model.spec), checkpoint, length_report, bpe=meta.get("bpe"))
     scaling_file = options.rope_scaling_file
     if scaling_file:  # carried inside the export, named relative to it
         model.config.attention["rope_scaling_file"] = "rope_scaling.json"
@@ -166,10 +173,7 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     model.generation_config.suppress_tokens = [hub.tgt_dict.pad()]  # lex generate never samples <pad>
     save_model(model, out, code)
 
-    meta = json.loads((data / META_FILE).read_text()) if (data / META_FILE).is_file() else {}
     spm_file = data / (meta.get("bpe_model") or BPE_MODEL) if meta.get("bpe") == "sentencepiece" else None
-    if meta.get("bpe") is None:
-        logger.warning("%s has no %s: the tokenizer keeps Moses words (no SentencePiece)", data, META_FILE)
     tokenizer = LexTokenizer(str(data / "dict.txt"), str(spm_file) if spm_file else None, meta.get("lang", "en"),
                              bpe="sentencepiece" if spm_file else None)
     tokenizer.save_pretrained(out)

@@ -10,7 +10,8 @@ __all__ = ["model_card", "perplexity_table"]
 
 def perplexity_table(report: dict) -> str:
     """A markdown table of an ``--eval-lengths`` report (``fairseq-eval-lm ... --report-json``): one row per
-    window, one column per length, test perplexity in each cell.
+    window, one column per length, test perplexity in each cell (the stream protocol's rows; a report written with
+    ``--fixed-target-tokens`` also holds that protocol's, which are left out).
 
     Raises:
         ValueError: a report without ``results`` rows of window, length and ppl.
@@ -19,6 +20,10 @@ def perplexity_table(report: dict) -> str:
     if not rows or not all({"window", "length", "ppl"} <= set(r) for r in rows):
         raise ValueError("the length report has no 'results' rows with window, length and ppl: give the JSON that "
                          "fairseq-eval-lm --eval-lengths ... --report-json writes.")
+    rows = [r for r in rows if r.get("protocol", "stream") == "stream"]  # not --fixed-target-tokens' rows
+    if not rows:
+        raise ValueError("the length report has no stream rows (only --fixed-target-tokens ones): the card's table is "
+                         "the stream protocol's perplexity.")
     lengths = sorted({r["length"] for r in rows})
     windows = list(dict.fromkeys(r["window"] for r in rows))
     cell = {(r["window"], r["length"]): r["ppl"] for r in rows}
@@ -30,9 +35,10 @@ def perplexity_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def model_card(config, spec: str, checkpoint: Path, report: Optional[Path]) -> str:
+def model_card(config, spec: str, checkpoint: Path, report: Optional[Path], bpe: Optional[str] = "sentencepiece") -> str:
     """The text of ``README.md`` for an export of ``config`` (a ``LexConfig``) running ``spec`` by default,
-    from ``checkpoint``; ``report``: an ``--eval-lengths`` JSON whose table the card shows, or None.
+    from ``checkpoint``; ``report``: an ``--eval-lengths`` JSON whose table the card shows, or None; ``bpe``: the
+    data-bin's ``lex_prepare.json`` ``bpe`` (``"sentencepiece"``, or None for Moses words alone).
 
     Raises:
         ValueError: as :func:`perplexity_table`. FileNotFoundError: no ``report`` there.
@@ -64,7 +70,7 @@ is in this directory (the plugin's own modules, generated from its sources).
 | position scheme | `{config.pos_emb}` ({options}) |
 | training length l | {l} tokens |
 | layers, width, heads | {config.num_hidden_layers}, {config.hidden_size}, {config.num_attention_heads} |
-| vocabulary | {config.vocab_size} (fairseq dictionary; Moses + SentencePiece as `lex prepare` encodes) |
+| vocabulary | {config.vocab_size} (fairseq dictionary; {"Moses + SentencePiece" if bpe == "sentencepiece" else "Moses words, no BPE"}, as `lex prepare` encoded the corpus) |
 | default attention | `{spec}` |
 | max_position_embeddings | {config.max_position_embeddings} |
 
