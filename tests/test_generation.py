@@ -142,3 +142,22 @@ def test_lex_generate_cli(trained, data_bin):
     assert old.stdout == beam and "--data is deprecated" in old.stderr
     both = subprocess.run(base + ["--data", str(data_bin), "--prompt", "x"], capture_output=True, text=True)
     assert both.returncode != 0 and "given twice" in both.stderr
+
+
+def test_lex_generate_refuses_sampling_options_it_would_ignore(trained, data_bin):
+    """Beam search and greedy decoding (--temperature 0) draw nothing: a top-k, top-p or seed given with them is
+    refused, naming it; the same values at their defaults, or with sampling, pass."""
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main
+
+    ckpt, _ = trained
+    base = ["generate", str(data_bin), "--path", str(ckpt), "--prompt", "The night", "--max-len", "3"]
+    for extra, named in [(["--beam", "2", "--top-k", "5"], "--top-k"), (["--beam", "2", "--temperature", "0.7"], "--temperature"),
+                         (["--beam", "2", "--seed", "1"], "--seed"), (["--temperature", "0", "--top-p", "0.5"], "--top-p"),
+                         (["--temperature", "0", "--seed", "3"], "--seed")]:
+        result = CliRunner().invoke(main, base + extra)
+        assert result.exit_code == 2 and named in result.output, (extra, result.output)
+    for extra in (["--temperature", "0"], ["--beam", "2"], ["--top-k", "5", "--seed", "1"]):
+        result = CliRunner().invoke(main, base + extra)
+        assert result.exit_code == 0, (extra, result.output)

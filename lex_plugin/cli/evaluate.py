@@ -98,6 +98,16 @@ def generate_cmd(data, checkpoint, data_option, prompts, max_len, temperature, t
     data, extra = data_and_rest(data_option, data, "")
     if extra:
         raise click.UsageError(f"lex generate takes one DATA; give the texts with --prompt (got {', '.join(map(str, extra))}).")
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if beam > 1 and given:
+        raise click.UsageError(f"{', '.join(given)}: options of sampling; --beam {beam} searches deterministically and "
+                               "would ignore them. Drop them, or drop --beam.")
+    unused = [g for g in given if g != "--temperature"]
+    if temperature == 0 and unused:
+        raise click.UsageError(f"--temperature 0 decodes greedily, which {', '.join(unused)} would not change; "
+                               "drop them, or give a temperature above 0.")
     try:
         hub = load_hub(checkpoint, data, window)
         for prompt in prompts:
