@@ -67,9 +67,9 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 @click.command()
 @click.option("--data", type=click.Path(path_type=Path), default=REPO / "work/demo/data-bin", show_default=True,
               help="the data-bin trained on (not read with --finetune)")
-@click.option("--updates", default=60, show_default=True)
-@click.option("--warmup", default=20, show_default=True, help="updates left out of the median")
-@click.option("--rounds", default=2, show_default=True)
+@click.option("--updates", type=click.IntRange(min=1), default=60, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=20, show_default=True, help="updates left out of the median")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--tokens-per-sample", default=256, show_default=True)
 @click.option("--batch-size", default=16, show_default=True)
 @click.option("--schemes", default=None, help="compare lex_lm_tiny under these --pos-emb schemes (comma-separated) instead")
@@ -89,6 +89,19 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
               help="an older checkout: also train every run with PATH/lex_plugin, right after this one's")
 def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, designs, random_positions, autocast,
          finetune, arch_names, json_out, baseline):
+    """Median training tokens/s of fairseq-train runs, alternated (module docstring); one comparison a call."""
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT  # noqa: E731
+    modes = [f"--{m.replace('_', '-')}" for m in ("schemes", "designs", "random_positions", "autocast", "finetune") if given(m)]
+    if len(modes) > 1:
+        raise click.UsageError(f"{' and '.join(modes)}: each picks the runs to compare; give one per call.")
+    if given("arch_names") and not autocast:
+        raise click.BadParameter("only --autocast reads it (the other comparisons fix their models)", param_hint="--arch")
+    if given("data") and finetune:
+        raise click.BadParameter("--finetune BIN is the data trained on; drop --data", param_hint="--data")
+    if warmup >= updates:
+        raise click.BadParameter(f"{warmup} leaves no update of --updates {updates} to measure; give fewer",
+                                 param_hint="--warmup")
     if baseline is not None and not (baseline / "lex_plugin" / "__init__.py").is_file():
         raise click.BadParameter(f"{baseline} has no lex_plugin package", param_hint="--baseline")
     archs = ARCHS

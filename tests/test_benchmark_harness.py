@@ -127,8 +127,9 @@ def test_bench_hf_generate_times_every_engine(tmp_path):
 
 
 def test_bench_train_speed_finetune_times_the_answer_only_loss_on_its_rows(tmp_path, monkeypatch):
-    """--finetune BIN trains lex_lm_tiny with --answer-only-loss on BIN's rows (one per sample), whatever --data says;
-    without it a missing --data is refused with what to do (fairseq-train is replaced by a recorder here)."""
+    """--finetune BIN trains lex_lm_tiny with --answer-only-loss on BIN's rows (one per sample); without it a missing
+    --data is refused with what to do; options the comparison would ignore, two comparisons at once and a warm-up
+    that leaves nothing to measure are refused, naming the option (fairseq-train is replaced by a recorder here)."""
     from click.testing import CliRunner
 
     from conftest import _script
@@ -138,8 +139,15 @@ def test_bench_train_speed_finetune_times_the_answer_only_loss_on_its_rows(tmp_p
     monkeypatch.setattr(script, "train_wps", lambda data, arch, *rest: calls.append((data, arch, rest[-1])) or [1.0])
     rows = tmp_path / "rows"
     rows.mkdir()
-    result = CliRunner().invoke(script.main, ["--finetune", str(rows), "--data", str(tmp_path / "none"), "--rounds", "1"])
+    result = CliRunner().invoke(script.main, ["--finetune", str(rows), "--rounds", "1"])
     assert result.exit_code == 0, result.output
     assert calls == [(rows, ("lex_lm_tiny", ["--answer-only-loss"], True), "eos")]  # break mode: one row a sample
     result = CliRunner().invoke(script.main, ["--data", str(tmp_path / "none"), "--rounds", "1"])
     assert result.exit_code != 0 and "is not a data-bin directory" in result.output
+    for args, named in [(["--finetune", str(rows), "--data", str(rows)], "--data"), (["--arch", "lex_lm_small"], "--arch"),
+                        (["--schemes", "rope", "--autocast"], "--schemes and --autocast"),
+                        (["--designs", "rope", "--finetune", str(rows)], "--designs and --finetune"),
+                        (["--updates", "20", "--warmup", "20"], "--warmup")]:
+        result = CliRunner().invoke(script.main, [*args, "--rounds", "1"])
+        assert result.exit_code == 2 and named in result.output, (args, result.output)
+    assert len(calls) == 1  # none of them trained
