@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, RUNS, probe_windows, ReproduceError, ReproduceOptions, profile_flags,
+from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHOD_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, ROTARY_RUNS, RUNS, methods_of, probe_windows, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
 from lex_plugin.options import parse_int_list, parse_name_list
 
@@ -70,8 +70,8 @@ REPO = Path(__file__).resolve().parents[1]
 def main(ctx, **params):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
+    given = {k for k in params if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
     if params["profile"]:  # the profile's values for every option left at its default
-        given = {k for k in params if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
         params.update({k: v for k, v in PROFILES[params["profile"]].items() if k not in given})
     p = params
     runs = parse_name_list(p["run_names"], "--runs")
@@ -83,6 +83,22 @@ def main(ctx, **params):
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown}; choose from {', '.join([*METHODS, *PROBES])}",
                                  param_hint="--methods")
+    if "method_names" in given:  # named methods must run somewhere (the default, all of them, is "those that apply")
+        idle = [m for m in methods if not any(methods_of(r, [m]) for r in runs)]
+        if idle:
+            raise click.BadParameter(
+                f"{', '.join(idle)} runs on none of --runs {','.join(runs)}: the methods run on the {', '.join(METHOD_RUNS)} "
+                f"checkpoints (RoPE scalings and Leaky ReRoPE on {', '.join(ROTARY_RUNS)} alone), the trained designs take "
+                "the probes as trained. Add a run that takes them, or drop them.", param_hint="--methods")
+    if "lengths" in given and "longest" in given:
+        raise click.BadParameter("--lengths names every length; --longest only sets the default ones. Give one.",
+                                 param_hint="--longest")
+    probed = [m for m in methods if m in PROBES and any(methods_of(r, [m]) for r in runs)]
+    for option, takers in (("probe_windows", probed), ("passkey_trials", [m for m in probed if m.startswith("passkey")])):
+        if option in given and not takers:
+            raise click.BadParameter(f"no {'passkey probe' if option == 'passkey_trials' else 'probe'} in --methods runs "
+                                     "on these runs, so it would change nothing; drop it or add the probe",
+                                     param_hint=f"--{option.replace('_', '-')}")
     named = parse_name_list(p["probe_windows"], "--probe-windows")
     try:  # every probe window a run can take, in one order: the same setting reads the same in options.json
         windows = list(probe_windows(rotary=True, position_maps=True, only=named)) if named else []

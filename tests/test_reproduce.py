@@ -651,3 +651,31 @@ def test_probe_windows_narrow_every_probe_and_refuse_what_no_run_takes(tmp_path,
     assert steps == [] and not work.exists()
     with pytest.raises(ValueError, match="not a probe window"):
         reproduce.probe_windows(True, True, ("chunked",))
+
+
+def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypatch):
+    """A method named in --methods that runs on none of --runs, --longest beside --lengths, and --probe-windows or
+    --passkey-trials with no probe that reads them are refused, naming the option; the default methods (all, each
+    where it applies) and options that apply go through (reproduce() is replaced by a recorder)."""
+    from click.testing import CliRunner
+
+    from conftest import _script
+
+    script = _script("reproduce.py")
+    calls = []
+    monkeypatch.setattr(script, "reproduce", lambda work, o, runs, *rest: calls.append((runs, o.methods)) or "")
+    base = ["--work", str(tmp_path / "w"), "--corpus", str(tmp_path)]
+    refused = [(["--runs", "sinusoidal", "--methods", "yarn"], "yarn runs on none of --runs sinusoidal"),
+               (["--runs", "alibi", "--methods", "rerope,yarn"], "yarn runs on none of --runs alibi"),
+               (["--runs", "rope", "--lengths", "256,512", "--longest", "2"], "--longest"),
+               (["--runs", "rope", "--methods", "rerope", "--probe-windows", "full"], "--probe-windows"),
+               (["--runs", "rope", "--methods", "ruler", "--passkey-trials", "5"], "--passkey-trials")]
+    for args, message in refused:
+        result = CliRunner().invoke(script.main, base + args)
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+    assert calls == []
+    for args in (["--runs", "sinusoidal"], ["--runs", "alibi,rope", "--methods", "rerope,yarn"],
+                 ["--runs", "rope", "--methods", "passkey,ruler", "--probe-windows", "full", "--passkey-trials", "5"]):
+        result = CliRunner().invoke(script.main, base + args)
+        assert result.exit_code == 0, (args, result.output)
+    assert [runs for runs, _ in calls] == [["sinusoidal"], ["alibi", "rope"], ["rope"]]
