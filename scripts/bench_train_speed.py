@@ -55,7 +55,7 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
     name, model_args, plugin = arch
     user_dir = (Path(checkout).resolve() / "lex_plugin" if checkout is not None else REPO / "lex_plugin") if plugin else None
     cmd = fairseq_train_command(data, None, arch=name, model_args=model_args, tokens_per_sample=tokens_per_sample,
-                                batch_size=batch_size, lr="1e-3", updates=updates, warmup=50, break_mode=break_mode,
+                                batch_size=batch_size, lr="1e-3", updates=updates, warmup=min(50, updates), break_mode=break_mode,
                                 log_format="json", log_interval=5, user_dir=user_dir)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=benchmark.checkout_env(checkout), cwd=REPO)
     if proc.returncode != 0:

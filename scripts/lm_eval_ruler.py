@@ -81,12 +81,19 @@ def lex_greedy(report: dict, window: str) -> dict:
 @click.option("--lex-lengths", help="the lex ruler length put beside each of --lengths (default the same; lm-eval's "
                                     "length holds the answer's room, up to 128 tokens, lex ruler's the prompt alone)")
 def main(export, lengths, samples, tasks, out, lex_ruler, lex_window, lex_lengths):
+    ctx = click.get_current_context()
+    for name in ("lex_window", "lex_lengths"):
+        if lex_ruler is None and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+            raise click.BadParameter("it chooses what of a --lex-ruler report is compared: give --lex-ruler, or drop it",
+                                     param_hint=f"--{name.replace('_', '-')}")
     lengths = _ints(lengths)
     lex_lengths = _ints(lex_lengths) if lex_lengths else lengths
     if len(lex_lengths) != len(lengths):
         raise click.BadParameter(f"give one lex ruler length per lm-eval length ({len(lengths)})", param_hint="--lex-lengths")
     beside = dict(zip(lengths, lex_lengths))
     tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not tasks:
+        raise click.BadParameter("give at least one task", param_hint="--tasks")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise click.BadParameter(f"{unknown}: choose from {', '.join(TASKS)} (the RULER tasks that build their data "

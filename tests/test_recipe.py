@@ -34,6 +34,18 @@ def test_the_recipe_command():
     assert stage[stage.index("--warmup-updates") + 1] == "125"
     with pytest.raises(ValueError, match="schedule would end before training does"):
         fairseq_train_command("data", "ckpt", updates=800, total_updates=700)
+    assert fairseq_train_command("data", "ckpt", updates=10, warmup=10)[-1] is not None  # all warm-up: allowed
+    with pytest.raises(ValueError, match="give fewer warm-up updates"):
+        fairseq_train_command("data", "ckpt", updates=10, warmup=11)
+
+
+def test_lex_train_refuses_a_warm_up_longer_than_the_run(data_bin, tmp_path):
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main
+
+    result = CliRunner().invoke(main, ["train", str(data_bin), str(tmp_path / "ckpt"), "--max-update", "10", "--warmup-updates", "50"])
+    assert result.exit_code == 2 and "warmup (50 updates) must lie in 0..10" in result.output and not (tmp_path / "ckpt").exists()
 
 
 def test_lex_train_runs_the_recipe(data_bin, tmp_path):

@@ -32,10 +32,13 @@ def train_cmd(data, save_dir, arch, tokens_per_sample, batch_size, lr, max_updat
     command is printed, then runs in place of this one: resuming from SAVE_DIR/checkpoint_last.pt as fairseq does."""
     from ..experiments.recipe import fairseq_train_command
 
-    cmd = fairseq_train_command(data, save_dir, arch=arch, tokens_per_sample=tokens_per_sample, batch_size=batch_size,
-                                lr=lr, updates=max_update, warmup=warmup_updates, save_interval_updates=save_interval_updates,
-                                validate_interval_updates=validate_interval_updates or None, seed=seed,
-                                extra=fairseq_args)  # last: they override the recipe's (--log-format json ...)
+    try:
+        cmd = fairseq_train_command(data, save_dir, arch=arch, tokens_per_sample=tokens_per_sample, batch_size=batch_size,
+                                    lr=lr, updates=max_update, warmup=warmup_updates, save_interval_updates=save_interval_updates,
+                                    validate_interval_updates=validate_interval_updates or None, seed=seed,
+                                    extra=fairseq_args)  # last: they override the recipe's (--log-format json ...)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
     beside = Path(sys.executable).parent / cmd[0]  # this environment's fairseq-train, whatever PATH says
     cmd[0] = str(beside) if beside.is_file() else cmd[0]
     click.echo("+ " + " ".join(shlex.quote(c) for c in cmd), err=True)

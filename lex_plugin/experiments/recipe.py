@@ -65,7 +65,8 @@ def fairseq_train_command(
             longer run: ``--max-update updates`` of ``--total-num-update total_updates``); default ``updates``.
 
     Raises:
-        ValueError: non-positive updates, batch or l; total updates fewer than updates.
+        ValueError: non-positive updates, batch or l; total updates fewer than updates; a warm-up longer than the
+            schedule (the peak learning rate would never be reached).
     """
     if updates <= 0 or batch_size <= 0 or tokens_per_sample <= 0:
         raise ValueError(f"updates ({updates}), batch size ({batch_size}) and tokens per sample ({tokens_per_sample}) "
@@ -75,6 +76,9 @@ def fairseq_train_command(
         raise ValueError(f"total_updates ({total}) must be at least updates ({updates}): the schedule would end "
                          "before training does.")
     warmup = max(1, total // 8) if warmup is None else warmup
+    if not 0 <= warmup <= total:
+        raise ValueError(f"warmup ({warmup} updates) must lie in 0..{total}: the schedule has {total} updates and would "
+                         "end before reaching its peak learning rate; give fewer warm-up updates.")
     cmd: List[Arg] = ["fairseq-train", data, *(["--user-dir", user_dir] if user_dir is not None else []),
                       "--task", "lex_language_modeling" if user_dir is not None else "language_modeling", "--arch", arch, *model_args, "--share-decoder-input-output-embed",
                       "--tokens-per-sample", tokens_per_sample, "--sample-break-mode", break_mode, "--batch-size", batch_size,

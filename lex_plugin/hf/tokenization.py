@@ -80,7 +80,8 @@ class LexTokenizer(PreTrainedTokenizer):
         dict_file: the data-bin's ``dict.txt``.
         spm_file: the data-bin's SentencePiece model, or None when it kept Moses words (``--bpe none``).
         moses_lang: the Moses language code (``lex_prepare.json``: ``lang``).
-        bpe: ``sentencepiece`` when the data-bin used BPE (then ``spm_file`` is required), or None.
+        bpe: ``sentencepiece`` when the data-bin used BPE (then ``spm_file`` is required), or None: SentencePiece
+            exactly when ``spm_file`` is given (what the export writes and ``from_pretrained`` reads back).
 
     Raises:
         ValueError: no ``dict.txt``, or one :func:`read_fairseq_dictionary` refuses; ``bpe`` sentencepiece
