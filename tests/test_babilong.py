@@ -150,3 +150,17 @@ def test_table_of_cells_no_story_fitted():
 
     text = format_babilong([BabilongResult("qa3", "full", 40), BabilongResult("qa3", "full", 80)], 64)
     assert "| qa3 | - | full | - | - |" in text
+
+
+@pytest.mark.parametrize("command", ["babilong-data", "ruler-data"])
+def test_finetuning_data_without_a_task_is_refused(command, data_bin, tmp_path):
+    """--tasks '' (or only commas) is refused by name before the checkpoint is read (it was a ZeroDivisionError)."""
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main
+
+    for tasks in ("", ",,"):
+        result = CliRunner().invoke(main, [command, "--path", str(data_bin / "dict.txt"), str(data_bin), str(tmp_path / "out"),
+                                           "--tasks", tasks])
+        assert result.exit_code == 2 and "--tasks" in result.output and "at least one task" in result.output, result.output
+    assert not (tmp_path / "out").exists()

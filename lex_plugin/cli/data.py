@@ -142,11 +142,20 @@ def ruler_data_cmd(checkpoint, data, dest, tasks, samples, max_length, hops, spl
     then run lex ruler on DATA."""
     from ..evaluation.ruler import finetune_samples
 
+    names = _task_names(tasks)
+
     def rows(hub, filler, max_length):
-        return finetune_samples(hub.encode_fragment, filler, parse_name_list(tasks, "--tasks"), samples, max_length, seed,
-                                hops=hops, unk=hub.src_dict.unk())
+        return finetune_samples(hub.encode_fragment, filler, names, samples, max_length, seed, hops=hops, unk=hub.src_dict.unk())
 
     _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "RULER-lite samples", "haystacks")
+
+
+def _task_names(tasks: str) -> list:
+    """The names of ``--tasks`` (comma-separated), at least one; which names exist is the probe's to check."""
+    names = parse_name_list(tasks, "--tasks")
+    if not names:
+        raise click.BadParameter("give at least one task: the samples take the tasks in turn", param_hint="--tasks")
+    return names
 
 
 @main.command("babilong-data")
@@ -166,8 +175,9 @@ def babilong_data_cmd(checkpoint, data, dest, tasks, samples, max_length, split,
     CKPT, then run lex babilong on DATA."""
     from ..evaluation.babilong import finetune_samples
 
+    names = _task_names(tasks)
+
     def rows(hub, filler, max_length):
-        return finetune_samples(hub.encode_fragment, filler, parse_name_list(tasks, "--tasks"), samples, max_length, seed,
-                                unk=hub.src_dict.unk())
+        return finetune_samples(hub.encode_fragment, filler, names, samples, max_length, seed, unk=hub.src_dict.unk())
 
     _write_finetune_bin(checkpoint, data, dest, max_length, split, rows, "BABILong-lite samples", "book text")
