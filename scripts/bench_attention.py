@@ -64,13 +64,15 @@ def measure_one(mode: str, length: int, arch: str, training_length: int, repeats
 
 
 def main():
+    from lex_plugin.models.lex_lm import PRESETS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     p.add_argument("--modes", default="bca,bca_blockwise,sliding,sliding_blockwise,full,reference",
                    help="*_blockwise: block by block through the key/value cache, as the length evaluation runs; "
                         "@RUN: the model of a scripts/reproduce.py run (full@rnope_swa: its layer pattern)")
     p.add_argument("--training-length", type=int, default=1024)
-    p.add_argument("--arch", default="lex_lm_tiny")
+    p.add_argument("--arch", default="lex_lm_tiny", choices=sorted(PRESETS))
     p.add_argument("--pos-emb", default="xpos", help="the position scheme of the random model (alibi: a bias under every mode)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--reference-limit-gb", type=float, default=12.0)
@@ -93,7 +95,7 @@ def main():
     modes = parse_name_list(args.modes, "--modes")
 
     def skip(mode: str, length: int):
-        heads = {"lex_lm_tiny": 4}.get(args.arch, 8)
+        heads = PRESETS[args.arch]["decoder_attention_heads"]
         gb = 3 * heads * length * length * 4 / 2**30  # weights, mask-added copy, softmax output (fp32)
         return f"needs ~{gb:.0f} GB for L x L weights" if mode == "reference" and gb > args.reference_limit_gb else None
 
