@@ -8,6 +8,7 @@ goal of the issue "Trained to extrapolate", as a markdown table and a PNG grid (
 """
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,7 +34,21 @@ def main():
     p.add_argument("--reference", type=Path, action="append", default=[], help="a JSON list of transcribed rows, first")
     p.add_argument("-o", "--plot", type=Path, help="the PNG")
     args = p.parse_args()
-    rows = [row for path in args.reference for row in reference_figures(path)]
+    for option, path in [("--eval-bench", args.eval_bench), ("--gen-bench", args.gen_bench),
+                         *(("--reference", r) for r in args.reference)]:
+        if path is not None and not path.is_file():
+            p.error(f"{option}: no file {path}.")
+    if args.longppl_dir is not None and not args.longppl_dir.is_dir():
+        p.error(f"--longppl-dir: no directory {args.longppl_dir}.")
+    options = args.work / "options.json"  # what the reproduction recorded: the figures are read at its l and budget
+    recorded = json.loads(options.read_text()) if options.is_file() else {}
+    for option, key, given in (("--training-length", "training_length", args.training_length), ("--updates", "max_update", args.updates)):
+        if key in recorded and recorded[key] != given:
+            p.error(f"{option} {given}, but {options} records {recorded[key]}: give {recorded[key]} (the runs' own).")
+    try:
+        rows = [row for path in args.reference for row in reference_figures(path)]
+    except ValueError as e:
+        p.error(f"--reference: {e}")
     for name in parse_name_list(args.runs, "--runs"):
         longppl = args.longppl_dir / f"{name}.json" if args.longppl_dir else None
         if name not in RUNS:
@@ -45,7 +60,8 @@ def main():
             p.error(str(e))
     print(markdown_verdict(rows))
     if args.plot:
-        plot_verdict(rows, args.plot, "Trained to extrapolate: each design against the goals (lex_lm_tiny, l = 256)")
+        model = f"{recorded['arch']}, " if "arch" in recorded else ""
+        plot_verdict(rows, args.plot, f"Trained to extrapolate: each design against the goals ({model}l = {args.training_length})")
         print(f"wrote {args.plot}", file=sys.stderr)
 
 

@@ -632,6 +632,16 @@ def test_honest_arguments(exports, test_tokens):
     with torch.no_grad():
         own = model(ids, use_cache=False, position_ids=torch.arange(50)[None]).logits
     assert torch.equal(own, out.logits)
+    with pytest.raises(TypeError, match="atention_mask"):  # misspelt: refused, not ignored
+        model(ids, atention_mask=torch.ones_like(ids))
+    from lex_plugin.hf.modeling import LexModel
+
+    body = LexModel(model.config)
+    body.decoder = model.decoder
+    with torch.no_grad():
+        assert torch.equal(model.decoder.output_layer(body(ids, use_cache=False).last_hidden_state), out.logits)
+    with pytest.raises(TypeError, match="labels"):  # the head's: LexModel gives hidden states
+        body(ids, labels=ids)
     import copy
 
     trained = copy.deepcopy(model).train()

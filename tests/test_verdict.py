@@ -4,6 +4,8 @@ grid without overlapping labels."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -164,3 +166,23 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # the xPos BCA + NoPE pattern: five goals met, RULER-lite missed (the closest row of the 1,000-update table)
     f = design_figures(work, "xpos_bca_nope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.92, 0.19)
+
+
+def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path):
+    """scripts/verdict.py: a benchmark, reference or LongPPL path that does not exist, a reference that is not one,
+    and an l or budget other than the one WORK/options.json records are refused, naming the option (they used to
+    become "not measured" cells or a traceback); the committed 1,000-update files go through."""
+    work = REPO / "examples/lex_lm/designs_1000"
+    base = [sys.executable, str(REPO / "scripts" / "verdict.py"), "--work", str(work), "--runs", "irope"]
+    bad_reference = tmp_path / "bad.json"
+    bad_reference.write_text(json.dumps([{"name": "x"}]))
+    for extra, message in [(["--updates", "1000", "--eval-bench", str(tmp_path / "none.json")], "--eval-bench: no file"),
+                           (["--updates", "1000", "--longppl-dir", str(tmp_path / "none")], "--longppl-dir: no directory"),
+                           (["--updates", "1000", "--reference", str(bad_reference)], "--reference:"),
+                           (["--updates", "300"], "--updates 300, but"),
+                           (["--updates", "1000", "--training-length", "512"], "--training-length 512, but")]:
+        proc = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-500:])
+    proc = subprocess.run(base + ["--updates", "1000", "--eval-bench", str(work / "bench_eval16k.json")],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "| iRoPE" in proc.stdout, proc.stderr[-500:]

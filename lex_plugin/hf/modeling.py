@@ -306,7 +306,15 @@ class LexModel(LexPreTrainedModel):
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 position_ids: Optional[torch.LongTensor] = None, output_attentions: Optional[bool] = None,
                 inputs_embeds: Optional[Tensor] = None, spec: Optional[AttentionSpec] = None,
-                cache: Optional["LexCache"] = None, **unused):
+                cache: Optional["LexCache"] = None, **unknown):
+        """Final hidden states of ``input_ids`` (class docstring).
+
+        Raises:
+            TypeError: a keyword this model does not take (``labels`` and ``logits_to_keep`` are
+                :class:`LexForCausalLM`'s, whose head gives logits), rather than ignoring it.
+            ValueError: as :meth:`LexForCausalLM.forward`.
+        """
+        _refuse_unknown(unknown, "LexModel (hidden states; labels and logits_to_keep are LexForCausalLM's)")
         features, inner_states, cache = self._features(input_ids, attention_mask, _one_cache(past_key_values, cache),
                                                        use_cache, position_ids, output_attentions, inputs_embeds, spec)
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -351,7 +359,7 @@ class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         spec: Optional[AttentionSpec] = None,
         cache: Optional[LexCache] = None,
-        **unused,
+        **unknown,
     ):
         """Next-token logits of ``input_ids``.
 
@@ -383,8 +391,10 @@ class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
             ValueError: ``inputs_embeds`` (token ids only), ``output_attentions``, ``position_ids`` other than the
                 model's own, an attention mask shorter than ``input_ids``, left padding under a spec it would
                 change, ``labels`` with ``logits_to_keep``, a cache under gradient checkpointing.
-            TypeError: ``past_key_values`` that is not a :class:`LexCache`.
+            TypeError: ``past_key_values`` that is not a :class:`LexCache`; a keyword this model does not take
+                (a misspelt one is refused rather than ignored).
         """
+        _refuse_unknown(unknown, "LexForCausalLM")
         if labels is not None and logits_to_keep:
             raise ValueError("labels score every position: call without logits_to_keep.")
         features, inner_states, cache = self._features(input_ids, attention_mask, _one_cache(past_key_values, cache),
@@ -407,6 +417,17 @@ class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
         past = 0 if cache is None else cache.get_seq_length()
         return {"input_ids": input_ids[:, past:], CACHE_FIELD: cache, "attention_mask": attention_mask,
                 "use_cache": True if use_cache is None else use_cache, "logits_to_keep": logits_to_keep}
+
+
+def _refuse_unknown(unknown: dict, model: str) -> None:
+    """Raise TypeError naming the keywords of ``unknown`` (a forward's ``**unknown``), if any.
+
+    Raises:
+        TypeError: ``unknown`` is not empty.
+    """
+    if unknown:
+        raise TypeError(f"{model}.forward() got keyword(s) it does not take: {', '.join(sorted(unknown))}. Check the "
+                        "spelling against its docstring.")
 
 
 def _one_cache(past_key_values: Optional[LexCache], cache: Optional[LexCache]) -> Optional[LexCache]:
