@@ -73,9 +73,9 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
 
         from lex_plugin.export.hf import from_fairseq, hf_config, save_model
 
-        directory = tempfile.mkdtemp(prefix="bench_hf_")
-        save_model(from_fairseq(model, hf_config(args, d, training_length, options)), Path(directory))
-        hf = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+        with tempfile.TemporaryDirectory(prefix="bench_hf_") as directory:  # loaded into memory: removed after
+            save_model(from_fairseq(model, hf_config(args, d, training_length, options)), Path(directory))
+            hf = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
         if type(hf).__module__.startswith("lex_plugin"):
             raise RuntimeError("the hf engine must run the export's code, not the package's")
     else:
@@ -101,8 +101,6 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
 
 
 def measure_one(engine: str, context: int, arch: str, training_length: int, steps: int, mode: str, repeats: int) -> dict:
-    import statistics
-
     import torch
 
     torch.set_num_threads(benchmark.thread_count())

@@ -319,8 +319,6 @@ def section_train(run: Run, args) -> None:
                                     batch_size=batch, lr="5e-4", updates=updates, warmup=max(1, updates // 4),
                                     log_format="json", log_interval=max(1, updates // 6), user_dir=user_dir,
                                     extra=extra + ([] if run.cuda else ["--cpu"]))
-        if arch == "transformer_lm":
-            cmd = [c for c in cmd if c != "--bf16-autocast"]
         t = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, run.left() - 10))

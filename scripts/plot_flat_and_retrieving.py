@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
-from lex_plugin.experiments.reproduce.tables import FLAT_RATIO, RETRIEVAL, wilson_interval
+from lex_plugin.experiments.reproduce.tables import flat_and_retrieving_row
 from lex_plugin.options import parse_name_list
 
 
@@ -24,17 +24,17 @@ from lex_plugin.options import parse_name_list
 @click.option("--runs", default=None, help="comma-separated runs to draw (default: every run in the file)")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="the PNG to write")
 def main(rows_json, runs, out):
+    """Draw the chart of ROWS_JSON's rows (those of --runs) into --out (module docstring)."""
     data = json.loads(rows_json.read_text())
     chosen = parse_name_list(runs, "--runs")
-    rows = []
-    for r in data["rows"]:
-        if chosen and r["run"] not in chosen:
-            continue
-        score = r["retrieved"] / r["trials"]
-        rows.append({**r, "passkey": score, "interval": wilson_interval(r["retrieved"], r["trials"]),
-                     "flat": r["ratio"] <= FLAT_RATIO, "retrieves": score >= RETRIEVAL})
-    if not rows:
-        raise click.BadParameter(f"no row of {rows_json} is of the runs {runs}", param_hint="--runs")
+    missing = [name for name in chosen if name not in {r["run"] for r in data["rows"]}]
+    if missing:
+        raise click.BadParameter(f"{rows_json} has no row of {', '.join(missing)}", param_hint="--runs")
+    try:
+        rows = [flat_and_retrieving_row(r["run"], r["method"], r["ratio"], r.get("retrieved"), r.get("trials"))
+                for r in data["rows"] if not chosen or r["run"] in chosen]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="ROWS_JSON") from None
     plot_flat_and_retrieving(rows, data["training_length"], data["longest"], out)
     click.echo(f"wrote {out} ({len(rows)} rows)")
 

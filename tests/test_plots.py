@@ -84,6 +84,9 @@ def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
                            "alibi", "-o", str(out)], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 0 and "(10 rows)" in done.stdout
+    unknown = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_flat_and_retrieving.py"), str(rows), "--runs",
+                              "alibi,alibbi", "-o", str(tmp_path / "x.png")], capture_output=True, text=True, cwd=REPO)
+    assert unknown.returncode == 2 and "no row of alibbi" in unknown.stderr and not (tmp_path / "x.png").exists()
     data = json.loads(rows.read_text())
     assert len({(r["run"], r["method"]) for r in data["rows"]}) == len(data["rows"]) == 58
     from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving

@@ -77,6 +77,9 @@ def load_hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
 
 
 def analysis_model(checkpoint, data, window: dict, evaluation_length=None):
+    """The fairseq model of ``checkpoint`` (eval mode) for an analysis command, under the attention of the flags
+    ``window`` (:func:`window_options`; ``evaluation_length``: the L that ``auto`` scalings resolve against), with
+    ``--bf16-autocast`` applied (``analysis.report.load_model``; ValueError as ``AttentionOptions.spec``)."""
     from ..analysis.report import load_model
 
     return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length,
@@ -84,6 +87,8 @@ def analysis_model(checkpoint, data, window: dict, evaluation_length=None):
 
 
 def write_outputs(report, table, json_out, plot_out, plotter):
+    """An analysis command's results: ``table`` (markdown) echoed, ``report`` written as JSON to ``json_out`` and
+    drawn by ``plotter(report, plot_out)`` where those paths are given (None: skipped), each path echoed."""
     from ..analysis.report import write_json
 
     click.echo(table)

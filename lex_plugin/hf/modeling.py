@@ -160,9 +160,11 @@ class LexCache(Cache):
         return max((cache.length + cache.sink_length for cache in self.state.values()), default=0)
 
     def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        """transformers' cache API: -1, no fixed size (the cache grows as needed; a bounded window trims it)."""
         return -1  # grows as needed; a bounded window trims it (held_positions)
 
     def reset(self):
+        """Drop every layer's keys and values (an empty cache, as a fresh one)."""
         self.state.clear()
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
@@ -171,6 +173,7 @@ class LexCache(Cache):
             cache.reorder(beam_idx)
 
     def batch_select_indices(self, indices: Tensor):
+        """Keep batch rows ``indices`` (1-D int64) of every layer's cache (transformers' name for :meth:`reorder_cache`)."""
         self.reorder_cache(indices)
 
     def _refuse(self, what: str):
@@ -178,9 +181,11 @@ class LexCache(Cache):
                                   "greedy, sampling or beam search.")
 
     def crop(self, max_length: int):
+        """Refused (NotImplementedError): assisted generation's rollback has no meaning for a windowed cache here."""
         self._refuse("cropping")
 
     def batch_repeat_interleave(self, repeats: int):
+        """Refused (NotImplementedError): contrastive search's row repetition is not supported."""
         self._refuse("repeat-interleaving")
 
     @property

@@ -123,9 +123,11 @@ class LexTokenizer(PreTrainedTokenizer):
 
     @property
     def vocab_size(self) -> int:
+        """Symbols of ``dict.txt`` with fairseq's four specials: the model's output size."""
         return len(self.symbols)
 
     def get_vocab(self) -> Dict[str, int]:
+        """Symbol -> fairseq dictionary id (a copy)."""
         return dict(self.ids)
 
     def _tokenize(self, text: str, **unused) -> List[str]:
@@ -179,6 +181,7 @@ class LexTokenizer(PreTrainedTokenizer):
 
     def get_special_tokens_mask(self, token_ids_0: List[int], token_ids_1: Optional[List[int]] = None,
                                 already_has_special_tokens: bool = False) -> List[int]:
+        """1 at the special tokens :meth:`build_inputs_with_special_tokens` adds, 0 at the text's (transformers' API)."""
         if already_has_special_tokens:
             return super().get_special_tokens_mask(token_ids_0, token_ids_1, True)
         return [1] + [0] * len(token_ids_0)

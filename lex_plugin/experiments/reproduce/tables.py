@@ -10,7 +10,7 @@ from .catalogue import LABELS, METHODS, WINDOW_LABEL
 LEGACY_MODES = {"lambda": "lm_infinite"}
 
 __all__ = ["BABILONG_RETRIEVAL", "BABILONG_KEPT", "far_context", "markdown_babilong", "markdown_far_context",
-           "markdown_longppl", "FLAT_RATIO", "MAGNITUDE_TARGETS", "PAPER_RATIOS", "RETRIEVAL", "check_claims", "check_magnitudes", "markdown_magnitudes", "wilson_interval", "flat_and_retrieving", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
+           "markdown_longppl", "FLAT_RATIO", "MAGNITUDE_TARGETS", "PAPER_RATIOS", "RETRIEVAL", "check_claims", "check_magnitudes", "markdown_magnitudes", "wilson_interval", "flat_and_retrieving", "flat_and_retrieving_row", "markdown_budgets", "markdown_flat_and_retrieving", "markdown_claims", "markdown_methods", "markdown_passkey", "markdown_ppl",
            "markdown_resolution", "ppl_table"]
 
 
@@ -379,13 +379,26 @@ def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: i
                 continue
             probed = _probed_as(method)
             acc = accuracy.get(probed) if probed else None
-            ratio = series[top] / series[l]
-            score = None if acc is None else acc[0] / acc[1]
-            out.append({"run": name, "method": method, "ratio": ratio, "passkey": score, "flat": ratio <= FLAT_RATIO,
-                        "retrieves": None if score is None else score >= RETRIEVAL,
-                        "retrieved": None if acc is None else acc[0], "trials": None if acc is None else acc[1],
-                        "interval": None if acc is None else wilson_interval(*acc)})
+            out.append(flat_and_retrieving_row(name, method, series[top] / series[l], *(acc or (None, None))))
     return out
+
+
+def flat_and_retrieving_row(run: str, method: str, ratio: float, retrieved: Optional[int] = None,
+                            trials: Optional[int] = None) -> dict:
+    """One row of :func:`flat_and_retrieving`: {run, method, ratio, passkey (retrieved / trials, or None where not
+    probed), flat (ratio <= :data:`FLAT_RATIO`), retrieves (passkey >= :data:`RETRIEVAL`, or None), retrieved,
+    trials, interval (95% Wilson, or None)}.
+
+    Raises:
+        ValueError: only one of ``retrieved`` and ``trials``, or trials < 1.
+    """
+    if (retrieved is None) != (trials is None) or (trials is not None and trials < 1):
+        raise ValueError(f"{run}, {method}: give retrieved and trials (>= 1) together, or neither (not probed); got "
+                         f"{retrieved} of {trials}.")
+    score = None if trials is None else retrieved / trials
+    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": ratio <= FLAT_RATIO,
+            "retrieves": None if score is None else score >= RETRIEVAL, "retrieved": retrieved, "trials": trials,
+            "interval": None if trials is None else wilson_interval(retrieved, trials)}
 
 
 def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
