@@ -105,23 +105,12 @@ def main(ctx, **params):
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--probe-windows") from None
     l, max_update = p["training_length"], p["max_update"]
-    if l % 2:
-        raise click.BadParameter("BCA cuts l into blocks of l/2: give an even --training-length", param_hint="--training-length")
     try:
         lengths = (sorted(set(parse_int_list(p["lengths"], "--lengths"))) if p["lengths"]
                    else [l * 2 ** i for i in range(p["longest"].bit_length()) if 2 ** i <= p["longest"]])
         budgets = sorted(set(parse_int_list(str(p["budgets"]), "--budgets")))
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    if l not in lengths or min(lengths) < l:
-        raise click.BadParameter(f"--lengths must include the training length {l} and nothing shorter", param_hint="--lengths")
-    if p["eval_tokens"] < max(lengths):
-        raise click.BadParameter(f"--eval-tokens {p['eval_tokens']} is shorter than the longest length {max(lengths)}",
-                                 param_hint="--eval-tokens")
-    if budgets and budgets[-1] >= max_update:
-        raise click.BadParameter(f"budgets {budgets} must lie in 1..{max_update - 1}: the last checkpoint "
-                                 f"(--max-update {max_update}) is always evaluated; give --budgets with --max-update",
-                                 param_hint="--budgets")
     if p["bf16_autocast"]:
         import torch
 
@@ -132,10 +121,13 @@ def main(ctx, **params):
             check_autocast(device, torch.bfloat16, torch.float32)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--bf16-autocast") from None
-    o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
-                         seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
-                         resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
-                         budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=windows)
+    try:  # the options check themselves (ReproduceOptions: l, lengths, eval tokens, budgets ...)
+        o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
+                             seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
+                             resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
+                             budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=windows)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     try:
         reproduce(Path(p["work"]), o, runs, p["corpus"], p["data_bin"])
     except ReproduceError as e:

@@ -679,3 +679,18 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
         result = CliRunner().invoke(script.main, base + args)
         assert result.exit_code == 0, (args, result.output)
     assert [runs for runs, _ in calls] == [["sinusoidal"], ["alibi", "rope"], ["rope"]]
+
+
+def test_the_options_check_themselves():
+    """ReproduceOptions refuses what no step could run, naming the flag, whoever builds it (the script or a caller)."""
+    good = dict(training_length=L, max_update=10, lengths=LENGTHS, eval_tokens=8 * L)
+    assert reproduce.ReproduceOptions(**good).lengths == tuple(LENGTHS)
+    for change, message in [({"training_length": 31}, "--training-length 31"), ({"training_length": 0}, "--training-length 0"),
+                            ({"lengths": [2 * L, 4 * L]}, "must include the training length"),
+                            ({"lengths": [L // 2, L]}, "nothing shorter"), ({"eval_tokens": 8 * L - 1}, "--eval-tokens"),
+                            ({"budgets": [10]}, "give --budgets with --max-update"), ({"budgets": [0]}, "must lie in 1..9"),
+                            ({"max_update": 0}, "--max-update 0"), ({"passkey_trials": 0}, "--passkey-trials 0"),
+                            ({"methods": ["rerope", "rerop"]}, "--methods: unknown rerop"),
+                            ({"probe_windows": ["full", "chunked"]}, "--probe-windows: unknown chunked")]:
+        with pytest.raises(ValueError, match=message):
+            reproduce.ReproduceOptions(**{**good, **change})

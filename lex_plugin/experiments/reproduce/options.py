@@ -1,5 +1,5 @@
 """The reproduction's options: one frozen, typed value passed to every step (``scripts/reproduce.py`` builds it from
-its flags, after checking them)."""
+its flags; the value checks itself, so that every caller gets the same refusals)."""
 
 from dataclasses import asdict, dataclass, field
 from typing import Tuple
@@ -29,6 +29,12 @@ class ReproduceOptions:
         probe_windows: the attention modes the probes (passkey, RULER-lite, BABILong-lite, LongPPL) compare, among
             ``catalogue.PROBE_WINDOWS`` and ``leaky_rerope``; each run takes those that apply to it
             (``commands.probe_windows``). Empty: all of them.
+
+    Raises:
+        ValueError: an odd or non-positive l (BCA's blocks are l/2); lengths without l or with one below it;
+            ``eval_tokens`` below the longest length; a budget outside 1 .. max_update - 1; non-positive updates,
+            batch, texts or trials; a method, probe or probe window that does not exist. The message names the
+            ``scripts/reproduce.py`` flag.
     """
 
     arch: str = "lex_lm_tiny"
@@ -49,6 +55,30 @@ class ReproduceOptions:
     def __post_init__(self):  # lists given by callers become tuples: the value stays frozen
         for name in ("lengths", "methods", "budgets", "probe_windows"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        from .catalogue import METHODS, PROBE_WINDOWS, PROBES
+
+        l = self.training_length
+        if l < 2 or l % 2:
+            raise ValueError(f"--training-length {l}: BCA cuts l into blocks of l/2; give an even length of 2 or more.")
+        for flag, value in (("--max-update", self.max_update), ("--batch-size", self.batch_size),
+                            ("--resolution-texts", self.resolution_texts), ("--passkey-trials", self.passkey_trials)):
+            if value < 1:
+                raise ValueError(f"{flag} {value}: give 1 or more.")
+        if self.lengths and (l not in self.lengths or min(self.lengths) < l):
+            raise ValueError(f"--lengths {','.join(map(str, self.lengths))} must include the training length {l} and "
+                             "nothing shorter.")
+        if self.lengths and self.eval_tokens < max(self.lengths):
+            raise ValueError(f"--eval-tokens {self.eval_tokens} is shorter than the longest length {max(self.lengths)}.")
+        if any(not 0 < b < self.max_update for b in self.budgets):
+            raise ValueError(f"budgets {sorted(self.budgets)} must lie in 1..{self.max_update - 1}: the last checkpoint "
+                             f"(--max-update {self.max_update}) is always evaluated; give --budgets with --max-update.")
+        unknown = [m for m in self.methods if m not in METHODS and m not in PROBES]
+        if unknown:
+            raise ValueError(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *PROBES])}.")
+        unknown = [w for w in self.probe_windows if w not in (*PROBE_WINDOWS, "leaky_rerope")]
+        if unknown:
+            raise ValueError(f"--probe-windows: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}.")
 
     def as_json(self) -> dict:
         """The options as WORK/options.json and results.json record them (lists for the tuples)."""
