@@ -26,22 +26,15 @@ sys.path.insert(0, str(REPO))
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
-VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols
-
 
 def measure_one(mode: str, length: int, arch: str, training_length: int, repeats: int, pos_emb: str = "xpos") -> dict:
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
-    label, (mode, design) = mode, benchmark.design_of(mode, training_length)
-    mode, autocast = benchmark.precision_of(mode)
-    model, d = benchmark.random_model(arch, {"pos_emb": pos_emb, **design}, VOCAB_SYMBOLS, training_length)
-    options = AttentionOptions({"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode))
-    spec = options.spec(training_length)
-    model = model.under(spec).with_autocast(autocast)
+    label = mode
+    model, d, mode, spec = benchmark.bench_model(label, arch, training_length, pos_emb=pos_emb)
     if mode == "reference":
         from lex_plugin.experiments.torchscale_reference import use_reference_attention
 

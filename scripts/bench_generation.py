@@ -32,22 +32,17 @@ from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 # profiler names of the attention's kernels: SDPA's, and the matrix products and softmax of a one-query step
 # (kernels only: the elementwise scaling, bias and mask ops around them are left out, a few % at most)
 ATTENTION_KERNELS = ("scaled_dot_product", "aten::bmm", "aten::_softmax")
-VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols (as bench_attention.py)
 
 
 def measure_one(mode: str, context: int, arch: str, training_length: int, steps: int) -> dict:
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
-    label, (mode, design) = mode, benchmark.design_of(mode, training_length)
-    mode, autocast = benchmark.precision_of(mode)
-    model, d = benchmark.random_model(arch, design, VOCAB_SYMBOLS, training_length)
+    label = mode
     # any mode of AttentionOptions (full, bca, sliding, lm_infinite, a position map), or bca_sinks (4 sink tokens)
-    options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
-    model = model.under(options.spec(training_length)).with_autocast(autocast)
+    model, d, mode, _ = benchmark.bench_model(label, arch, training_length)
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
     # one autocast region around the prefill and the steps, as the generation loop opens (sampling.continue_ids)
@@ -87,18 +82,10 @@ def measure_interleaved(modes, context: int, arch: str, training_length: int, st
     import torch
 
     from lex_plugin.evaluation.length_eval import blockwise_forward
-    from lex_plugin.modules.attention import AttentionOptions
 
     torch.set_num_threads(benchmark.thread_count())
-    runs = []
-    for label in modes:
-        mode, design = benchmark.design_of(label, training_length)
-        mode, autocast = benchmark.precision_of(mode)
-        model, d = benchmark.random_model(arch, design, VOCAB_SYMBOLS, training_length)
-        options = AttentionOptions("bca", sink_tokens=4) if mode == "bca_sinks" else AttentionOptions(mode)
-        model = model.under(options.spec(training_length)).with_autocast(autocast)
-        runs.append((label, model, {}))
-    tokens = torch.randint(4, VOCAB_SYMBOLS, (1, context + steps + 4))
+    runs = [(label, benchmark.bench_model(label, arch, training_length)[0], {}) for label in modes]
+    tokens = torch.randint(4, benchmark.BENCH_VOCAB_SYMBOLS, (1, context + steps + 4))
     times = {label: [] for label in modes}
     with torch.no_grad():
         for label, model, state in runs:

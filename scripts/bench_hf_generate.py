@@ -34,7 +34,6 @@ sys.path.insert(0, str(REPO))
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
-VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols
 ENGINES = ("lex", "hf", "llama")
 
 
@@ -51,7 +50,7 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
     from lex_plugin.modules.attention import AttentionOptions
 
     options = AttentionOptions(mode)
-    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=training_length,
+    model, d = build_random_lm(arch, vocab_size=benchmark.BENCH_VOCAB_SYMBOLS, tokens_per_sample=training_length,
                                share_decoder_input_output_embed=True)
     if engine == "lex":
         model = model.under(options.spec(training_length))
@@ -107,7 +106,7 @@ def measure_one(engine: str, context: int, arch: str, training_length: int, step
     base = benchmark.rss_mb()
     stamps = []
     generate, model = build(engine, arch, training_length, mode, stamps)
-    prompt = torch.randint(4, VOCAB_SYMBOLS + 4, (1, context))
+    prompt = torch.randint(4, benchmark.BENCH_VOCAB_SYMBOLS + 4, (1, context))
     step_ms, prompt_s = [], []
     with torch.no_grad():
         for run in range(repeats + 1):  # the first is a warm-up (allocator, one-time set-up), left out

@@ -29,12 +29,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lex_plugin.evaluation.length_eval import blockwise_forward  # noqa: E402
+from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
 from lex_plugin.models.builder import build_random_lm  # noqa: E402
 from lex_plugin.modules.attention import AttentionOptions  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
 
-VOCAB_SYMBOLS = 8188  # a dictionary of 8192 entries with fairseq's 4 special symbols (as the benchmarks)
 SECTIONS = ("env", "kernels", "equality", "long", "generation", "train")
 # seconds each section needs at least (skipped with less left)
 ESTIMATE_S = {"env": 1, "kernels": 20, "equality": 40, "long": 60, "generation": 40, "train": 60}
@@ -75,7 +75,7 @@ class Run:
 
 
 def model_on(run: Run, arch: str, l: int, pos_emb: str = "xpos", dtype=torch.float32, seed: int = 0):
-    model, d = build_random_lm(arch, vocab_size=VOCAB_SYMBOLS, tokens_per_sample=l, seed=seed,
+    model, d = build_random_lm(arch, vocab_size=benchmark.BENCH_VOCAB_SYMBOLS, tokens_per_sample=l, seed=seed,
                                share_decoder_input_output_embed=True, pos_emb=pos_emb)
     return model.to(device=run.device, dtype=dtype), d
 
@@ -172,7 +172,7 @@ def section_equality(run: Run, args) -> None:
     length = 4 * l
     for pos_emb in ("xpos", "rope", "alibi"):
         model, d = model_on(run, "lex_lm_small", l, pos_emb=pos_emb)
-        ref_model, _ = build_random_lm("lex_lm_small", vocab_size=VOCAB_SYMBOLS, tokens_per_sample=l,
+        ref_model, _ = build_random_lm("lex_lm_small", vocab_size=benchmark.BENCH_VOCAB_SYMBOLS, tokens_per_sample=l,
                                        share_decoder_input_output_embed=True, pos_emb=pos_emb)
         ref_model = ref_model.double()
         half = copy.deepcopy(model).half()

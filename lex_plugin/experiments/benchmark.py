@@ -20,14 +20,17 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
-    "Column", "baseline_script", "best_time", "checkout_env", "design_of", "emit", "markdown_table", "measure", "median_time",
-    "random_model",
+    "BENCH_VOCAB_SYMBOLS", "Column", "baseline_script", "bench_model", "best_time", "checkout_env", "design_of", "emit",
+    "markdown_table", "measure", "median_time", "random_model",
     "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "sweep", "sweep_table", "thread_count",
     "time_calls",
 ]
 
 # A table column of a result dict: (header label, key in the result, format of the value).
 Column = Tuple[str, str, str]
+
+BENCH_VOCAB_SYMBOLS = 8188  # the benchmarks' random models: a dictionary of 8192 entries with fairseq's 4 special symbols
+BENCH_SINK_TOKENS = 4  # the bca_sinks mode's sinks
 
 
 def rss_mb() -> float:
@@ -92,6 +95,31 @@ def design_of(mode: str, training_length: int) -> Tuple[str, dict]:
     if RUNS[run][1] == "drope":  # evaluated as trained: its positions dropped (random_model's updates reach the start)
         options["drope_start"] = 1
     return base, options
+
+
+def bench_model(label: str, arch: str, training_length: int, pos_emb: Optional[str] = None):
+    """The random model a benchmark mode names, ready to time: ``label`` is a mode (``full``, ``bca``, ``sliding``,
+    ``lm_infinite``, a position map; ``bca_sinks``: BCA with :data:`BENCH_SINK_TOKENS` sinks; ``bca_blockwise`` /
+    ``sliding_blockwise`` / ``reference``: BCA, the sliding window, full attention, which the caller runs block by block
+    or through TorchScale's reference attention), with ``@RUN`` for a reproduction run's design (:func:`design_of`) and
+    ``+bf16`` for bf16 autocast (:func:`precision_of`); ``pos_emb``: the scheme where the design sets none.
+
+    Returns:
+        (model under the mode's attention spec and precision, its fairseq dictionary of
+        :data:`BENCH_VOCAB_SYMBOLS` + 4 entries, the mode without design or precision, the ``AttentionSpec``).
+
+    Raises:
+        ValueError: as :func:`design_of`, :func:`precision_of` and ``AttentionOptions``.
+    """
+    from ..modules.attention import AttentionOptions
+
+    mode, design = design_of(label, training_length)
+    mode, autocast = precision_of(mode)
+    model, d = random_model(arch, {**({"pos_emb": pos_emb} if pos_emb else {}), **design}, BENCH_VOCAB_SYMBOLS, training_length)
+    base = {"bca_blockwise": "bca", "sliding_blockwise": "sliding", "reference": "full"}.get(mode, mode)
+    options = AttentionOptions("bca", sink_tokens=BENCH_SINK_TOKENS) if base == "bca_sinks" else AttentionOptions(base)
+    spec = options.spec(training_length)
+    return model.under(spec).with_autocast(autocast), d, mode, spec
 
 
 def random_model(arch: str, design: dict, vocab_size: int, training_length: int):
