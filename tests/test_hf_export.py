@@ -775,3 +775,26 @@ def test_one_name_table_reads_both_ways(layout):
         assert getattr(loaded, name) == getattr(built, name), name
     assert (loaded.decoder_layers, loaded.no_scale_embedding, loaded.tokens_per_sample) == (3, layout.get("no_scale_embedding", False), 64)
     assert loaded.decoder_normalize_before == (not layout.get("post_ln", False))
+
+
+def test_lex_export_hf_takes_the_data_bin_first_and_the_old_form_with_a_warning(scheme_checkpoints, data_bin, tmp_path):
+    """lex export-hf DATA OUT --path CKPT, as every lex command; CKPT OUT --data DATA still works (deprecated, said on
+    stderr) and writes the same weights; mixing the forms, or a checkpoint missing, is refused."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from lex_plugin.cli import main
+
+    ckpt = scheme_checkpoints["rope"]
+    new = CliRunner().invoke(main, ["export-hf", str(data_bin), str(tmp_path / "new"), "--path", str(ckpt)])
+    assert new.exit_code == 0 and "deprecated" not in new.stderr, new.output + new.stderr
+    old = CliRunner().invoke(main, ["export-hf", str(ckpt), str(tmp_path / "old"), "--data", str(data_bin)])
+    assert old.exit_code == 0 and "deprecated" in old.stderr, old.output + old.stderr
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("new", "old"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for args, message in [([str(data_bin), str(tmp_path / "x"), "--path", str(ckpt), "--data", str(data_bin)], "give the data-bin once"),
+                          ([str(data_bin), str(tmp_path / "x")], "give the checkpoint"),
+                          ([str(ckpt), str(tmp_path / "x"), "--path", str(ckpt)], "is not a directory")]:
+        result = CliRunner().invoke(main, ["export-hf", *args])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+    assert not (tmp_path / "x").exists()

@@ -23,7 +23,7 @@ from .group import main
 @click.option("--title", default=None)
 @click.option("--metric", type=click.Choice(["ppl", "longppl"]), default="ppl", show_default=True,
               help="longppl: the LongPPL column of reports written with --longppl")
-@click.option("--window", "modes", default=None,
+@click.option("--windows", "--window", "modes", default=None,
               help="draw only these attention modes' rows, comma-separated (full, bca, sliding, rerope, ...)")
 def plot_cmd(reports, out, labels, protocol, title, metric, modes):
     """Plot perplexity (or LongPPL) against length (log x) for one or more --report-json files of
