@@ -166,6 +166,10 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # the xPos BCA + NoPE pattern: five goals met, RULER-lite missed (the closest row of the 1,000-update table)
     f = design_figures(work, "xpos_bca_nope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.92, 0.19)
+    # RNoPE-SWA: the same five goals, RULER-lite closer (0.25)
+    f = design_figures(work, "rnope_swa", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)
+    assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.40, 0.58)
 
 
 def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path):
