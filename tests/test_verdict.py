@@ -4,7 +4,6 @@ grid without overlapping labels."""
 
 import json
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -172,12 +171,15 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.40, 0.58)
 
 
-def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path):
+def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypatch, capsys):
     """scripts/verdict.py: a benchmark, reference or LongPPL path that does not exist, a reference that is not one,
     and an l or budget other than the one WORK/options.json records are refused, naming the option (they used to
-    become "not measured" cells or a traceback); the committed 1,000-update files go through."""
+    become "not measured" cells or a traceback); the committed 1,000-update files go through (run in this process)."""
+    from conftest import _script
+
+    script = _script("verdict.py")
     work = REPO / "examples/lex_lm/designs_1000"
-    base = [sys.executable, str(REPO / "scripts" / "verdict.py"), "--work", str(work), "--runs", "irope"]
+    base = ["verdict.py", "--work", str(work), "--runs", "irope"]
     bad_reference = tmp_path / "bad.json"
     bad_reference.write_text(json.dumps([{"name": "x"}]))
     for extra, message in [(["--updates", "1000", "--eval-bench", str(tmp_path / "none.json")], "--eval-bench: no file"),
@@ -185,8 +187,10 @@ def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path):
                            (["--updates", "1000", "--reference", str(bad_reference)], "--reference:"),
                            (["--updates", "300"], "--updates 300, but"),
                            (["--updates", "1000", "--training-length", "512"], "--training-length 512, but")]:
-        proc = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO)
-        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-500:])
-    proc = subprocess.run(base + ["--updates", "1000", "--eval-bench", str(work / "bench_eval16k.json")],
-                          capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 0 and "| iRoPE" in proc.stdout, proc.stderr[-500:]
+        monkeypatch.setattr(sys, "argv", base + extra)
+        with pytest.raises(SystemExit) as exit_:
+            script.main()
+        assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
+    monkeypatch.setattr(sys, "argv", base + ["--updates", "1000", "--eval-bench", str(work / "bench_eval16k.json")])
+    script.main()
+    assert "| iRoPE" in capsys.readouterr().out
