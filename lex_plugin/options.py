@@ -1,8 +1,24 @@
-"""Comma-separated option values, parsed one way for the task, every ``lex`` command and the scripts."""
+"""Comma-separated option values, parsed one way for the task, every ``lex`` command and the scripts; and which of
+a click command's options its command line gave (to refuse those that would change nothing)."""
 
 from typing import List, Optional
 
-__all__ = ["parse_float_list", "parse_int_list", "parse_name_list"]
+__all__ = ["given_flags", "parse_float_list", "parse_int_list", "parse_name_list"]
+
+
+def given_flags(*names: str) -> List[str]:
+    """The flags (``--methods``: each parameter's first option string) of those of ``names`` (click parameter names,
+    ``method_names``) that the running click command's command line gave, in the order of ``names``; a value left at
+    its default is not given.
+
+    Raises:
+        RuntimeError: no click command is running. KeyError: a name that is not one of its parameters.
+    """
+    import click
+
+    ctx = click.get_current_context()
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    return [flags[n] for n in names if ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT]
 
 
 def parse_name_list(text: Optional[str], flag: str) -> List[str]:

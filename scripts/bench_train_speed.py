@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
+from lex_plugin.options import given_flags  # noqa: E402
 from lex_plugin.experiments.reproduce.catalogue import RUNS, run_arguments  # noqa: E402
 
 SIZE = ["--decoder-layers", "4", "--decoder-embed-dim", "256", "--decoder-ffn-embed-dim", "1024", "--decoder-attention-heads", "4"]
@@ -90,14 +91,12 @@ def train_wps(data: Path, arch: tuple, updates: int, warmup: int, tokens_per_sam
 def main(data, updates, warmup, rounds, tokens_per_sample, batch_size, schemes, designs, random_positions, autocast,
          finetune, arch_names, json_out, baseline):
     """Median training tokens/s of fairseq-train runs, alternated (module docstring); one comparison a call."""
-    ctx = click.get_current_context()
-    given = lambda name: ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT  # noqa: E731
-    modes = [f"--{m.replace('_', '-')}" for m in ("schemes", "designs", "random_positions", "autocast", "finetune") if given(m)]
+    modes = given_flags("schemes", "designs", "random_positions", "autocast", "finetune")
     if len(modes) > 1:
         raise click.UsageError(f"{' and '.join(modes)}: each picks the runs to compare; give one per call.")
-    if given("arch_names") and not autocast:
+    if given_flags("arch_names") and not autocast:
         raise click.BadParameter("only --autocast reads it (the other comparisons fix their models)", param_hint="--arch")
-    if given("data") and finetune:
+    if given_flags("data") and finetune:
         raise click.BadParameter("--finetune BIN is the data trained on; drop --data", param_hint="--data")
     if warmup >= updates:
         raise click.BadParameter(f"{warmup} leaves no update of --updates {updates} to measure; give fewer",

@@ -26,6 +26,10 @@ from pathlib import Path
 
 import click
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lex_plugin.options import given_flags  # noqa: E402  (no torch: the script runs lm-eval in a subprocess)
+
 # lm-eval's task name -> lex ruler's
 TASKS = {"niah_single_1": "niah_single_1", "niah_multikey_2": "niah_multikey_2", "niah_multikey_3": "niah_multikey_3",
          "ruler_vt": "vt", "ruler_cwe": "cwe", "ruler_fwe": "fwe"}
@@ -81,11 +85,10 @@ def lex_greedy(report: dict, window: str) -> dict:
 @click.option("--lex-lengths", help="the lex ruler length put beside each of --lengths (default the same; lm-eval's "
                                     "length holds the answer's room, up to 128 tokens, lex ruler's the prompt alone)")
 def main(export, lengths, samples, tasks, out, lex_ruler, lex_window, lex_lengths):
-    ctx = click.get_current_context()
-    for name in ("lex_window", "lex_lengths"):
-        if lex_ruler is None and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
-            raise click.BadParameter("it chooses what of a --lex-ruler report is compared: give --lex-ruler, or drop it",
-                                     param_hint=f"--{name.replace('_', '-')}")
+    unread = given_flags("lex_window", "lex_lengths") if lex_ruler is None else []
+    if unread:
+        raise click.BadParameter("they choose what of a --lex-ruler report is compared: give --lex-ruler, or drop them",
+                                 param_hint=", ".join(unread))
     lengths = _ints(lengths)
     lex_lengths = _ints(lex_lengths) if lex_lengths else lengths
     if len(lex_lengths) != len(lengths):

@@ -25,7 +25,7 @@ import click
 
 from lex_plugin.experiments.reproduce import (DEFAULT_RUNS, METHOD_RUNS, METHODS, PROBE_WINDOWS, PROBES, PROFILES, ROTARY_RUNS, RUNS, methods_of, probe_windows, ReproduceError, ReproduceOptions, profile_flags,
                                              reproduce)
-from lex_plugin.options import parse_int_list, parse_name_list
+from lex_plugin.options import given_flags, parse_int_list, parse_name_list
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,11 +66,10 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
               help="a named setting: its values replace the defaults of the options not given on the command line. "
                    + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
-@click.pass_context
-def main(ctx, **params):
+def main(**params):
     """Train every scheme on the same budget, evaluate at l..16l under full/sliding/BCA, measure attention
     resolution, and write WORK/tables.md, WORK/results.json, WORK/ppl_vs_length.png."""
-    given = {k for k in params if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+    given = {k for k in params if given_flags(k)}
     if params["profile"]:  # the profile's values for every option left at its default
         params.update({k: v for k, v in PROFILES[params["profile"]].items() if k not in given})
     p = params

@@ -794,7 +794,8 @@ def test_lex_export_hf_takes_the_data_bin_first_and_the_old_form_with_a_warning(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for args, message in [([str(data_bin), str(tmp_path / "x"), "--path", str(ckpt), "--data", str(data_bin)], "give the data-bin once"),
                           ([str(data_bin), str(tmp_path / "x")], "give the checkpoint"),
-                          ([str(ckpt), str(tmp_path / "x"), "--path", str(ckpt)], "is not a directory")]:
+                          ([str(ckpt), str(tmp_path / "x"), "--path", str(ckpt)], "is not a directory"),
+                          ([str(data_bin), str(tmp_path / "x"), "--data", str(data_bin)], "is not a file")]:
         result = CliRunner().invoke(main, ["export-hf", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
     assert not (tmp_path / "x").exists()

@@ -681,6 +681,18 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
     assert [runs for runs, _ in calls] == [["sinusoidal"], ["alibi", "rope"], ["rope"]]
 
 
+def test_a_flat_and_retrieving_row_needs_both_counts_or_neither():
+    from lex_plugin.experiments.reproduce.tables import flat_and_retrieving_row
+
+    row = flat_and_retrieving_row("rope", "rerope", 1.004, 9, 10)
+    assert (row["passkey"], row["flat"], row["retrieves"]) == (0.9, True, True) and row["interval"][0] < 0.9 < row["interval"][1]
+    unprobed = flat_and_retrieving_row("rope", "full", 1.05)
+    assert (unprobed["passkey"], unprobed["retrieves"], unprobed["interval"], unprobed["flat"]) == (None, None, None, False)
+    for retrieved, trials in ((3, None), (None, 10), (0, 0)):
+        with pytest.raises(ValueError, match="give retrieved and trials"):
+            flat_and_retrieving_row("rope", "full", 1.0, retrieved, trials)
+
+
 def test_the_options_check_themselves():
     """ReproduceOptions refuses what no step could run, naming the flag, whoever builds it (the script or a caller)."""
     good = dict(training_length=L, max_update=10, lengths=LENGTHS, eval_tokens=8 * L)

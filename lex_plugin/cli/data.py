@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from ..data.prepare import PrepareConfig, PrepareError, prepare
-from ..options import parse_name_list
+from ..options import given_flags, parse_name_list
 from .common import CKPT, DATA
 from .group import main
 
@@ -41,8 +41,7 @@ def prepare_cmd(ctx, src, dest, splits, bpe, vocab_size, lang, workers, document
     tokenizer settings, BPE model and dictionary encode the text.
     """
     if like is not None:
-        given = [f"--{name.replace('_', '-')}" for name in ("bpe", "vocab_size", "lang")
-                 if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT]
+        given = given_flags("bpe", "vocab_size", "lang")
         if given:
             raise click.UsageError(f"{', '.join(given)} cannot be combined with --like: they come from {like}.")
     cfg = PrepareConfig(

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..modules.positions.xpos import GAMMA, SCALE_BASE
-from ..options import parse_int_list
+from ..options import given_flags, parse_int_list
 from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, data_and_rest,
                      key_token_options, load_hub, window_options, write_outputs)
 from .group import main
@@ -98,9 +98,7 @@ def generate_cmd(data, checkpoint, data_option, prompts, max_len, temperature, t
     data, extra = data_and_rest(data_option, data, "")
     if extra:
         raise click.UsageError(f"lex generate takes one DATA; give the texts with --prompt (got {', '.join(map(str, extra))}).")
-    ctx = click.get_current_context()
-    given = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
-             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    given = given_flags("temperature", "top_k", "top_p", "seed")
     if beam > 1 and given:
         raise click.UsageError(f"{', '.join(given)}: options of sampling; --beam {beam} searches deterministically and "
                                "would ignore them. Drop them, or drop --beam.")
