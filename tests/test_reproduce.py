@@ -586,14 +586,13 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     assert at_16l[at_16l.index("--json") + 1].endswith("rnope_swa/passkey_finetuned_16l.json")
 
 
-def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, monkeypatch):
-    """A run trained with --sink-token is evaluated and probed with --sink-tokens 1 (its sink stays visible under BCA
-    and the sliding window, as in training); a run without one gets no sink flag; and its resolution steps are
-    skipped (the analysis refuses a sink token)."""
+def _sink_token_steps(tmp_path, monkeypatch, probe_windows=()):
+    """The commands of a reproduction of xpos_sink_token and rope_ssmax (every probe, the probes' modes limited to
+    ``probe_windows``), recorded, not run: ({step: argv}, the step counts announced)."""
     commands = {}
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey", "passkey_finetuned", "ruler", "longppl", "babilong"],
                                        lambda key, done: None)
-
+    o = dataclasses.replace(o, probe_windows=tuple(probe_windows))
     announced = []
 
     class Recording:
@@ -611,8 +610,18 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
         (work / bin_dir).mkdir(parents=True, exist_ok=True)
         (work / bin_dir / done).touch()
     reproduce.reproduce(work, o, ["xpos_sink_token", "rope_ssmax"], tmp_path, data)
-    probed = ["eval", "passkey", "passkey_finetuned", "ruler", "longppl", "babilong"]
-    for step in probed:
+    return commands, announced
+
+
+PROBE_STEPS = ["passkey", "passkey_finetuned", "ruler", "longppl", "babilong"]
+
+
+def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, monkeypatch):
+    """A run trained with --sink-token is evaluated and probed with --sink-tokens 1 (its sink stays visible under BCA
+    and the sliding window, as in training); a run without one gets no sink flag; and its resolution steps are
+    skipped (the analysis refuses a sink token)."""
+    commands, announced = _sink_token_steps(tmp_path, monkeypatch)
+    for step in ["eval", *PROBE_STEPS]:
         sink = commands[f"{step} xpos_sink_token"]
         assert sink[sink.index("--sink-tokens") + 1] == "1", step
         assert "--sink-tokens" not in commands[f"{step} rope_ssmax"], step
@@ -621,6 +630,20 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
     # the 16l probe is full attention alone, which takes no sink flag; the steps announced are the steps taken
     assert "--sink-tokens" not in commands["passkey_finetuned xpos_sink_token 16l"]
     assert announced == [len(commands)]
+
+
+def test_a_sink_token_run_probed_under_full_attention_alone_gets_no_sink_flag(tmp_path, monkeypatch):
+    """--probe-windows full (the 1,000-update recipe): the probes take no --sink-tokens, which the lex commands
+    refuse where no mode takes sinks (the reproduction stopped at the sink token's passkey probe); the length
+    evaluation, over BCA and the sliding window too, keeps it."""
+    commands, _ = _sink_token_steps(tmp_path, monkeypatch, probe_windows=["full"])
+    for step in PROBE_STEPS:
+        cmd = commands[f"{step} xpos_sink_token"]
+        flag = "--windows" if "--windows" in cmd else "--eval-windows"  # (LongPPL: fairseq-eval-lm)
+        assert cmd[cmd.index(flag) + 1] == "full", step
+        assert "--sink-tokens" not in cmd, step
+    evaluation = commands["eval xpos_sink_token"]
+    assert evaluation[evaluation.index("--sink-tokens") + 1] == "1"
 
 
 def test_probe_windows_narrow_every_probe_and_refuse_what_no_run_takes(tmp_path, monkeypatch):

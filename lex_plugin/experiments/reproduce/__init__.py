@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
+from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
 from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
                         LABELS, LONGPPL_PROBE,
@@ -317,12 +318,18 @@ class _Run:
         """Trained with a sink token (``--sink-token``)."""
         return _has_sink_token(self.args)
 
-    @property
-    def window_flags(self) -> tuple:
-        """The evaluation flags of this run's BCA and sliding-window modes (the modes that take sinks; the others drop
-        them): ``--sink-tokens 1`` for a run trained with a sink token, so that those windows keep it visible as it
-        was in training (StreamingLLM section 3.3); none otherwise."""
-        return ("--sink-tokens", 1) if self.sink_token else ()
+    def window_flags(self, windows: Sequence[str]) -> tuple:
+        """The evaluation flags of this run under the attention modes ``windows``: ``--sink-tokens 1`` for a run
+        trained with a sink token when one of them takes sinks (BCA, the sliding window: ``ATTENTION_FLAGS``' owners),
+        so that those windows keep it visible as it was in training (StreamingLLM section 3.3); none otherwise
+        (full attention sees the sink token as any first token, and the lex commands refuse ``--sink-tokens`` where
+        no mode takes it)."""
+        takes = set(windows) & set(ATTENTION_FLAGS["sink_tokens"].owners)
+        return ("--sink-tokens", 1) if self.sink_token and takes else ()
+
+    def probe_flags(self, o: ReproduceOptions) -> tuple:
+        """:meth:`window_flags` under the probes' modes (:func:`probe_windows`, limited by ``o.probe_windows``)."""
+        return self.window_flags(probe_windows(self.rotary, self.position_maps, o.probe_windows))
 
 
 def _has_sink_token(run_args) -> bool:
@@ -390,11 +397,11 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
         _train_to(run, f"train {r.name} to {budget}", train_command(data, ckpt_dir, list(r.args), o, updates=budget),
                   r.dir / "train.log", r.dir / f"train_u{budget}.done", ckpt, budget, snap)
         report = r.dir / f"length_report_u{budget}.json"
-        run(f"eval {r.name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o, r.window_flags),
+        run(f"eval {r.name} at {budget} updates", eval_command(data, snap, run_lengths, windows, report, o, r.window_flags(windows)),
             r.dir / f"eval_u{budget}.log", report)
     _train_to(run, f"train {r.name}", train_command(data, ckpt_dir, list(r.args), o), r.dir / "train.log",
               r.dir / "train.done", ckpt, o.max_update)
-    run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o, r.window_flags),
+    run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o, r.window_flags(windows)),
         r.dir / "eval.log", r.dir / "length_report.json")
     if r.sink_token:  # the resolution analysis refuses a sink token (analysis.resolution)
         return
@@ -422,7 +429,7 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
         return
     out = r.dir / f"{method}.json"
     run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary,
-                                              ["--logn"] if method.endswith("_logn") else list(r.window_flags),
+                                              ["--logn"] if method.endswith("_logn") else list(r.probe_flags(o)),
                                               position_maps=r.position_maps),
         r.dir / f"{method}.log", out)
     if method == "passkey_finetuned" and _is_design(r.role):  # the trained designs' verdict reads 16l too
@@ -449,7 +456,7 @@ def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: R
     run(f"{probe} finetune {r.name}", answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget),
         tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
     out = r.dir / report
-    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps, extra=r.window_flags),
+    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps, extra=r.probe_flags(o)),
         out.with_suffix(".log"), out)
 
 
@@ -458,7 +465,7 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
     (:data:`METHODS`, the length evaluation under it)."""
     if method == "passkey":
         out = r.dir / "passkey.json"
-        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary, r.window_flags, position_maps=r.position_maps),
+        run(f"passkey {r.name}", passkey_command(data, r.ckpt, out, o, r.rotary, r.probe_flags(o), position_maps=r.position_maps),
             r.dir / "passkey.log", out)
     elif method.startswith("passkey_finetuned"):
         _passkey_finetuned(run, r, method, work, data, o)
@@ -467,7 +474,7 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
     elif method == "longppl":
         out = r.dir / LONGPPL_REPORT
         run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
-                                                 extra=r.window_flags),
+                                                 extra=r.probe_flags(o)),
             out.with_suffix(".log"), out)
     else:
         out = r.dir / f"method_{method}.json"
