@@ -12,6 +12,7 @@ error and the next one runs. Sections that would start with less than their esti
 say so. Without CUDA every section runs on the CPU at toy sizes (a dry run of the script itself).
 """
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -22,9 +23,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,6 +35,7 @@ from lex_plugin.evaluation.length_eval import blockwise_forward  # noqa: E402
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
 from lex_plugin.models.builder import build_random_lm  # noqa: E402
+from lex_plugin.modules.attention import executor  # noqa: E402
 from lex_plugin.modules.attention import AttentionOptions  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
 
@@ -248,10 +252,24 @@ def section_long(run: Run, args) -> None:
             run.emit("long", **row)
 
 
+def _sdpa_steps(backends=None):
+    """A context in which one-query generation steps run on SDPA, as they did before ``executor._step_as_products``
+    sent them on CUDA to two products; with ``backends`` (``SDPBackend`` members) SDPA is limited to those."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(executor, "_step_as_products", lambda q: False))
+    if backends:
+        stack.enter_context(sdpa_kernel(backends))
+    return stack
+
+
 def section_generation(run: Run, args) -> None:
-    """ms per generated token (batch 1, fp16) after a context of N tokens fed block by block."""
+    """ms per generated token (batch 1, fp16) after a context of N tokens fed block by block; each step the
+    default way (``products``: one-query steps as two products on CUDA) and, after it on the same cache, on SDPA
+    with every backend (``sdpa``, the old path) and limited to flash / memory-efficient (``sdpa_flash``)."""
     l = 1024 if run.cuda else 64
     contexts = [1024, 16384, 65536] if run.cuda else [64, 256]
+    variants = {"products": contextlib.nullcontext, "sdpa": _sdpa_steps,
+                "sdpa_flash": lambda: _sdpa_steps([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])}
     for arch in ("lex_lm_small", "lex_lm_medium") if run.cuda else ("lex_lm_tiny",):
         model, d = model_on(run, arch, l, dtype=torch.float16 if run.cuda else torch.float32)
         for mode in ("bca", "full"):
@@ -261,20 +279,27 @@ def section_generation(run: Run, args) -> None:
                     run.emit("generation", arch=arch, mode=mode, context=n, skipped="out of time")
                     return
                 steps = 32
-                x = tokens_for(d, n + steps + 1, run.device)
+                x = tokens_for(d, n + len(variants) * (steps + 1) + 1, run.device)
                 state: dict = {}
+                row = {}
                 with torch.no_grad():
                     for _ in blockwise_forward(view, x[:, :n], l // 2, state, features_only=True):
                         pass
-                    view(x[:, : n + 1], incremental_state=state)  # warm-up step
-                    times = []
-                    for k in range(n + 2, n + steps + 2):
-                        run.sync()
-                        t = time.perf_counter()
-                        view(x[:, :k], incremental_state=state)
-                        run.sync()
-                        times.append(time.perf_counter() - t)
-                run.emit("generation", arch=arch, mode=mode, context=n, ms_per_token=round(1000 * statistics.median(times), 3),
+                    k = n + 1
+                    for name, context in variants.items():
+                        with context():
+                            view(x[:, :k], incremental_state=state)  # warm-up step
+                            k += 1
+                            times = []
+                            for _ in range(steps):
+                                run.sync()
+                                t = time.perf_counter()
+                                view(x[:, :k], incremental_state=state)
+                                run.sync()
+                                times.append(time.perf_counter() - t)
+                                k += 1
+                        row[f"ms_per_token_{name}"] = round(1000 * statistics.median(times), 3)
+                run.emit("generation", arch=arch, mode=mode, context=n, **row,
                          cached_positions=int(model.decoder.layers[0].self_attn.cached_keys(state)))
 
 

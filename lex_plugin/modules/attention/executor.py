@@ -6,7 +6,8 @@ cache stores keys rotated at its centre, ``center``), (2) asks the scheme for it
 builds SDPA's mask, the cheapest that is exact: none, ``is_causal``, ``causal_lower_right`` (fused
 kernels), or an explicit boolean / additive float mask (:func:`additive_mask`), and (4) calls
 ``F.scaled_dot_product_attention``, except for one query over a feature-major generation cache
-(``KeyValueCache``) or a bf16 / fp16 one on CPU, which runs as two matrix-vector products (:func:`_one_query`).
+(``KeyValueCache``), a bf16 / fp16 one on CPU or any one on CUDA, which runs as two matrix-vector products
+(:func:`_one_query`).
 Sink tokens (StreamingLLM, LM-Infinite) are keys placed at virtual positions: the scheme rotates them (or
 biases them) there, and the executor scores them with the window's keys under one softmax. Randomized positions (Ruoss et al. 2023) are
 per-sample position ids for the same dense chunks. Learned sink logits (gpt-oss: one per head, joining every
@@ -281,7 +282,7 @@ class _Run:
             allowed = self._allowed(chunk, query, key)
             if self.observer is not None:
                 self.observer(_logits(qc, kc, bias), query - key, allowed)
-        if qc.size(2) == 1 and not self.dropout_p and (self.feature_major or _half_step_on_cpu(qc)):
+        if qc.size(2) == 1 and not self.dropout_p and (self.feature_major or _step_as_products(qc)):
             return _one_query(qc, kc, vc, bias, allowed if chunk.mask == "explicit" else None, self._sink(1))
         is_causal, mask = False, None
         if bias is not None or chunk.mask == "explicit":
@@ -361,7 +362,7 @@ class _Run:
                 part = logits[..., piece.lo : piece.hi]
                 part.copy_(_logits(qr, kr, None) if piece.select is None else torch.where(piece.select, _logits(qr, kr, None), part))
             self.observer(logits, n[:, None] - m[None, :], self.window.allowed(n[:, None], m[None, :]) if allowed is None else allowed)
-        if qc.size(2) == 1 and (qc.dtype == torch.float32 or _half_step_on_cpu(qc)):
+        if qc.size(2) == 1 and (qc.dtype == torch.float32 or _step_as_products(qc)):
             # a generation step: one row of logits over every piece, one softmax (no SDPA call per piece)
             scores = torch.full(qc.shape[:-1] + (kc.size(2),), float("-inf"), device=dev)  # (B, H, 1, Tk) fp32
             for piece, qr, kr in rotated:
@@ -576,13 +577,20 @@ def _windows_in_batch(x: Tensor) -> Tensor:
     return x.transpose(1, 2).flatten(0, 1)
 
 
-def _half_step_on_cpu(q: Tensor) -> bool:
-    """Whether a one-query chunk of q's dtype and device runs as :func:`_one_query` on a sequence-major cache: bf16 /
-    fp16 on CPU with no gradient to keep, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys
-    (4 heads of 64) and two products per head over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16
-    generation"). A training batch whose last window holds one query keeps SDPA (and its fp32 logits)."""
-    return (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-            and not (torch.is_grad_enabled() and q.requires_grad))
+def _step_as_products(q: Tensor) -> bool:
+    """Whether a one-query chunk of q's dtype and device runs as :func:`_one_query` on a sequence-major cache, with no
+    gradient to keep (a training batch whose last window holds one query keeps SDPA):
+
+    - on CUDA, any dtype: SDPA's cuDNN backend builds an execution plan for each new key length, and a generation
+      step under full attention has a new one at every token (40 ms a token on an H200 whatever the context, against
+      5 ms for BCA steps at key lengths already seen; examples/lex_lm/GPU.md, "Generation latency"). The two products
+      take any length at the same cost;
+    - bf16 / fp16 on CPU, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys (4 heads of 64)
+      and two products per head over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16
+      generation")."""
+    if torch.is_grad_enabled() and q.requires_grad:
+        return False
+    return q.device.type == "cuda" or (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16))
 
 
 def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: Optional[Tensor],
@@ -592,12 +600,13 @@ def _one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed:
     long contiguous rows, so a generation step reads each cached key and value once near the memory bandwidth
     (``lex_lm_tiny`` at a 64k context: 0.58-0.62 of the time of a step on PyTorch's CPU SDPA kernel;
     examples/lex_lm/BENCHMARKS.md, "Fourth run: generation at the memory bandwidth"). Over a bf16 / fp16 cache on CPU
-    (sequence-major, :func:`_half_step_on_cpu`) the softmax runs in fp32 and the products, over more than
+    (sequence-major, :func:`_step_as_products`) the softmax runs in fp32 and the products, over more than
     :data:`HALF_STEP_FP32_KEYS` keys, per head in that dtype: the logits are then rounded to the cache's dtype once (8
     significant bits in bf16, as an eager half-precision attention), where SDPA's fused kernel keeps them fp32; over
     fewer keys, in fp32 on fp32 copies of the keys and values. A generation cache of ``kv_cache.FEATURE_MAJOR_KEYS``
     keys or more widens itself to fp32 feature-major, so a half-precision step over it runs as fp32's does (the
-    output is cast back to q's dtype).
+    output is cast back to q's dtype). On CUDA both products run batched in fp32, on fp32 copies of half-precision
+    keys and values (one kernel each, whatever the key length).
 
     Args:
         q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype (or fp32: a widened cache); bias: (H, 1, S) or None;
@@ -627,9 +636,9 @@ def _seen(allowed: Optional[Tensor], piece) -> Optional[Tensor]:
 
 def _half_products_per_head(x: Tensor) -> bool:
     """Whether one query's products over ``x`` (B, H, S, D) keys or values run per (batch, head) in x's half precision
-    (:func:`_per_head_products`): more than :data:`HALF_STEP_FP32_KEYS` of them. At or below it, and in fp32, they run
-    batched in fp32 (on fp32 copies of half-precision keys and values)."""
-    return x.dtype != torch.float32 and x.size(-2) > HALF_STEP_FP32_KEYS
+    (:func:`_per_head_products`): on CPU, more than :data:`HALF_STEP_FP32_KEYS` of them. At or below it, in fp32 and
+    on other devices, they run batched in fp32 (on fp32 copies of half-precision keys and values)."""
+    return x.device.type == "cpu" and x.dtype != torch.float32 and x.size(-2) > HALF_STEP_FP32_KEYS
 
 
 def _step_logits(q: Tensor, k: Tensor) -> Tensor:
