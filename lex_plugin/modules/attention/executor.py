@@ -583,8 +583,8 @@ def _step_as_products(q: Tensor) -> bool:
 
     - on CUDA, any dtype: SDPA's cuDNN backend builds an execution plan for each new key length, and a generation
       step under full attention has a new one at every token. The two products need no plan: ``lex_lm_small`` in
-      fp16 on an H100 under full attention, 4.8-9.3 ms a token at 1k-64k against 48-63 ms on SDPA, and the same
-      log-probabilities as a parallel forward within 3e-5 (examples/lex_lm/GPU.md, run 2);
+      fp16 on an H100 under full attention, 4.8-9.3 ms a token at 1k-64k against 48-63 ms on SDPA; in fp32 the same
+      log-probabilities as a parallel forward within 3e-5 over 528 steps (examples/lex_lm/GPU.md, run 2);
     - bf16 / fp16 on CPU, where PyTorch's fused SDPA kernel takes 4.4 ms for one query over 16k keys (4 heads of 64)
       and two products per head over the same (S, D) rows 0.4 ms (examples/lex_lm/BENCHMARKS.md, "bf16
       generation")."""
