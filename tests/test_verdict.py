@@ -169,9 +169,10 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     f = design_figures(work, "rnope_swa", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)
     assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.40, 0.58)
-    # the four trained on a GPU: Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks and DroPE not flat
+    # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
     expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.33), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 1.01),
-                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.08), "rope_drope": (1.0842, 0.53, 0.0, 0.21, 1.02)}
+                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.08), "rope_drope": (1.0842, 0.53, 0.0, 0.21, 1.02),
+                "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 0.96)}
     for name, figures in expected.items():
         f = design_figures(work, name, 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
         got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2))
