@@ -16,17 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lex_plugin.experiments.reproduce.verdict import (  # noqa: E402
     design_figures, markdown_verdict, plot_verdict, reference_figures)
-from lex_plugin.experiments.reproduce.catalogue import RUNS  # noqa: E402
+from lex_plugin.experiments.reproduce.catalogue import RECALIBRATED, RUNS  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, required=True, help="the reproduction's work directory (WORK/runs/NAME)")
-    p.add_argument("--runs", required=True, help="comma-separated runs of the reproduction, in the table's order")
+    p.add_argument("--runs", required=True, help="comma-separated runs of the reproduction, in the table's order; "
+                   "NAME/recalibrated: a DroPE run under its recalibration (WORK/runs/NAME/recalibrated)")
     p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
     p.add_argument("--training-length", type=int, default=256)
-    p.add_argument("--longppl-dir", type=Path, help="NAME.json: each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
+    p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
                    "for every run); default: each run's own WORK/runs/NAME/longppl.json (the reproduction's longppl probe)")
     p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN rows and full@base:RUN (a deeper run) "
                    "or full@POS_EMB rows")
@@ -49,13 +50,18 @@ def main():
         rows = [row for path in args.reference for row in reference_figures(path)]
     except ValueError as e:
         p.error(f"--reference: {e}")
-    for name in parse_name_list(args.runs, "--runs"):
-        longppl = args.longppl_dir / f"{name}.json" if args.longppl_dir else None
+    for given in parse_name_list(args.runs, "--runs"):
+        name, _, variant = given.partition("/")
+        longppl = args.longppl_dir / f"{given.replace('/', '.')}.json" if args.longppl_dir else None
         if name not in RUNS:
             p.error(f"--runs: {name} is not a run of the reproduction ({', '.join(RUNS)}).")
+        if variant and (variant != RECALIBRATED or RUNS[name][1] != "drope"):
+            p.error(f"--runs: {given}: the one variant is {RECALIBRATED}, of a DroPE run "
+                    f"({', '.join(n for n, (_, role) in RUNS.items() if role == 'drope')}).")
         try:
             rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
-                                       eval_bench=args.eval_bench, gen_bench=args.gen_bench))
+                                       eval_bench=args.eval_bench, gen_bench=args.gen_bench,
+                                       recalibrated=bool(variant)))
         except FileNotFoundError as e:  # no length report: say which run and what to do
             p.error(str(e))
     print(markdown_verdict(rows))

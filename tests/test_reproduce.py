@@ -553,8 +553,7 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
             commands[key] = [str(c) for c in cmd]
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.touch()
+            _write_grid_report(done, cmd, {})
 
     monkeypatch.setattr(reproduce, "Runner", Recording)
     o = reproduce.ReproduceOptions(**{**o.as_json(), "max_update": 300, "methods": []})
@@ -584,6 +583,85 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     at_16l = commands["passkey_finetuned rnope_swa 16l"]
     assert at_16l[at_16l.index("--lengths") + 1] == str(16 * L) and at_16l[at_16l.index("--windows") + 1] == "full"
     assert at_16l[at_16l.index("--json") + 1].endswith("rnope_swa/passkey_finetuned_16l.json")
+
+
+def _write_grid_report(done, cmd, valid_ppl):
+    """Touch a recorded step's ``done`` file; a recalibration grid step's (``valid_C{C}.json``) gets a length report
+    with its one row, ppl ``valid_ppl[C]`` (default 100)."""
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.touch()
+    if done.name.startswith("valid_C"):
+        cmd = [str(c) for c in cmd]
+        c, length = float(cmd[cmd.index("--attention-temperature") + 1]), int(cmd[cmd.index("--eval-lengths") + 1])
+        done.write_text(json.dumps({"results": [{"window": "full", "length": length, "attention": {"mode": "full"},
+                                                 "protocol": "stream", "ppl": valid_ppl.get(c, 100.0)}]}))
+
+
+def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, monkeypatch):
+    """DroPE's recalibration (beta = 1 + C ln(L / l)): every C of the grid evaluated on the valid split at the longest
+    length under full attention; the C with the lowest ppl there (0.1 here) then gives the test length evaluation and
+    the probes the verdict reads, on the checkpoints they were fine-tuned into, into runs/rope_drope/recalibrated;
+    a run that is not DroPE gets none; the steps announced are the steps taken."""
+    commands, announced = {}, []
+    valid = {0.0: 80.0, 0.05: 70.0, 0.1: 60.0, 0.2: 65.0, 0.4: 90.0, 0.8: 150.0}
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl"], lambda k, d: None)
+
+    class Recording:
+        def __init__(self, work, steps):
+            announced.append(steps)
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            commands[key] = [str(c) for c in cmd]
+            _write_grid_report(done, cmd, valid)
+
+    monkeypatch.setattr(reproduce, "Runner", Recording)
+    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
+        (work / bin_dir).mkdir(parents=True, exist_ok=True)
+        (work / bin_dir / done).touch()
+    reproduce.reproduce(work, o, ["rope_drope", "rope_ssmax"], tmp_path, data)
+    rdir = work / "runs" / "rope_drope" / "recalibrated"
+    assert announced == [len(commands)]
+    grid = [k for k in commands if k.startswith("recalibrate rope_drope")]
+    assert grid == [f"recalibrate rope_drope C={c:g}" for c in reproduce.DROPE_TEMPERATURES]
+    arg = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
+    for c, key in zip(reproduce.DROPE_TEMPERATURES, grid):
+        cmd = commands[key]
+        assert (arg(cmd, "--gen-subset"), arg(cmd, "--eval-lengths"), arg(cmd, "--eval-windows")) == ("valid", str(2 * L), "full")
+        assert float(arg(cmd, "--attention-temperature")) == c
+    assert json.loads((rdir / "choice.json").read_text())["C"] == 0.1
+    assert reproduce.recalibration_choice(rdir, 2 * L) == (0.1, valid)
+    evaluation = commands["eval rope_drope C=0.1"]
+    assert (arg(evaluation, "--gen-subset"), arg(evaluation, "--eval-lengths"), arg(evaluation, "--eval-windows"),
+            arg(evaluation, "--attention-temperature"), arg(evaluation, "--report-json")) == (
+        "test", f"{L},{2 * L}", "full", "0.1", str(rdir / "length_report.json"))
+    tuned = {"passkey_finetuned rope_drope C=0.1": ("passkey_ft", "passkey_finetuned.json"),
+             "passkey_finetuned rope_drope C=0.1 16l": ("passkey_ft", "passkey_finetuned_16l.json"),
+             "ruler rope_drope C=0.1": ("ruler_ft_answers", "ruler_answers.json")}
+    for key, (ckpt_dir, report) in tuned.items():
+        cmd = commands[key]
+        assert arg(cmd, "--path") == str(work / "runs" / "rope_drope" / ckpt_dir / "checkpoint_last.pt"), key
+        assert (arg(cmd, "--windows"), arg(cmd, "--attention-temperature"), arg(cmd, "--json")) == (
+            "full", "0.1", str(rdir / report)), key
+    assert arg(commands["passkey_finetuned rope_drope C=0.1 16l"], "--lengths") == str(16 * L)
+    longppl = commands["longppl rope_drope C=0.1"]
+    assert (arg(longppl, "--path"), arg(longppl, "--eval-windows"), arg(longppl, "--attention-temperature")) == (
+        str(work / "runs" / "rope_drope" / "checkpoints" / "checkpoint_last.pt"), "full", "0.1")
+    assert not any("C=" in k for k in commands if "rope_ssmax" in k)
+    # a tie goes to the first C of the grid (the smaller change); a missing report: no choice yet
+    (rdir / "valid_C0.2.json").write_text((rdir / "valid_C0.1.json").read_text())
+    assert reproduce.recalibration_choice(rdir, 2 * L)[0] == 0.1
+    (rdir / "valid_C0.8.json").unlink()
+    assert reproduce.recalibration_choice(rdir, 2 * L) is None
+
+
+def test_the_recalibration_table_bolds_the_chosen_c_and_compares_the_ratios():
+    from lex_plugin.experiments.reproduce.tables import markdown_recalibration
+
+    recalibrated = {"rope_drope": {"choice": {"C": 0.1, "length": 4 * L, "ppl": {"0": 80.0, "0.1": 60.0, "0.4": 90.0}},
+                                   "ppl": {L: 50.0, 4 * L: 45.0}}}
+    text = markdown_recalibration(recalibrated, {"rope_drope": {"full": {L: 50.0, 4 * L: 60.0}}}, [L, 4 * L], L)
+    assert f"| DroPE (RoPE + QK-norm, NoPE for the last 12%) | {4 * L} (4l) | 80.00 | **60.00** | 90.00 | 0.1 |" in text
+    assert "| plain | 50.00 | 60.00 | 1.20 |" in text and "| beta, C = 0.1 | 50.00 | 45.00 | 0.90 |" in text
 
 
 def _sink_token_steps(tmp_path, monkeypatch, probe_windows=()):

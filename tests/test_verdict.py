@@ -110,6 +110,37 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
         design_figures(tmp_path, "irope", 256, 300)
 
 
+def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
+    """rope_drope/recalibrated: the figures from runs/rope_drope/recalibrated (a RULER-lite report whose full-attention
+    rows are labelled with their beta is read by its structured mode), labelled with the chosen C; the time ratios are
+    the run's own (the temperature multiplies the queries once); a run without the recalibration is refused, naming
+    the step."""
+    run = tmp_path / "runs" / "rope_drope"
+    (run / "recalibrated").mkdir(parents=True)
+    (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 4096, ppl=120.0)]}))
+    with pytest.raises(FileNotFoundError, match="rope_drope has not been recalibrated"):
+        design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)
+    rec = run / "recalibrated"
+    (rec / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 4096, ppl=95.0)]}))
+    (rec / "choice.json").write_text(json.dumps({"C": 0.2}))
+    xpos = json.loads((REPO / "examples/lex_lm/ruler/ruler_xpos.json").read_text())["results"]
+    beta = [dict(r, window="full+beta(1.416)", attention=dict(r["attention"], logit_scale=1.416))
+            for r in xpos if r["window"] == "full"]
+    (rec / "ruler_answers.json").write_text(json.dumps({"results": beta}))
+    (tmp_path / "eval.json").write_text(json.dumps([{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
+                                                    {"mode": "full@rope_drope", "length": 16384, "tokens_per_s": 2500.0}]))
+    f = design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True, eval_bench=tmp_path / "eval.json")
+    plain = design_figures(tmp_path, "rope_drope", 256, 300, eval_bench=tmp_path / "eval.json")
+    assert f.ratio == pytest.approx(0.95) and plain.ratio == pytest.approx(1.2)
+    assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and plain.ruler_8l is None
+    assert f.name == "rope_drope/recalibrated" and f.label.endswith("recalibrated (C = 0.2)")
+    assert f.eval_time == plain.eval_time == pytest.approx(1.2) and f.cache_64k == plain.cache_64k == 1.0
+    # two full-attention settings in one report: refused, not averaged
+    (rec / "ruler_answers.json").write_text(json.dumps({"results": beta + [r for r in xpos if r["window"] == "full"]}))
+    with pytest.raises(ValueError, match="2 full-attention settings"):
+        design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)
+
+
 def test_references_are_checked_and_the_grid_is_readable(tmp_path, figures):  # noqa: F811
     path = tmp_path / "ref.json"
     path.write_text(json.dumps([{"name": "x", "label": "X", "updates": 1, "speed": 2}]))
@@ -194,6 +225,8 @@ def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypa
                            (["--updates", "1000", "--longppl-dir", str(tmp_path / "none")], "--longppl-dir: no directory"),
                            (["--updates", "1000", "--reference", str(bad_reference)], "--reference:"),
                            (["--updates", "300"], "--updates 300, but"),
+                           (["--updates", "1000", "--runs", "irope/recalibrated"], "the one variant is recalibrated, of a DroPE run"),
+                           (["--updates", "1000", "--runs", "rope_drope/other"], "the one variant is recalibrated"),
                            (["--updates", "1000", "--training-length", "512"], "--training-length 512, but")]:
         monkeypatch.setattr(sys, "argv", base + extra)
         with pytest.raises(SystemExit) as exit_:

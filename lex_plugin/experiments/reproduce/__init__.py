@@ -20,7 +20,7 @@ autocast). :data:`PROFILES` names whole settings (``--profile``).
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -28,8 +28,8 @@ from ..recipe import PLUGIN_DIR
 from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
 from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DEFAULT_RUNS, DROPE_FRACTION,
-                        LABELS, LONGPPL_PROBE,
-                        LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RULER_DATA_DONE,
+                        DROPE_TEMPERATURES, LABELS, LONGPPL_PROBE,
+                        LONGPPL_REPORT, METHOD_RUNS, METHODS, PASSKEY_FINETUNE, PROBES, PROFILES, RECALIBRATED, RULER_DATA_DONE,
                         PROBE_WINDOWS, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, ROTARY_RUNS, RUNS, SCALED_PASSKEY, SINK_TOKENS,
                         WINDOW_LABEL, methods_of, profile_flags, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
@@ -40,15 +40,15 @@ from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import ReproduceError, Runner, check_options, fmt_time
 from .tables import (check_claims, check_magnitudes, far_context, flat_and_retrieving, markdown_babilong, markdown_budgets,
                      markdown_claims, markdown_far_context, markdown_flat_and_retrieving, markdown_longppl,
-                     markdown_magnitudes, markdown_methods, markdown_passkey, markdown_ppl, markdown_resolution,
-                     markdown_ruler, ppl_table)
+                     markdown_magnitudes, markdown_methods, markdown_passkey, markdown_ppl, markdown_recalibration,
+                     markdown_resolution, markdown_ruler, ppl_table)
 
 __all__ = [
     "DEFAULT_RUNS", "LABELS", "METHODS", "METHOD_RUNS", "PLUGIN_DIR", "RUNS", "SINK_TOKENS", "WINDOW_LABEL", "ReproduceError",
     "Runner", "check_claims", "check_magnitudes", "check_options", "eval_command", "fmt_time", "markdown_claims", "markdown_methods",
     "markdown_magnitudes", "markdown_passkey", "markdown_ppl", "markdown_resolution", "method_command", "methods_of", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
     "PROFILES", "ReproduceOptions", "probe_windows", "profile_flags",
-    "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl",
+    "finetune_command", "passkey_command", "passkey_data_command", "plot_ppl", "recalibration_choice",
     "ppl_table", "prepare_command", "reproduce", "resolution_command", "ruler_command", "ruler_data_command",
     "answer_finetune_command", "babilong_command", "babilong_data_command", "longppl_command",
     "scaled_passkey_flags", "train_command", "write_results",
@@ -67,6 +67,7 @@ class _Reports:
     longppl: dict
     babilong: dict
     budgets: dict  # {run: {updates: {window: {length: ppl}}}}
+    recalibrated: dict  # {DroPE run: {"choice": recalibrated/choice.json, "ppl": {length: test ppl under its C}}}
     main: list
     random_pairs: list
     designs: list  # the trained designs, after the main runs they compare with (rope, none) when those ran
@@ -125,6 +126,12 @@ def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
             if path.exists():
                 rows = ppl_table({name: json.loads(path.read_text())}).get(name, {})
                 ppl.setdefault(name, {})[method] = next(iter(rows.values()), {})
+    recalibrated = {}
+    for name in runs:
+        rdir = work / "runs" / name / RECALIBRATED
+        if (rdir / "choice.json").exists() and (rdir / "length_report.json").exists():
+            rows = ppl_table({name: json.loads((rdir / "length_report.json").read_text())}).get(name, {}).get("full", {})
+            recalibrated[name] = {"choice": json.loads((rdir / "choice.json").read_text()), "ppl": rows}
     main = [n for n in runs if RUNS[n][1] == "main"]
     random_pairs = [n for base in ("xpos", "rope", "alibi") for n in (base, f"{base}_random")
                     if n in runs and f"{base}_random" in runs]
@@ -138,8 +145,8 @@ def _collect(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> _Reports:
     magnitudes = check_magnitudes(ppl, l, o.lengths, budgets, o.batch_size * l)
     verdicts = far_context(longppl, babilong, l)
     progress = json.loads((work / "progress.json").read_text()) if (work / "progress.json").exists() else {}
-    return _Reports(ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets, main, random_pairs, designs, methods,
-                    ablations, claims, flat, magnitudes, verdicts, progress)
+    return _Reports(ppl, resolution, passkey, tuned, ruler, longppl, babilong, budgets, recalibrated, main, random_pairs,
+                    designs, methods, ablations, claims, flat, magnitudes, verdicts, progress)
 
 
 def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
@@ -172,6 +179,9 @@ def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
         *(["", "### Trained designs: perplexity by length" + (f" (DroPE: positions dropped from update {_drope_start(o)} "
                                                                f"of {o.max_update})" if "rope_drope" in designs else ""), "",
             markdown_ppl(ppl, designs, ["full", "sliding", "bca"], o.lengths, l)] if designs else []),
+        *(["", "### DroPE's recalibration: every logit times beta = 1 + C ln(L / l) at evaluation, C chosen on the valid "
+           "split at the longest length", "", markdown_recalibration(r.recalibrated, ppl, o.lengths, l)]
+          if r.recalibrated else []),
         *(["", "### Evaluation-time methods on the same checkpoints: perplexity by length", "",
             markdown_methods(ppl, runs, methods, o.lengths, l)] if methods else []),
         *(["", "### Flat and retrieving: perplexity ratio against passkey accuracy at 8l (after fine-tuning)", "",
@@ -213,6 +223,8 @@ def _results_json(o: ReproduceOptions, r: _Reports) -> dict:
             **({"longppl": {n: rep["results"] for n, rep in longppl.items()}} if longppl else {}),
             **({"babilong": {n: rep["results"] for n, rep in babilong.items()}} if babilong else {}),
             **({"far_context": verdicts} if verdicts else {}),
+            **({"recalibrated": {n: {"choice": rec["choice"], "ppl": {str(L): v for L, v in rec["ppl"].items()}}
+                                 for n, rec in r.recalibrated.items()}} if r.recalibrated else {}),
             **({"budgets": {n: {str(b): {w: {str(L): v for L, v in row.items()} for w, row in d.items()} for b, d in snaps.items()}
                             for n, snaps in budgets.items()}} if budgets else {}),
             "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
@@ -369,15 +381,23 @@ def _steps_of(method: str, design: bool = False) -> int:
     return 2 if method.startswith("passkey_finetuned") else 1
 
 
+def _recalibration_steps(methods: Sequence[str]) -> int:
+    """The runner steps of a DroPE run's recalibration (:func:`_recalibrate`) with the probes ``methods``: one valid
+    evaluation per C of the grid, the length evaluation, and each probe the verdict reads again (the passkey twice)."""
+    return (len(DROPE_TEMPERATURES) + 1 + (2 if "passkey_finetuned" in methods else 0) + ("ruler" in methods)
+            + ("longppl" in methods))
+
+
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
     """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4; 2 with a
-    sink token), two per
-    budget, its methods' steps; the data-bin and each probe's data once, unless already written."""
+    sink token), two per budget, its methods' steps, a DroPE run's recalibration; the data-bin and each probe's data
+    once, unless already written."""
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
             + sum(2 + (0 if _has_sink_token(RUNS[n][0]) else 2) + 2 * len(budgets)
-                  + sum(_steps_of(m, _is_design(RUNS[n][1])) for m in run_methods[n]) for n in runs)
+                  + sum(_steps_of(m, _is_design(RUNS[n][1])) for m in run_methods[n])
+                  + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
             + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
@@ -481,6 +501,58 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
         run(f"{method} {r.name}", method_command(data, r.ckpt, method, out, o), r.dir / f"method_{method}.log", out)
 
 
+def recalibration_choice(rdir: Path, length: int) -> Optional[tuple]:
+    """The C of DroPE's recalibration that a run's grid chose: (C, {C: valid ppl}) with the lowest perplexity at
+    ``length`` among ``rdir``'s ``valid_C{C}.json`` reports (the first C of :data:`DROPE_TEMPERATURES` on a tie), or
+    None while a report of the grid is missing."""
+    grid = {}
+    for c in DROPE_TEMPERATURES:
+        path = rdir / f"valid_C{c:g}.json"
+        if not path.is_file():
+            return None
+        rows = [r for r in json.loads(path.read_text())["results"] if int(r["length"]) == length]
+        if not rows:
+            raise ReproduceError(f"{path} has no row at length {length}: remove it and run again.")
+        grid[c] = rows[0]["ppl"]
+    return min(grid, key=lambda c: (grid[c], DROPE_TEMPERATURES.index(c))), grid
+
+
+def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods: Sequence[str]) -> None:
+    """DroPE's recalibration (arXiv 2512.12167; every logit times beta = 1 + C ln(L / l), ``--attention-temperature C``)
+    on a DroPE run, under full attention, into WORK/runs/NAME/recalibrated/: fairseq-eval-lm on the valid split at the
+    longest length under each C of :data:`DROPE_TEMPERATURES` (``valid_C{C}.json``); then, under the C with the lowest
+    perplexity there (:func:`recalibration_choice`, written to ``choice.json``), the test length evaluation
+    (``length_report.json``) and the probes of ``methods`` that the verdict reads, on the checkpoints they were
+    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL (the plain run's file names)."""
+    rdir, longest = r.dir / RECALIBRATED, max(o.lengths)
+    rdir.mkdir(parents=True, exist_ok=True)
+    for c in DROPE_TEMPERATURES:
+        out = rdir / f"valid_C{c:g}.json"
+        run(f"recalibrate {r.name} C={c:g}", eval_command(data, r.ckpt, [longest], ["full"], out, o,
+                                                          ["--attention-temperature", c], split="valid"),
+            out.with_suffix(".log"), out)
+    c, grid = recalibration_choice(rdir, longest)
+    (rdir / "choice.json").write_text(json.dumps({"C": c, "split": "valid", "length": longest, "window": "full",
+                                                  "ppl": {f"{k:g}": v for k, v in grid.items()}}, indent=1))
+    flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
+    out = rdir / "length_report.json"
+    run(f"eval {r.name} C={c:g}", eval_command(data, r.ckpt, list(o.lengths), ["full"], out, o, flag), rdir / "eval.log", out)
+    if "passkey_finetuned" in methods:
+        tuned, l = r.dir / "passkey_ft" / "checkpoint_last.pt", o.training_length
+        for out, lengths in ((rdir / "passkey_finetuned.json", None), (rdir / "passkey_finetuned_16l.json", [16 * l])):
+            run(f"passkey_finetuned {r.name} C={c:g}{' 16l' if lengths else ''}",
+                passkey_command(data, tuned, out, full, r.rotary, flag, lengths=lengths, windows=["full"]),
+                out.with_suffix(".log"), out)
+    if "ruler" in methods:
+        out = rdir / RULER_REPORT
+        run(f"ruler {r.name} C={c:g}", ruler_command(data, r.dir / RULER_TUNED / "checkpoint_last.pt", out, full, r.rotary,
+                                                     position_maps=r.position_maps, extra=flag), out.with_suffix(".log"), out)
+    if "longppl" in methods:
+        out = rdir / LONGPPL_REPORT
+        run(f"longppl {r.name} C={c:g}", longppl_command(data, r.ckpt, out, full, r.rotary, position_maps=r.position_maps,
+                                                         extra=flag), out.with_suffix(".log"), out)
+
+
 def _make_run(name: str, work: Path, o: ReproduceOptions) -> _Run:
     """Run ``name`` of :data:`RUNS` as its steps see it: its training flags (with ``--random-positions`` for a random
     run and ``--drope-start`` for DroPE), its directory, whether it is rotary and has positions to remap.
@@ -506,7 +578,7 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
     8l under full / BCA), measure resolution at l and 2l under full attention and BCA
     (:func:`_train_and_evaluate`), and on the :data:`METHOD_RUNS` checkpoints run ``o.methods`` (:func:`_run_method`;
-    RoPE scaling on rotary schemes only), rewriting the results (:func:`write_results`) after each run. Prints each
+    RoPE scaling on rotary schemes only), then a DroPE run's recalibration (:func:`_recalibrate`), rewriting the results (:func:`write_results`) after each run. Prints each
     step, then the tables and where they are.
 
     Args:
@@ -543,6 +615,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
         _train_and_evaluate(run, r, data, o, budgets)
         for method in run_methods[r.name]:
             _run_method(run, r, method, work, data, o)
+        if r.role == "drope":
+            _recalibrate(run, r, data, o, run_methods[r.name])
         write_results(work, o, runs)  # tables grow as runs finish
     text = write_results(work, o, runs)
     print("\n" + text)

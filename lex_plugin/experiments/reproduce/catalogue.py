@@ -4,8 +4,8 @@ evaluation-time methods and probes on their checkpoints, and the labels the tabl
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DEFAULT_RUNS", "DROPE_FRACTION", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
-           "PROFILES", "profile_flags", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
+           "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "PROFILES", "profile_flags", "RECALIBRATED", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
@@ -52,6 +52,11 @@ def run_arguments(name: str, training_length: int) -> list:
     start) are the reproduction's."""
     return [a.format(w=training_length // LOCAL_WINDOW_DIVISOR) if isinstance(a, str) else a for a in RUNS[name][0]]
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
+# DroPE's recalibration at evaluation: every logit times beta = 1 + C ln(L / l) (--attention-temperature C). A DroPE run
+# evaluates each C of this grid on the valid split at the longest length, then evaluates and probes again under the C
+# with the lowest perplexity there (0: none, the plain evaluation's own numbers), its reports in WORK/runs/NAME/RECALIBRATED
+DROPE_TEMPERATURES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)
+RECALIBRATED = "recalibrated"
 # what scripts/reproduce.py runs without --runs: the paper's runs; the trained designs are asked for by name
 DEFAULT_RUNS = tuple(n for n, (_, role) in RUNS.items() if role in ("main", "ablation", "random"))
 SINK_TOKENS = 4  # StreamingLLM's choice

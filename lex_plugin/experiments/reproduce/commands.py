@@ -68,13 +68,14 @@ def train_command(data: Path, save_dir: Path, run_args: List[str], o: ReproduceO
 
 
 def eval_command(data: Path, ckpt: Path, lengths: List[int], windows: List[str], report: Path, o: ReproduceOptions,
-                 extra: Sequence = ()) -> List:
-    """fairseq-eval-lm of ``ckpt`` over the first ``o.eval_tokens`` test tokens at each of ``lengths``
-    under each of ``windows`` (``full``, ``sliding``, ``bca``, ``lm_infinite``), writing the length report JSON
-    ``report``; ``extra``: further ``--task lex_language_modeling`` arguments (sinks, RoPE scaling)."""
+                 extra: Sequence = (), split: str = "test") -> List:
+    """fairseq-eval-lm of ``ckpt`` over the first ``o.eval_tokens`` tokens of ``split`` (the test split; ``valid`` where
+    an evaluation chooses a setting) at each of ``lengths`` under each of ``windows`` (``full``, ``sliding``, ``bca``,
+    ``lm_infinite``), writing the length report JSON ``report``; ``extra``: further ``--task lex_language_modeling``
+    arguments (sinks, RoPE scaling, an attention temperature)."""
     return [
         "fairseq-eval-lm", data, "--user-dir", PLUGIN_DIR, "--task", "lex_language_modeling",
-        "--path", ckpt, "--gen-subset", "test", "--tokens-per-sample", o.training_length,
+        "--path", ckpt, "--gen-subset", split, "--tokens-per-sample", o.training_length,
         "--sample-break-mode", "none", "--batch-size", 8, "--num-workers", 0,
         "--eval-lengths", ",".join(map(str, lengths)), "--eval-windows", ",".join(windows),
         "--eval-tokens", o.eval_tokens, "--report-json", report,

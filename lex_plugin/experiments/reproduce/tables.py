@@ -55,6 +55,35 @@ def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequ
     return "\n".join(rows)
 
 
+def markdown_recalibration(recalibrated: Dict[str, dict], ppl, lengths: Sequence[int], l: int) -> str:
+    """Markdown tables of DroPE's recalibration (``reproduce._recalibrate``): the valid perplexity at the longest length
+    under each C of the grid, the chosen C bold; then each run's test perplexity by length under full attention without
+    (its length report) and with the chosen C, and ppl(L_max) / ppl(l).
+
+    Args:
+        recalibrated: {run: {"choice": the run's recalibrated/choice.json, "ppl": {length: test ppl under the C}}}.
+        ppl: :func:`ppl_table`'s output (each run's full-attention row); lengths, l: as :func:`markdown_ppl`.
+    """
+    grid = sorted({c for rec in recalibrated.values() for c in rec["choice"]["ppl"]}, key=float)
+    top = max(lengths)
+    rows = ["| model | valid ppl at | " + " | ".join(f"C = {c}" for c in grid) + " | chosen C |",
+            "|---|---:|" + "---:|" * (len(grid) + 1)]
+    for name, rec in recalibrated.items():
+        choice = rec["choice"]
+        cells = [f"**{_num(choice['ppl'][c])}**" if float(c) == float(choice["C"]) else _num(choice["ppl"].get(c))
+                 for c in grid]
+        rows.append(f"| {LABELS.get(name, name)} | {choice['length']} ({choice['length'] // l}l) | " + " | ".join(cells)
+                    + f" | {choice['C']:g} |")
+    rows += ["", "| model | full attention | " + " | ".join(f"{L} ({L // l}l)" for L in lengths)
+             + f" | ppl({top // l}l) / ppl(l) |", "|---|---|" + "---:|" * (len(lengths) + 1)]
+    for name, rec in recalibrated.items():
+        for label, row in (("plain", ppl.get(name, {}).get("full", {})), (f"beta, C = {rec['choice']['C']:g}", rec["ppl"])):
+            ratio = row[top] / row[l] if top in row and l in row else None
+            rows.append(f"| {LABELS.get(name, name)} | {label} | " + " | ".join(_num(row.get(L)) for L in lengths)
+                        + f" | {_num(ratio)} |")
+    return "\n".join(rows)
+
+
 def markdown_budgets(budgets, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int,
                      tokens_per_update: int) -> str:
     """Markdown table of extrapolation against training: for each run and window, one row per snapshot (the

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .catalogue import LABELS, LONGPPL_REPORT, RUNS
+from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["CONTEXT", "GOALS", "Figures", "Goal", "cache_fraction", "closest", "design_figures", "markdown_verdict",
            "plot_verdict", "reference_figures"]
@@ -247,11 +247,18 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
     from ...evaluation.ruler import RulerResult
     from ...evaluation.ruler.probe import effective_length
 
-    results = [RulerResult.from_dict(r) for r in report["results"]]
-    full = [r for r in results if r.window == "full"]
+    from .tables import _passkey_mode
+
+    # full attention by the rows' structured mode: a probe under an attention temperature labels its rows
+    # "full+beta(...)", one beta for the whole probe (its longest length's)
+    full = [RulerResult.from_dict(r) for r in report["results"] if _passkey_mode(r) == "full"]
     if not full:
         return None
-    return effective_length(full, "full", "ranking")["averages"].get(length)
+    labels = sorted({r.window for r in full})
+    if len(labels) > 1:
+        raise ValueError(f"a RULER-lite report holds {len(labels)} full-attention settings ({', '.join(labels)}): "
+                         "the verdict reads one; probe each setting into its own report.")
+    return effective_length(full, labels[0], "ranking")["averages"].get(length)
 
 
 def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size: int, inverse: bool) -> Optional[float]:
@@ -271,7 +278,8 @@ def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size:
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
-                   eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384) -> Figures:
+                   eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384,
+                   recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
     from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
     None: the run's own ``longppl.json``, the reproduction's ``longppl`` probe, key tokens the checkpoint's own, as
@@ -280,15 +288,20 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     probe writes both for a trained design), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
     ``bench_generation.py`` JSON with ``full@NAME`` rows and ``full@base:NAME`` or ``full@POS_EMB`` rows: :func:`_bench_ratio`) and the cache fraction at 64k.
+    With ``recalibrated``, a DroPE run's figures under its recalibration (the same files in
+    WORK/runs/NAME/recalibrated/, ``reproduce._recalibrate``; labelled with its C): the time ratios stay the run's,
+    since the temperature is one multiplication of the queries.
 
     Raises:
-        KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run has no length report.
+        KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run (or its recalibration) has no
+            length report.
     """
     if name not in RUNS:
         raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
-    run = work / "runs" / name
+    run = work / "runs" / name / (RECALIBRATED if recalibrated else "")
     if not (run / "length_report.json").exists():
-        raise FileNotFoundError(f"{run / 'length_report.json'} does not exist: run {name} has not been evaluated. Run "
+        what = "been recalibrated (a DroPE run's last step)" if recalibrated else "been evaluated"
+        raise FileNotFoundError(f"{run / 'length_report.json'} does not exist: run {name} has not {what}. Run "
                                 f"scripts/reproduce.py --work {work} --runs {name} first, or leave it out of --runs.")
     report = json.loads((run / "length_report.json").read_text())
     l = training_length
@@ -306,9 +319,12 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
     eval_rows = _report(eval_bench) if eval_bench else None
     gen_rows = _report(gen_bench) if gen_bench else None
-    return Figures(name=name, label=LABELS.get(name, name), updates=updates, ratio=ratio, longppl_ratio=longppl_ratio,
+    label, run_name = LABELS.get(name, name), name
+    if recalibrated:
+        name, label = f"{name}/{RECALIBRATED}", f"{label}, recalibrated (C = {json.loads((run / 'choice.json').read_text())['C']:g})"
+    return Figures(name=name, label=label, updates=updates, ratio=ratio, longppl_ratio=longppl_ratio,
                    passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l, ruler_8l=ruler_8l,
-                   eval_time=_bench_ratio(eval_rows, name, "tokens_per_s", "length", context, inverse=True),
-                   gen_time=_bench_ratio(gen_rows, name, "ms_per_token", "context", context, inverse=False),
-                   cache_64k=cache_fraction(name, l), source=f"{work}/runs/{name}")
+                   eval_time=_bench_ratio(eval_rows, run_name, "tokens_per_s", "length", context, inverse=True),
+                   gen_time=_bench_ratio(gen_rows, run_name, "ms_per_token", "context", context, inverse=False),
+                   cache_64k=cache_fraction(run_name, l), source=f"{work}/runs/{name}")
 
