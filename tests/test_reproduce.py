@@ -637,16 +637,33 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
     tuned = {"passkey_finetuned rope_drope C=0.1": ("passkey_ft", "passkey_finetuned.json"),
              "passkey_finetuned rope_drope C=0.1 16l": ("passkey_ft", "passkey_finetuned_16l.json"),
              "ruler rope_drope C=0.1": ("ruler_ft_answers", "ruler_answers.json")}
-    for key, (ckpt_dir, report) in tuned.items():
+    for key, (ckpt_dir, out) in tuned.items():
         cmd = commands[key]
         assert arg(cmd, "--path") == str(work / "runs" / "rope_drope" / ckpt_dir / "checkpoint_last.pt"), key
         assert (arg(cmd, "--windows"), arg(cmd, "--attention-temperature"), arg(cmd, "--json")) == (
-            "full", "0.1", str(rdir / report)), key
+            "full", "0.1", str(rdir / out)), key
     assert arg(commands["passkey_finetuned rope_drope C=0.1 16l"], "--lengths") == str(16 * L)
     longppl = commands["longppl rope_drope C=0.1"]
     assert (arg(longppl, "--path"), arg(longppl, "--eval-windows"), arg(longppl, "--attention-temperature")) == (
         str(work / "runs" / "rope_drope" / "checkpoints" / "checkpoint_last.pt"), "full", "0.1")
     assert not any("C=" in k for k in commands if "rope_ssmax" in k)
+    # the tables read the chosen C and its test perplexities (a work directory of those two reports alone)
+    tables = tmp_path / "tables" / "runs" / "rope_drope" / "recalibrated"
+    tables.mkdir(parents=True)
+    shutil.copy(rdir / "choice.json", tables / "choice.json")
+    rows = report({("full+beta(C=0.1)", L): 50.0, ("full+beta(C=0.1)", 2 * L): 49.0})
+    for row in rows["results"]:  # the structured mode stays "full" under a temperature
+        row["attention"] = {"mode": "full", "logit_scale": 1.0 if row["length"] == L else 1.07}
+    (tables / "length_report.json").write_text(json.dumps(rows))
+    collected = reproduce._collect(tmp_path / "tables", o, ["rope_drope", "rope_ssmax"]).recalibrated
+    assert list(collected) == ["rope_drope"] and collected["rope_drope"]["choice"]["C"] == 0.1
+    assert collected["rope_drope"]["ppl"] == {L: 50.0, 2 * L: 49.0}
+    # a grid report made again that now chooses another C: refused, since the reports after it hold the old C
+    valid[0.2] = 10.0
+    with pytest.raises(reproduce.ReproduceError, match="records C = 0.1, but the grid's reports now choose C = 0.2"):
+        reproduce.reproduce(work, o, ["rope_drope"], tmp_path, data)
+    valid[0.2] = 65.0
+    reproduce.reproduce(work, o, ["rope_drope"], tmp_path, data)  # the grid made again as it was: C = 0.1 again
     # a tie goes to the first C of the grid (the smaller change); a missing report: no choice yet
     (rdir / "valid_C0.2.json").write_text((rdir / "valid_C0.1.json").read_text())
     assert reproduce.recalibration_choice(rdir, 2 * L)[0] == 0.1

@@ -136,6 +136,12 @@ def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
     assert f.name == "rope_drope/recalibrated" and f.label.endswith("recalibrated (C = 0.2)")
     assert f.eval_time == plain.eval_time == pytest.approx(1.2) and f.cache_64k == plain.cache_64k == 1.0
     # two full-attention settings in one report: refused, not averaged
+    (rec / "length_report.json").write_text(json.dumps({"results": [
+        _row("full", 256, ppl=100.0), _row("full", 4096, ppl=95.0),
+        dict(_row("full", 4096, ppl=130.0), attention={"mode": "full", "logn": False, "rope_scaling": None, "logit_scale": 1.55})]}))
+    with pytest.raises(ValueError, match="at length 4096 hold 2 attention temperatures"):
+        design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)
+    (rec / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 4096, ppl=95.0)]}))
     (rec / "ruler_answers.json").write_text(json.dumps({"results": beta + [r for r in xpos if r["window"] == "full"]}))
     with pytest.raises(ValueError, match="2 full-attention settings"):
         design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)

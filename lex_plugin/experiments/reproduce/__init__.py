@@ -523,7 +523,12 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     longest length under each C of :data:`DROPE_TEMPERATURES` (``valid_C{C}.json``); then, under the C with the lowest
     perplexity there (:func:`recalibration_choice`, written to ``choice.json``), the test length evaluation
     (``length_report.json``) and the probes of ``methods`` that the verdict reads, on the checkpoints they were
-    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL (the plain run's file names)."""
+    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL (the plain run's file names).
+
+    Raises:
+        ReproduceError: ``choice.json`` records another C than the grid's reports now choose (a report of the grid was
+            made again, or the grid changed): the reports after it would mix two settings.
+    """
     rdir, longest = r.dir / RECALIBRATED, max(o.lengths)
     rdir.mkdir(parents=True, exist_ok=True)
     for c in DROPE_TEMPERATURES:
@@ -532,7 +537,11 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
                                                           ["--attention-temperature", c], split="valid"),
             out.with_suffix(".log"), out)
     c, grid = recalibration_choice(rdir, longest)
-    (rdir / "choice.json").write_text(json.dumps({"C": c, "split": "valid", "length": longest, "window": "full",
+    chosen = rdir / "choice.json"
+    if chosen.exists() and json.loads(chosen.read_text())["C"] != c:  # the reports below were made under the old C
+        raise ReproduceError(f"{chosen} records C = {json.loads(chosen.read_text())['C']:g}, but the grid's reports now "
+                             f"choose C = {c:g}: remove {rdir} and run again.")
+    chosen.write_text(json.dumps({"C": c, "split": "valid", "length": longest, "window": "full",
                                                   "ppl": {f"{k:g}": v for k, v in grid.items()}}, indent=1))
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
     out = rdir / "length_report.json"

@@ -219,13 +219,24 @@ def _report(path: Path) -> Optional[dict]:
 
 def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
     """{length: rows} of a report's full-attention rows without log-n or a RoPE scaling (a length report's, or a
-    probe's), the mode read as every table of the reproduction reads it (``tables._passkey_mode``)."""
+    probe's), the mode read as every table of the reproduction reads it (``tables._passkey_mode``); with or without an
+    attention temperature (its beta, ``logit_scale``), but one setting per length.
+
+    Raises:
+        ValueError: rows of one length under different temperatures (the verdict would add them up).
+    """
     from .tables import _passkey_mode
 
     out: Dict[int, List[dict]] = {}
     for r in (report or {}).get("results", []):
         if _passkey_mode(r) == "full":
             out.setdefault(int(r["length"]), []).append(r)
+    for length, rows in out.items():
+        scales = {(r.get("attention") or {}).get("logit_scale") for r in rows}
+        if len(scales) > 1:
+            raise ValueError(f"the full-attention rows at length {length} hold {len(scales)} attention temperatures "
+                             f"(beta {', '.join(str(b) for b in sorted(scales, key=lambda b: b or 0))}): the verdict "
+                             "reads one setting; write each into its own report.")
     return out
 
 
