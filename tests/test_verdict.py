@@ -208,12 +208,20 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.40, 0.58)
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
     expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.33), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 1.01),
-                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.08), "rope_drope": (1.0842, 0.53, 0.0, 0.21, 1.02),
+                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.08), "rope_drope": (1.083, 0.53, 0.0, 0.19, 1.02),
                 "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 0.96)}
     for name, figures in expected.items():
         f = design_figures(work, name, 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
         got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2))
         assert got == figures, name
+    # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
+    # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
+    f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, eval_bench=work / "bench_eval16k.json")
+    assert f.label.endswith("recalibrated (C = 0)")
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == expected["rope_drope"]
+    f = design_figures(work / "gpu", "rope_drope", 256, 1000, eval_bench=work / "bench_eval16k.json")
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == (
+        1.0842, 0.53, 0.0, 0.21, 1.02)
 
 
 def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypatch, capsys):
