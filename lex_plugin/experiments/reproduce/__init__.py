@@ -504,7 +504,11 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
 def recalibration_choice(rdir: Path, length: int) -> Optional[tuple]:
     """The C of DroPE's recalibration that a run's grid chose: (C, {C: valid ppl}) with the lowest perplexity at
     ``length`` among ``rdir``'s ``valid_C{C}.json`` reports (the first C of :data:`DROPE_TEMPERATURES` on a tie), or
-    None while a report of the grid is missing."""
+    None while a report of the grid is missing.
+
+    Raises:
+        ReproduceError: a report of the grid has no row at ``length``.
+    """
     grid = {}
     for c in DROPE_TEMPERATURES:
         path = rdir / f"valid_C{c:g}.json"
@@ -542,7 +546,7 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
         raise ReproduceError(f"{chosen} records C = {json.loads(chosen.read_text())['C']:g}, but the grid's reports now "
                              f"choose C = {c:g}: remove {rdir} and run again.")
     chosen.write_text(json.dumps({"C": c, "split": "valid", "length": longest, "window": "full",
-                                                  "ppl": {f"{k:g}": v for k, v in grid.items()}}, indent=1))
+                                  "ppl": {f"{k:g}": v for k, v in grid.items()}}, indent=1))
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
     out = rdir / "length_report.json"
     run(f"eval {r.name} C={c:g}", eval_command(data, r.ckpt, list(o.lengths), ["full"], out, o, flag), rdir / "eval.log", out)
@@ -587,8 +591,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
     8l under full / BCA), measure resolution at l and 2l under full attention and BCA
     (:func:`_train_and_evaluate`), and on the :data:`METHOD_RUNS` checkpoints run ``o.methods`` (:func:`_run_method`;
-    RoPE scaling on rotary schemes only), then a DroPE run's recalibration (:func:`_recalibrate`), rewriting the results (:func:`write_results`) after each run. Prints each
-    step, then the tables and where they are.
+    RoPE scaling on rotary schemes only), then a DroPE run's recalibration (:func:`_recalibrate`), rewriting the
+    results (:func:`write_results`) after each run. Prints each step, then the tables and where they are.
 
     Args:
         work: the work directory (WORK/runs/RUN/ holds each run's checkpoints, logs and reports).
@@ -603,7 +607,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
     Raises:
         ReproduceError: other options in WORK; DroPE with fewer than 2 updates; a run that takes none of
             ``o.probe_windows`` for one of its probes (these three before anything is written);
-            a step failed (re-running continues after the last finished step).
+            a step failed (re-running continues after the last finished step); a DroPE run's recalibration grid
+            that now chooses another C than its reports were made under (:func:`_recalibrate`).
     """
     run_methods = {n: methods_of(n, o.methods) for n in runs}
     budgets = sorted(o.budgets)  # each below max_update (ReproduceOptions checks it)
