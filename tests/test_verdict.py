@@ -143,7 +143,7 @@ def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
         design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)
     (rec / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 4096, ppl=95.0)]}))
     (rec / "ruler_answers.json").write_text(json.dumps({"results": beta + [r for r in xpos if r["window"] == "full"]}))
-    with pytest.raises(ValueError, match="2 full-attention settings"):
+    with pytest.raises(ValueError, match="at length 256 hold 2 attention temperatures"):
         design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True)
 
 

@@ -542,9 +542,10 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
             out.with_suffix(".log"), out)
     c, grid = recalibration_choice(rdir, longest)
     chosen = rdir / "choice.json"
-    if chosen.exists() and json.loads(chosen.read_text())["C"] != c:  # the reports below were made under the old C
-        raise ReproduceError(f"{chosen} records C = {json.loads(chosen.read_text())['C']:g}, but the grid's reports now "
-                             f"choose C = {c:g}: remove {rdir} and run again.")
+    recorded = json.loads(chosen.read_text())["C"] if chosen.exists() else c
+    if recorded != c:  # the reports below were made under the recorded C
+        raise ReproduceError(f"{chosen} records C = {recorded:g}, but the grid's reports now choose C = {c:g}: remove "
+                             f"{rdir} and run again.")
     chosen.write_text(json.dumps({"C": c, "split": "valid", "length": longest, "window": "full",
                                   "ppl": {f"{k:g}": v for k, v in grid.items()}}, indent=1))
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))

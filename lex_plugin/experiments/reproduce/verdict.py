@@ -258,18 +258,12 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
     from ...evaluation.ruler import RulerResult
     from ...evaluation.ruler.probe import effective_length
 
-    from .tables import _passkey_mode
-
-    # full attention by the rows' structured mode: a probe under an attention temperature labels its rows
-    # "full+beta(...)", one beta for the whole probe (its longest length's)
-    full = [RulerResult.from_dict(r) for r in report["results"] if _passkey_mode(r) == "full"]
+    # the full-attention rows, one setting per length (_full_rows); a probe under an attention temperature labels them
+    # "full+beta(...)", so they are read under one label
+    full = [RulerResult.from_dict(dict(r, window="full")) for rows in _full_rows(report).values() for r in rows]
     if not full:
         return None
-    labels = sorted({r.window for r in full})
-    if len(labels) > 1:
-        raise ValueError(f"a RULER-lite report holds {len(labels)} full-attention settings ({', '.join(labels)}): "
-                         "the verdict reads one; probe each setting into its own report.")
-    return effective_length(full, labels[0], "ranking")["averages"].get(length)
+    return effective_length(full, "full", "ranking")["averages"].get(length)
 
 
 def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size: int, inverse: bool) -> Optional[float]:
@@ -330,12 +324,13 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
     eval_rows = _report(eval_bench) if eval_bench else None
     gen_rows = _report(gen_bench) if gen_bench else None
-    label, run_name = LABELS.get(name, name), name
+    label = LABELS.get(name, name)
     if recalibrated:
-        name, label = f"{name}/{RECALIBRATED}", f"{label}, recalibrated (C = {json.loads((run / 'choice.json').read_text())['C']:g})"
-    return Figures(name=name, label=label, updates=updates, ratio=ratio, longppl_ratio=longppl_ratio,
-                   passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l, ruler_8l=ruler_8l,
-                   eval_time=_bench_ratio(eval_rows, run_name, "tokens_per_s", "length", context, inverse=True),
-                   gen_time=_bench_ratio(gen_rows, run_name, "ms_per_token", "context", context, inverse=False),
-                   cache_64k=cache_fraction(run_name, l), source=f"{work}/runs/{name}")
+        label += f", recalibrated (C = {json.loads((run / 'choice.json').read_text())['C']:g})"
+    return Figures(name=f"{name}/{RECALIBRATED}" if recalibrated else name, label=label, updates=updates, ratio=ratio,
+                   longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
+                   ruler_8l=ruler_8l,
+                   eval_time=_bench_ratio(eval_rows, name, "tokens_per_s", "length", context, inverse=True),
+                   gen_time=_bench_ratio(gen_rows, name, "ms_per_token", "context", context, inverse=False),
+                   cache_64k=cache_fraction(name, l), source=str(run))
 
