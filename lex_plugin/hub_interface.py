@@ -175,6 +175,7 @@ def from_pretrained(
     *,
     evaluation_length: Optional[int] = None,
     bf16_autocast: bool = False,
+    device: Union[str, torch.device] = "cpu",
     **kwargs,
 ) -> LexHubInterface:
     """Load a LeX checkpoint for generation and scoring.
@@ -190,6 +191,8 @@ def from_pretrained(
         bf16_autocast: run every forward under ``torch.autocast`` in bf16, fp32 weights
             (``LexLanguageModel.with_autocast``; refused at the first call on a device without bf16 or with
             non-fp32 weights).
+        device: where the model runs (``"cpu"``, as fairseq's hub loads it; ``"cuda"``). The ``lex`` commands pass
+            CUDA where it is available unless ``--cpu`` is given (``cli.common.command_device``).
         kwargs: the other attention options by name, as the flags say them (``AttentionOptions`` fields, one
             declaration in ``flags.ATTENTION_FLAGS``: ``sliding_window=``, ``training_length=``, ``sink_tokens=``,
             ``n_global=``, ``rope_scaling=``, ``rerope_window=``, ``logn=True`` ...), then fairseq overrides.
@@ -229,6 +232,6 @@ def from_pretrained(
         raise ValueError(f"{model_dir / checkpoint_file} was trained with --add-bos-token: the hub, the lex commands and "
                          "the export feed no leading <s>, so every score would miss the token the model always saw first. "
                          "Evaluate it with fairseq-eval-lm (without --eval-lengths).")
-    hub = LexHubInterface(loaded["args"], loaded["task"], models)
+    hub = LexHubInterface(loaded["args"], loaded["task"], models).to(device)
     options = AttentionOptions(window, **attention)
     return hub.under(hub.spec_for(options, evaluation_length))

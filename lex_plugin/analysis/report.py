@@ -3,7 +3,7 @@ checkpoint and a split, average the measurements over texts, and write a table, 
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -17,18 +17,16 @@ __all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolu
 
 
 def load_model(checkpoint: Path, data: Path, options: AttentionOptions, evaluation_length: Optional[int] = None,
-               bf16_autocast: bool = False):
-    """The lex_lm model of ``checkpoint`` (eval, fp32 weights, CPU or the current CUDA device; under bf16
-    autocast with ``bf16_autocast``), its dictionary, and the attention spec of ``options`` for it
-    (``AttentionOptions.spec``; ValueError as there)."""
+               bf16_autocast: bool = False, device: Union[str, torch.device] = "cpu"):
+    """The lex_lm model of ``checkpoint`` (eval, fp32 weights, on ``device``; under bf16 autocast with
+    ``bf16_autocast``), its dictionary, and the attention spec of ``options`` for it (``AttentionOptions.spec``;
+    ValueError as there)."""
     from ..hub_interface import from_pretrained
 
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bf16_autocast)
+    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bf16_autocast, device=device)
     spec = hub.spec_for(options, evaluation_length)
     model = hub.models[0].float()
     model.eval()  # (the hub's model returns None from eval(): fairseq's make_generation_fast_)
-    if torch.cuda.is_available():
-        model = model.cuda()
     return model, hub.task.source_dictionary, spec
 
 

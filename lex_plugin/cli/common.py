@@ -27,15 +27,33 @@ def attention_options(names):
 
 
 def window_options(fn):
-    """Every attention flag (the task's) and --bf16-autocast."""
+    """Every attention flag (the task's), --bf16-autocast and --cpu."""
     return precision_options(attention_options(list(ATTENTION_FLAGS))(fn))
 
 
 def precision_options(fn):
-    """--bf16-autocast, as in the task."""
+    """--bf16-autocast, as in the task, and --cpu, as in fairseq (the model runs on CUDA where it is available)."""
+    fn = click.option("--cpu", is_flag=True,
+                      help="run on the CPU even where CUDA is available (default: CUDA when present, as fairseq)")(fn)
     return click.option("--bf16-autocast", is_flag=True,
                         help="run the model under torch.autocast in bf16, fp32 weights (needs native bf16: "
                              "a CPU with AVX-512 BF16 / AMX, CUDA 8.0+)")(fn)
+
+
+def command_device(flags: dict):
+    """The device a command's model runs on: CUDA where it is available, unless ``--cpu`` (fairseq's convention)."""
+    import torch
+
+    return torch.device("cpu" if flags.get("cpu") or not torch.cuda.is_available() else "cuda")
+
+
+def open_hub(checkpoint: Path, data: Path, flags: dict):
+    """The hub of ``checkpoint`` (full attention) under ``--bf16-autocast``, on :func:`command_device`: how every
+    command that runs a model loads it (FileNotFoundError, ValueError as ``hub_interface.from_pretrained``)."""
+    from ..hub_interface import from_pretrained
+
+    return from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bool(flags.get("bf16_autocast")),
+                           device=command_device(flags))
 
 
 WINDOWS = click.option("--windows", default="full,bca", show_default=True,
@@ -70,9 +88,7 @@ def probe_specs(hub, flags: dict, modes, longest: int):
 def load_hub(checkpoint: Path, data: Path, flags: dict, evaluation_length=None):
     """The hub of ``checkpoint`` under the attention spec of the flags of :func:`window_options`
     (``AttentionOptions.from_flags``; ValueError as ``AttentionOptions.spec``)."""
-    from ..hub_interface import from_pretrained
-
-    hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=bool(flags.get("bf16_autocast")))
+    hub = open_hub(checkpoint, data, flags)
     return hub.under(hub.spec_for(AttentionOptions.from_flags(flags), evaluation_length))
 
 
@@ -83,7 +99,7 @@ def analysis_model(checkpoint, data, window: dict, evaluation_length=None):
     from ..analysis.report import load_model
 
     return load_model(checkpoint, data, AttentionOptions.from_flags(window), evaluation_length,
-                      bf16_autocast=bool(window.get("bf16_autocast")))
+                      bf16_autocast=bool(window.get("bf16_autocast")), device=command_device(window))
 
 
 def write_outputs(report, table, json_out, plot_out, plotter):

@@ -148,7 +148,7 @@ def score_cmd(checkpoint, data_option, paths, json_out, longppl, key_token_model
     try:
         rule = key_token_rule(longppl, key_token_model, **{k: flags.pop(k) for k in list(flags) if k.startswith("longppl_")})
         hub = load_hub(checkpoint, data, flags)
-        evaluator = load_hub(key_token_model, data, {}) if key_token_model else None
+        evaluator = load_hub(key_token_model, data, {"cpu": flags.get("cpu")}) if key_token_model else None
         scores = []
         for path in files:
             try:

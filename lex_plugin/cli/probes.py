@@ -3,7 +3,7 @@
 import click
 
 from ..options import parse_float_list, parse_int_list, parse_name_list
-from .common import CKPT, DATA, JSON_OUT, PLOT_OUT, RESUME, WINDOWS, probe_journal, probe_options, probe_outputs, probe_specs
+from .common import CKPT, DATA, JSON_OUT, PLOT_OUT, RESUME, WINDOWS, open_hub, probe_journal, probe_options, probe_outputs, probe_specs
 from .group import main
 
 
@@ -27,7 +27,6 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
     distractors by the model's log-probability. Accuracy per (window, length, depth): table, JSON, heat map."""
     from ..analysis.report import split_stream
     from ..evaluation.passkey import format_passkey, passkey_accuracy, plot_passkey
-    from ..hub_interface import from_pretrained
 
     try:
         sizes = parse_int_list(lengths, "--lengths")
@@ -35,7 +34,7 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
         modes = parse_name_list(windows, "--windows")
         if not sizes or not fractions or not modes:
             raise ValueError("--lengths, --depths and --windows each need at least one value.")
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
+        hub = open_hub(checkpoint, data, flags)
         specs = probe_specs(hub, flags, modes, max(sizes))
         filler = split_stream(data, split, hub.src_dict)
         results = passkey_accuracy(hub.models[0], hub.encode_fragment, filler, sizes, fractions, specs, hub.src_dict.eos(),
@@ -82,10 +81,9 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
     length and weighted averages, JSON, one heat map per task (--plot OUT.png writes OUT_TASK.png)."""
     from ..data.stream import split_stream
     from ..evaluation.ruler import effective_length, format_ruler, plot_ruler, ruler_accuracy
-    from ..hub_interface import from_pretrained
 
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
+        hub = open_hub(checkpoint, data, flags)
         l = flags["training_length"] or hub.training_length
         if lengths is None and l is None:
             raise ValueError("the checkpoint records no training length; give --lengths.")
@@ -134,10 +132,9 @@ def babilong_cmd(checkpoint, data, tasks, lengths, windows, trials, seed, split,
     lex babilong-data rows (a model trained on books has never seen a question)."""
     from ..data.stream import split_stream
     from ..evaluation.babilong import babilong_accuracy, format_babilong, plot_babilong
-    from ..hub_interface import from_pretrained
 
     try:
-        hub = from_pretrained(checkpoint.parent, checkpoint.name, data, bf16_autocast=flags["bf16_autocast"])
+        hub = open_hub(checkpoint, data, flags)
         l = flags["training_length"] or hub.training_length
         if lengths is None and l is None:
             raise ValueError("the checkpoint records no training length; give --lengths.")
