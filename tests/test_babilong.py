@@ -100,20 +100,30 @@ def test_finetuning_rows_fit_and_end_with_their_answer(hub, filler):
 
 
 def test_scorer_counts_greedy_and_ranking(hub, filler, monkeypatch):
-    """A stub that ranks the answer first (candidate 0) and writes it on even calls only: ranking 1, greedy 1/2."""
+    """A stub whose four calls per cell (candidate 0 is the answer) are: the answer above every distractor and written
+    by greedy decoding; the answer above the weakest distractor but below another, which greedy decoding writes; the
+    answer first, nothing written; the answer last. Ranking counts the answer above *all* (2 of 4), greedy the answer
+    written (1 of 4): crediting a win over the weakest, or any candidate written, would count more."""
     calls = []
 
     def stub(model, prompt, candidates, spec, eos, pad):
         calls.append(len(candidates))
-        scores = torch.tensor([0.0] + [-1.0] * (len(candidates) - 1), dtype=torch.float64)
-        greedy = torch.zeros(len(candidates), dtype=torch.bool)
-        greedy[0] = len(calls) % 2 == 0
+        n, case = len(candidates), (len(calls) - 1) % 4
+        scores = -1.0 - torch.arange(n, dtype=torch.float64)  # candidate 0 first, the others below, all different
+        greedy = torch.zeros(n, dtype=torch.bool)
+        if case == 0:
+            greedy[0] = True
+        elif case == 1:
+            scores[1], greedy[1] = 0.0, True  # one distractor above the answer, written by greedy decoding
+        elif case == 3:
+            scores[0] = -100.0
         return CandidateScores(scores, greedy)
 
     monkeypatch.setattr(babilong_module, "score_candidates", stub)
     results = babilong_accuracy(hub.models[0], hub.encode_fragment, filler, ["qa1", "qa5"], [4 * TRAIN_LEN], [hub.spec],
                                 hub.src_dict.eos(), hub.src_dict.pad(), trials=4, progress=False, unk=hub.src_dict.unk())
-    assert [r.ranking_accuracy for r in results] == [1.0, 1.0] and [r.greedy_accuracy for r in results] == [0.5, 0.5]
+    assert [r.trials for r in results] == [4, 4]
+    assert [r.ranking_accuracy for r in results] == [0.5, 0.5] and [r.greedy_accuracy for r in results] == [0.25, 0.25]
     assert results[0].candidates == 6 and set(calls[:4]) == {6}  # qa1: the six places
 
 

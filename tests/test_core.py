@@ -165,6 +165,19 @@ def test_a_foreign_option_is_refused_at_any_value(flags, message):
     assert AttentionOptions.from_flags(flags).for_mode(owner).spec(64, 256)  # kept by the mode that owns it
 
 
+@pytest.mark.parametrize("flags", [{"lm_infinite": True, "l_local": 0}, {"lm_infinite": True, "n_global": 0},
+                                   {"bca": True, "sink_tokens": -1}, {"position_map": "rerope", "rerope_window": -1}], ids=str)
+def test_a_value_below_its_flags_minimum_is_refused_on_every_face(flags):
+    """A given 0 is not "not given": ``--l-local 0`` was read as l by the task and the hub (``l_local or length``) while
+    the lex commands refused it. The flag's one minimum now holds in AttentionOptions, which every face builds."""
+    name = next(n for n in flags if n not in MODE_SELECTORS)
+    with pytest.raises(ValueError, match=f"{ATTENTION_FLAGS[name].flag} must be at least"):
+        AttentionOptions.from_flags(flags)  # the task's path (its args) and the lex commands'
+    mode = next(iter(flags)) if next(iter(flags)) != "position_map" else flags["position_map"]
+    with pytest.raises(ValueError, match="must be at least"):
+        AttentionOptions({"lm_infinite": "lm_infinite", "bca": "bca"}.get(mode, mode), **{name: flags[name]})  # the hub's
+
+
 def test_every_attention_flag_is_declared_once():
     """The task's fields, the lex commands' options and AttentionOptions come from ATTENTION_FLAGS: each flag
     appears in each, not given by default (None, or off)."""

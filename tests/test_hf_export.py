@@ -656,6 +656,30 @@ def test_honest_arguments(exports, test_tokens):
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert trained.decoder.gradient_checkpointing
+    # checkpointing recomputes: each layer's forward runs again in the backward pass, its activations not kept
+    calls = []
+    hook = trained.decoder.layers[0].register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    for checkpointing, runs in ((True, 2), (False, 1)):
+        calls.clear()
+        trained.gradient_checkpointing_enable() if checkpointing else trained.gradient_checkpointing_disable()
+        trained(ids, labels=ids).loss.backward()
+        assert len(calls) == runs, (checkpointing, calls)
+    hook.remove()
+
+
+def test_position_ids_are_checked_against_the_cached_positions(exports, test_tokens):
+    """After 10 cached tokens the next one is at position 10: ``[[10]]`` is accepted (and equals no position_ids),
+    ``[[0]]`` refused."""
+    _, model, _, _ = exports["rope"]
+    ids = test_tokens[:, :11]
+    with torch.no_grad():
+        cache = model(ids[:, :10], use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="position_ids must be the positions the model counts itself"):
+            model(ids[:, 10:], past_key_values=cache, position_ids=torch.tensor([[0]]))
+        assert cache.get_seq_length() == 10
+        own = model(ids[:, 10:], past_key_values=cache, position_ids=torch.tensor([[10]])).logits
+        full = model(ids, use_cache=False).logits[:, 10:]
+    torch.testing.assert_close(own, full, rtol=0, atol=1e-4)
 
 
 def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp_path):

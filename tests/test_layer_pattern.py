@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
+from conftest import build_lex_model, make_dictionary, random_tokens, window_mask, xpos_pair
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
 from lex_plugin.modules.attention.position_map import ReRoPE
 from lex_plugin.modules.layer_pattern import LayerKind, parse_layer_pattern
@@ -175,10 +175,33 @@ def test_the_evaluation_flags_change_the_global_layers_only():
     (dict(pos_emb="rope", layer_pattern="rope/sliding:4,rope/full", random_positions=64), "--random-positions"),
     (dict(pos_emb="rope", layer_pattern="rope/sliding:4", temperature_tuning_beta=0.1), "tunes the global layers"),
     (dict(pos_emb="rope", layer_pattern="xpos/sliding:4"), "names --pos-emb xpos"),
-], ids=["absolute", "per-layer", "random-positions", "tuning-without-global", "other-scheme"])
+    (dict(pos_emb="rope", layer_pattern="none/full", rope_theta=5000.0), "no layer uses positions, so --rope-theta"),
+    (dict(pos_emb="xpos", layer_pattern="none/sliding:4,none/full", xpos_gamma=0.4), "--xpos-gamma of --pos-emb xpos"),
+], ids=["absolute", "per-layer", "random-positions", "tuning-without-global", "other-scheme", "option-without-positions",
+        "default-value-without-positions"])
 def test_a_pattern_the_model_cannot_train_is_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
         build_lex_model(tokens_per_sample=L, **overrides)
+
+
+def test_a_pattern_without_positions_records_no_scheme_option():
+    """A pattern of NoPE layers alone builds when no option of the scheme is given, and its checkpoint's options record
+    none (they apply nowhere), so that it loads again through the same refusal."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.models.lex_lm import LexLanguageModel
+
+    def build(**options):  # as fairseq-train does: the args it saves in the checkpoint are these, after build_model
+        args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="rope", **options)
+        ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+        d = make_dictionary()
+        return LexLanguageModel.build_model(args, argparse.Namespace(source_dictionary=d, target_dictionary=d)), args
+
+    model, args = build(layer_pattern="none/full")
+    assert not any(k.positions for k in model.decoder.layer_kinds) and args.rope_theta is None
+    build(layer_pattern="none/full", rope_theta=args.rope_theta)  # the saved args build again
+    _, positioned = build(layer_pattern="rope/full,none/full")
+    assert positioned.rope_theta == 10000.0  # with a layer that rotates, the value it was built with is recorded
 
 
 def test_the_pattern_is_recorded_and_exported():

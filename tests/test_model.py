@@ -94,6 +94,52 @@ def test_padding_does_not_change_real_tokens():
     assert (out_left[0, 15:] - alone[0]).abs().max() <= 1e-4
 
 
+LEFT_PADDING_CASES = [  # (model options, attention options, refused?)
+    ({}, dict(mode="full"), False),
+    ({}, dict(mode="sliding", sliding_window=8), False),
+    ({"pos_emb": "rope"}, dict(mode="rerope"), False),
+    ({}, dict(mode="bca"), True),
+    ({}, dict(mode="bca", sink_tokens=2), True),
+    ({}, dict(mode="lm_infinite"), True),
+    ({"pos_emb": "rope"}, dict(mode="dca"), True),
+    ({"pos_emb": "rope"}, dict(mode="self_extend"), True),
+    ({}, dict(mode="full", logn=True), True),
+    ({"pos_emb": "sinusoidal"}, dict(mode="full"), True),
+    ({"sink_token": True}, dict(mode="full"), True),
+    ({"ssmax": True}, dict(mode="full"), True),
+    ({"pos_emb": "rope", "layer_pattern": "rope/bca,rope/full"}, dict(mode="full"), True),
+]
+
+
+@pytest.mark.parametrize("model_options, attention, refused", LEFT_PADDING_CASES,
+                         ids=[f"{m.get('pos_emb', 'xpos')}-{a}" + ("-" + "-".join(k for k in m if k != "pos_emb") if m else "")
+                              for m, a, _ in LEFT_PADDING_CASES])
+def test_a_left_padded_batch_scores_its_rows_as_alone_or_is_refused(model_options, attention, refused):
+    """The fairseq face (``model(tokens, spec=...)``, what the hub scores with) as the Hugging Face one: left padding
+    where only distances between real tokens matter gives each real row its logits alone; where positions count from
+    the first token (BCA's blocks, sinks, LM-Infinite, Self-Extend, DCA, log-n, absolute positions, a sink token,
+    SSMax, a pattern's BCA layers) it is refused, never a silent wrong number."""
+    from lex_plugin.modules.attention import AttentionOptions
+
+    mode = attention.pop("mode")
+    model = build_lex_model(tokens_per_sample=16, **model_options)
+    spec = AttentionOptions(mode, **attention).spec(16, 40)
+    d = model.decoder.dictionary
+    left = random_tokens(d, 2, 40, seed=3)
+    left[0, :9] = d.pad()
+    with torch.no_grad():
+        if refused:
+            with pytest.raises(ValueError, match="left padding shifts each row's positions"):
+                model(left, spec=spec)
+            right = left.clone()
+            right[0] = torch.cat([left[0, 9:], left[0, :9]])  # the same row padded on the right is scored
+            assert torch.isfinite(model(right, spec=spec)[0]).all()
+            return
+        out, _ = model(left, spec=spec)
+        alone, _ = model(left[:1, 9:], spec=spec)
+    assert (out[0, 9:] - alone[0]).abs().max() <= 1e-4
+
+
 def test_reorder_incremental_state_for_beam_search():
     model = build_lex_model()
     tokens = random_tokens(model.decoder.dictionary, 3, 20, seed=7)

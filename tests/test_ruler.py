@@ -353,6 +353,10 @@ def test_effective_length_and_weighted_averages_by_hand():
     assert greedy["averages"][64] == pytest.approx(0.45) and greedy["effective_length"] == 256
     with pytest.raises(ValueError, match="unknown RULER measure"):
         effective_length(results, "full", "exact")
+    # a length that fails ends the effective length, even where a longer one passes again
+    dip = [RulerResult("a", "full", L, 0.5, trials=2, score=2 * v, queries=2, greedy=v)
+           for L, v in zip((64, 128, 256, 512), (0.9, 0.7, 0.95, 0.95))]
+    assert effective_length(dip, "full", "ranking", threshold=0.856)["effective_length"] == 64
 
 
 def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypatch):

@@ -180,18 +180,18 @@ def test_sinks_and_lambda_keep_the_input_dtype(window, dtype):
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
-def test_left_padded_generation_with_sinks_equals_parallel(window):
-    """A left-padded row (its first positions, the would-be sinks, are padding): a prompt, then token by
-    token through the cache, gives the parallel forward's logits at every real position."""
+def test_left_padded_rows_with_sinks_are_refused_in_parallel_and_through_the_cache(window):
+    """A left-padded row under sinks would take its pads as the sink positions: its real tokens would be scored unlike
+    the same row alone, so the batch is refused, by the parallel forward and by the first cached call alike (the
+    same row padded on the right, or alone, is scored)."""
     model = build_lex_model(tokens_per_sample=L_TRAIN)
     d = model.decoder.dictionary
     tokens = random_tokens(d, 2, 3 * L_TRAIN, seed=6)
     tokens[1, :3] = d.pad()
     spec = AttentionSpec(window)
     with torch.no_grad():
-        parallel = model(tokens, spec=spec)[0]
-        state = {}
-        steps = [model(tokens[:, :10], incremental_state=state, spec=spec)[0]]
-        steps += [model(tokens[:, :t], incremental_state=state, spec=spec)[0] for t in range(11, tokens.size(1) + 1)]
-    real = tokens.ne(d.pad())
-    assert (torch.cat(steps, 1) - parallel).abs()[real].max() <= 2e-4
+        with pytest.raises(ValueError, match="left padding shifts each row's positions"):
+            model(tokens, spec=spec)
+        with pytest.raises(ValueError, match="left padding shifts each row's positions"):
+            model(tokens[:, :10], incremental_state={}, spec=spec)
+        assert torch.isfinite(model(tokens[1:, 3:], spec=spec)[0]).all()

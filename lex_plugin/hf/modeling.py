@@ -69,30 +69,8 @@ def attention_spec(config: LexConfig) -> AttentionSpec:
 
 
 def left_padding_refusal(decoder: DecoderStack, spec: AttentionSpec) -> Optional[str]:
-    """Why left padding would change the output of ``decoder`` (its position kind and query temperatures) under
-    ``spec``, or None where it cannot.
-
-    A left-padded row's real tokens start at position p > 0, not 0. Where attention depends only on distances
-    between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
-    ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
-    (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
-    key count, dynamic NTK's length; a model's SSMax key count and Llama 4 temperature tuning) would see the pads.
-    """
-    if decoder.position_kind == "absolute":
-        return "absolute positions"
-    if decoder.ssmax:
-        return "SSMax (--ssmax: each query's factor counts the keys from the first position)"
-    if decoder.temperature_tuned:
-        return "Llama 4's temperature tuning (each query's factor counts positions from the first)"
-    if spec.window.mode not in ("full", "sliding") or spec.window.sinks:
-        return f"{spec.window} attention (its blocks and sink tokens count positions from the first)"
-    if spec.position_map is not None and spec.position_map.name not in ("rerope", "leaky_rerope"):
-        return f"{spec.position_map.name} (its groups / chunks count positions from the first)"
-    if spec.logn:
-        return "log-n scaling (it counts the keys from the first position)"
-    if spec.rope_scaling is not None and spec.rope_scaling.kind == "dynamic":
-        return "dynamic NTK scaling (it scales by the sequence's length)"
-    return None
+    """``decoder.left_padding_refusal(spec)`` (``DecoderStack.left_padding_refusal``), kept under this name."""
+    return decoder.left_padding_refusal(spec)
 
 
 class LexCore(DecoderStack, nn.Module):
@@ -284,12 +262,7 @@ class LexPreTrainedModel(PreTrainedModel):
                 raise ValueError(f"attention_mask covers {attention_mask.size(1)} positions, fewer than the "
                                  f"{input_ids.size(1)} input ids.")
             padding = attention_mask[:, -input_ids.size(1):].eq(0)
-            real = attention_mask.ne(0)
-            if (real[:, 1:] & ~real[:, :-1]).any():  # a pad before a real token: left padding
-                why = left_padding_refusal(self.decoder, self.spec if spec is None else spec)
-                if why is not None:
-                    raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
-                                     "run the rows one at a time (or pad on the right, for scoring).")
+            self.decoder.check_left_padding(attention_mask.ne(0), self.spec if spec is None else spec)
         state = None if cache is None else cache.state
         features, inner_states = self.decoder.stack_features(input_ids, state, spec, padding_mask=padding, prefix=False)
         return features, inner_states, cache

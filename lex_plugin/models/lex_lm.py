@@ -23,7 +23,8 @@ from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS, SchemeOption
-from ..modules.positions.scheme import scheme_option_values, scheme_owners
+from ..modules.layer_pattern import parse_layer_pattern
+from ..modules.positions.scheme import get_scheme, scheme_option_values, scheme_owners
 from .lex_decoder import LexDecoder, build_embedding
 
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
@@ -169,6 +170,15 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     return config
 
 
+def _positions_unused(cfg) -> bool:
+    """Whether ``--layer-pattern`` makes every layer NoPE (``none/...`` entries alone): the scheme then acts nowhere."""
+    pattern = safe_getattr(cfg, "layer_pattern", None)
+    if not pattern:
+        return False
+    kinds = parse_layer_pattern(pattern, str(cfg.pos_emb), None, safe_getattr(cfg, "tokens_per_sample", None))
+    return not any(k.positions for k in kinds)
+
+
 def check_config(cfg) -> None:
     """Reject configurations that cannot build or that contradict themselves, naming the options.
 
@@ -177,8 +187,15 @@ def check_config(cfg) -> None:
 
     Raises:
         ValueError: non-positive sizes, C not divisible by heads, ``--subln`` with ``--deepnorm`` or
-            ``--post-ln``, dropout outside [0, 1).
+            ``--post-ln``, dropout outside [0, 1); an option of the position scheme given when ``--layer-pattern``
+            leaves no layer with positions (it would change nothing).
     """
+    if _positions_unused(cfg):
+        given = [o.flag for o in get_scheme(str(cfg.pos_emb)).options if safe_getattr(cfg, o.name, None) is not None]
+        if given:
+            raise ValueError(f"--layer-pattern {cfg.layer_pattern}: no layer uses positions, so {', '.join(given)} of "
+                             f"--pos-emb {cfg.pos_emb} would change nothing; drop {'it' if len(given) == 1 else 'them'}, "
+                             f"or give some layers the scheme ({cfg.pos_emb}/WINDOW entries).")
     limit = safe_getattr(cfg, "random_positions", 0) or 0
     if limit:
         length = safe_getattr(cfg, "tokens_per_sample", None)
@@ -270,8 +287,9 @@ class LexLanguageModel(FairseqLanguageModel):
         _refuse_hydra_preset(args)
         lex_lm_architecture(args)
         check_config(args)
-        for name, value in scheme_option_values(str(args.pos_emb), args).items():
-            setattr(args, name, value)  # the checkpoint records the values the scheme was built with
+        if not _positions_unused(args):  # a pattern without positions records none: none was given, none applies
+            for name, value in scheme_option_values(str(args.pos_emb), args).items():
+                setattr(args, name, value)  # the checkpoint records the values the scheme was built with
         if (safe_getattr(args, "temperature_tuning_beta", 0.0) and safe_getattr(args, "temperature_tuning_floor", None) is None
                 and safe_getattr(args, "tokens_per_sample", None)):
             args.temperature_tuning_floor = int(args.tokens_per_sample)  # F recorded: a later l (fine-tuning) keeps it

@@ -137,6 +137,11 @@ class AttentionOptions:
     def __post_init__(self):
         if self.mode not in ATTENTION_MODES:
             raise ValueError(f"attention mode must be one of {', '.join(ATTENTION_MODES)}, got {self.mode!r}.")
+        for name, flag in ATTENTION_FLAGS.items():  # every face (task, hub, lex) held to the flag's one minimum
+            value = getattr(self, name, None)
+            if flag.minimum is not None and flag.type in (int, float) and value is not None and value < flag.minimum:
+                raise ValueError(f"{flag.flag} must be at least {flag.minimum:g}, got {value}: a given value is used as "
+                                 f"given, never read as the default; leave {flag.flag} out for its default.")
 
     @classmethod
     def from_flags(cls, flags: Union[Mapping[str, Any], Any]) -> "AttentionOptions":

@@ -257,9 +257,10 @@ def window_from_options(
     if mode == "lm_infinite":
         if sink_tokens:
             raise ValueError("--sink-tokens and LM-Infinite's --n-global both add global tokens; choose one.")
-        if not l_local and not length:
+        if l_local is None and not length:
             raise ValueError("LM-Infinite needs L_local: give --l-local, or a checkpoint that records its training length.")
-        return AttentionWindow.lm_infinite(LM_INFINITE_N_GLOBAL if n_global is None else int(n_global), int(l_local or length))
+        return AttentionWindow.lm_infinite(LM_INFINITE_N_GLOBAL if n_global is None else int(n_global),
+                                           int(length if l_local is None else l_local))
     if mode == "full":
         return AttentionWindow.full().with_sinks(sink_tokens) if sink_tokens else AttentionWindow.full()
     width = None
