@@ -56,6 +56,40 @@ def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, fi
         assert float(got.logprob[i]) == pytest.approx(float(lp), abs=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["full", "bca", "sliding"])
+def test_candidates_share_the_prompts_one_cache_and_leave_it_as_it_was(hub, encode, filler, mode):
+    """The N candidates read the prompt's cache through views (no N-row copy of it stays in the state), score as
+    copies of the prompt would (N reordered rows, the path before), and leave the cache as it was: scored twice, the
+    same scores; continued after, the same as a fresh read continued."""
+    from lex_plugin.evaluation.passkey import read_prompt, score_continuations
+
+    window = hub.spec_for(mode=mode)
+    model = hub.models[0]
+    prompt = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.6, 24680)
+    cands = _candidates(encode, [24680, 13579, 11111, 99999])
+    read = read_prompt(model, prompt.tokens, window, hub.src_dict.eos())
+    before = {key: (c.end, c.held().keys.clone(), c.held().values.clone()) for key, c in read.state.items()}
+    first = score_continuations(model, read, cands, window, hub.src_dict.pad())
+    for key, cache in read.state.items():  # untouched: batch 1, the same positions, keys and values
+        end, keys, values = before[key]
+        assert cache.end == end and torch.equal(cache.held().keys, keys) and torch.equal(cache.held().values, values)
+    again = score_continuations(model, read, cands, window, hub.src_dict.pad())
+    assert torch.equal(first.logprob, again.logprob) and torch.equal(first.greedy, again.greedy)
+    # the path before: the prompt's cache copied to N rows (reorder), then continued
+    copied = read_prompt(model, prompt.tokens, window, hub.src_dict.eos())
+    n, m = len(cands), max(c.numel() for c in cands)
+    rows = torch.full((n, m), hub.src_dict.pad())
+    for i, c in enumerate(cands):
+        rows[i, : c.numel()] = c
+    model.decoder.reorder_incremental_state_scripting(copied.state, torch.zeros(n, dtype=torch.long))
+    with torch.no_grad():
+        logits, _ = model(torch.cat([copied.source.expand(n, -1), rows[:, :-1]], 1), incremental_state=copied.state,
+                          spec=window)
+    steps = logits[:, -m:].double().log_softmax(-1).gather(-1, rows[:, :, None]).squeeze(-1)
+    reference = steps.masked_fill(rows.eq(hub.src_dict.pad()), 0.0).sum(-1)
+    torch.testing.assert_close(first.logprob, reference, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["full", "bca"])
 def test_greedy_flags_equal_greedy_decoding(hub, encode, filler, mode):
     """CandidateScores.greedy against decoding itself: six tokens appended one at a time, each the argmax of a

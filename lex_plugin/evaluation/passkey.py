@@ -13,8 +13,9 @@ log-probability of their text after the prompt, and a trial counts as retrieved 
 scores highest (chance: 1 / (N + 1)).
 
 The prompt but its last token runs once, block by block through the key/value cache (bounded under BCA / sliding
-window); the N + 1 candidates then continue that cache as one batch (``reorder_incremental_state``), each row running
-the last prompt token before the candidate's own.
+window); the N + 1 candidates then continue that one cache as one batch (``branch_cache.BranchCache``: the prompt's keys
+read through views, each row's own positions kept apart, the prompt's cache left as it was), each row running the last
+prompt token before the candidate's own.
 
 A model too small or too briefly trained to copy at all retrieves at chance even inside l. Then
 :func:`finetune_samples` and :func:`~lex_plugin.data.finetune.write_rows` give a short fine-tuning set in the probe's own format
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..data.finetune import FinetuneRow
+from ..modules.attention.branch_cache import branch_incremental_state
 from ..modules.attention.kv_cache import fork_incremental_state
 from ..modules.attention.spec import AttentionSpec
 from .length_eval import blockwise_forward, progress_bar
@@ -157,8 +159,9 @@ class ReadPrompt:
 
     ``source``: (1, P + 1) int64, ``</s>`` then the prompt, on the model's device. ``state``: the layers' key/value
     caches holding every position of ``source`` but the last (:func:`read_prompt`: a continuation's first call runs
-    the last prompt token and predicts the first new one), or every position (:func:`read_context`). Continue a copy
-    (``fork_incremental_state``) to continue it twice.
+    the last prompt token and predicts the first new one), or every position (:func:`read_context`). Scoring candidates
+    (:func:`score_continuations`) leaves it as it was; to continue it twice otherwise, continue a copy
+    (``fork_incremental_state``).
     """
 
     source: Tensor
@@ -216,8 +219,9 @@ def read_prompt(model, prompt: Tensor, spec: AttentionSpec, eos: int, context: O
 @torch.no_grad()
 def score_continuations(model, read: ReadPrompt, candidates: Sequence[Tensor], spec: AttentionSpec, pad: int) -> CandidateScores:
     """Log-probability of each candidate's tokens after a prompt read by :func:`read_prompt`, and whether greedy
-    decoding writes it. The candidates continue ``read.state`` as one batch (it is reordered to N rows: fork it
-    first to continue it again).
+    decoding writes it. The candidates continue ``read.state`` as one batch over its one cache
+    (:func:`~lex_plugin.modules.attention.branch_cache.branch_incremental_state`), which is left as it was: the prompt
+    can be continued again.
 
     Args:
         candidates: N 1-D int64 tensors, the ids of each candidate (lengths may differ: a BPE may split some digits;
@@ -232,10 +236,10 @@ def score_continuations(model, read: ReadPrompt, candidates: Sequence[Tensor], s
     cands = torch.full((n, m), pad, dtype=torch.long, device=device)
     for i, c in enumerate(candidates):
         cands[i, : c.numel()] = c
-    model.decoder.reorder_incremental_state_scripting(read.state, torch.zeros(n, dtype=torch.long, device=device))
     # the decoder runs only the uncached columns: the last prompt token, then each candidate's first m - 1 tokens
     # (right padding never reaches earlier positions); their outputs predict the candidates' m tokens
-    logits, _ = model(torch.cat([read.source.expand(n, -1), cands[:, :-1]], dim=1), incremental_state=read.state, spec=spec)
+    logits, _ = model(torch.cat([read.source.expand(n, -1), cands[:, :-1]], dim=1),
+                      incremental_state=branch_incremental_state(read.state, n), spec=spec)
     log_probs = logits[:, -m:].double().log_softmax(-1)  # (N, m, V)
     steps = log_probs.gather(-1, cands[:, :, None]).squeeze(-1)  # (N, m)
     padding = cands.eq(pad)

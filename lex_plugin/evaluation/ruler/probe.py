@@ -30,7 +30,6 @@ from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
 from ..journal import CellJournal
-from ...modules.attention.kv_cache import fork_incremental_state
 from ..passkey import CandidateScores, ReadPrompt, read_context, read_prompt, score_continuations
 from ..sampling import continue_ids
 from .tasks import DEPTHLESS, TASKS, make_sample
@@ -110,9 +109,9 @@ def _contains(seq: List[int], part: List[int]) -> bool:
 def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tokens: int, spec: AttentionSpec, eos: int,
                  pad: int, context: Optional[ReadPrompt] = None) -> Tuple[CandidateScores, Tensor]:
     """One query of a probe, its prompt read once (``</s>`` put first, :func:`~lex_plugin.evaluation.passkey.read_prompt`)
-    and continued twice: greedy decoding on a copy of its caches writes ``answer_tokens`` + GREEDY_SLACK ids
-    (:func:`~lex_plugin.evaluation.sampling.continue_ids`), then the candidates are scored on the caches themselves
-    (:func:`~lex_plugin.evaluation.passkey.score_continuations`).
+    and continued twice: the candidates are scored over its caches, which they leave as they were
+    (:func:`~lex_plugin.evaluation.passkey.score_continuations`), then greedy decoding writes ``answer_tokens`` +
+    GREEDY_SLACK ids on the caches themselves (:func:`~lex_plugin.evaluation.sampling.continue_ids`).
 
     Args:
         prompt: (P,) int64 context and question, or the question alone when ``context`` is given (the sample's context
@@ -124,9 +123,10 @@ def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tok
         int64 ids greedy decoding wrote, on the CPU).
     """
     read = read_prompt(model, prompt, spec, eos, context)
+    scores = score_continuations(model, read, candidates, spec, pad)
     written = continue_ids(model, read.source[0], answer_tokens + GREEDY_SLACK, eos, pad, temperature=0.0, spec=spec,
-                           incremental_state=fork_incremental_state(read.state))
-    return score_continuations(model, read, candidates, spec, pad), written
+                           incremental_state=read.state)
+    return scores, written
 
 
 def ruler_accuracy(model, encode, filler: Tensor, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float],
