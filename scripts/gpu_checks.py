@@ -194,18 +194,24 @@ def section_equality(run: Run, args) -> None:
                 bf = model.with_autocast(torch.bfloat16)
                 row["bf16_autocast_vs_fp64_max"] = (log_probs(bf, x, mode, l).cpu() - ref).abs().max().item()
             run.emit("equality", **row)
-        # token by token (generation) against one parallel forward, under BCA and full attention
+        # token by token (generation) against one parallel forward, under BCA and full attention: the default step
+        # (two products on CUDA) and SDPA limited to flash / memory-efficient, the faster candidate (GPU run 2)
+        step_paths = {"products": contextlib.nullcontext,
+                      "sdpa_flash": lambda: _sdpa_steps([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])}
         for mode in ("bca", "full"):
             spec = AttentionOptions(mode).spec(l)
             view = model.under(spec)
             steps = 2 * l + 16
-            state: dict = {}
-            with torch.no_grad():
-                outs = [view(x[:, : n + 1], incremental_state=state)[0][:, -1:] for n in range(steps)]
-            inc = F.log_softmax(torch.cat(outs, 1).double(), -1).cpu()
             par = log_probs(model, x[:, :steps], mode, l).cpu()
-            run.emit("equality", pos_emb=pos_emb, mode=mode, token_by_token_vs_parallel=(inc - par).abs().max().item(),
-                     steps=steps)
+            row = {}
+            for path, context in step_paths.items():
+                state: dict = {}
+                with torch.no_grad(), context():
+                    outs = [view(x[:, : n + 1], incremental_state=state)[0][:, -1:] for n in range(steps)]
+                inc = F.log_softmax(torch.cat(outs, 1).double(), -1).cpu()
+                key = "token_by_token_vs_parallel" if path == "products" else f"token_by_token_{path}_vs_parallel"
+                row[key] = (inc - par).abs().max().item()
+            run.emit("equality", pos_emb=pos_emb, mode=mode, steps=steps, **row)
 
 
 def section_long(run: Run, args) -> None:
