@@ -4,7 +4,8 @@ here: a generation step against a minimal eager loop of the same shape, bf16 aga
 against the same process's matrix-multiply FLOP/s.
 
     python scripts/bench_limits.py [--sections generation,prefill] [--contexts 1024,16384] [--lengths 4096,...,32768]
-    python scripts/bench_limits.py --json-out limits.json      # the rows as JSON as well
+    python scripts/bench_limits.py --json-out limits.json      # the report: rows and provenance (command, commit ...)
+    python scripts/bench_limits.py --markdown limits.json      # its tables, as BENCHMARKS.md gives them
 
 **generation**: per context N, every model is fed N tokens, then their steps are timed in turns: each model takes a
 block of ``--steps`` / 4 steps inside one autocast region, as ``lex generate``'s loop opens one (after one untimed
@@ -14,13 +15,14 @@ rounds; the median ms of each over its steps. Drift on a shared machine hits all
 - ``lex`` (``full``, ``bca``, ``dca``, each in fp32 and under ``+bf16`` autocast): the step ``lex generate`` takes
   (``evaluation.sampling.continue_ids``: the model called on the buffer so far with its cache, the last logits'
   argmax), ``lex_lm_tiny`` with xPos;
-- ``eager`` (``full`` and ``window``): :class:`EagerLM`, the minimal loop a reader would write for the same shape (4
+- ``eager`` (``full`` and ``bca``): :class:`EagerLM`, the minimal loop a reader would write for the same shape (4
   layers, C = 256, 4 heads, FFN 1,024, tied output, a preallocated key/value cache, RoPE on q and k from a precomputed
-  table, one SDPA call per layer over the cache; ``window`` reads the last l keys, BCA's bound).
+  table, one SDPA call per layer over the cache; ``bca`` reads the keys BCA lets the step see, from the start of the block before its own).
 
 **prefill**: one forward of L tokens to the final hidden states (``features_only``, as ``bench_attention.py``) under
 ``full``, ``bca`` and ``sliding``; its FLOPs are counted as 24 C^2 per token and layer for the projections and FFN,
-and 4 C per attended (query, key) pair and layer for QK^T and PV (the pairs the window allows: ``visible_keys``);
+and 4 C per attended (query, key) pair and layer for QK^T and PV (the pairs the window allows, ``visible_keys``: useful
+FLOPs, not what a blocked kernel computes and masks);
 FLOP/s = FLOPs / the best of ``--repeats`` wall times, against the best FLOP/s of a 2,048^3 fp32 ``torch.mm`` timed
 right after each point in the same process (``mm_gflops``) and against the best of those over the run
 (``best_mm_gflops``, the machine's capability: a reference taken while the machine slows flatters its point). The first layer's self-attention module
@@ -47,19 +49,19 @@ from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 LEX_MODES = ("full", "bca", "dca", "full+bf16", "bca+bf16", "dca+bf16")
 ROUNDS = 4  # blocks of steps per model, the models taking turns
-EAGER_MODES = ("full", "window")
+EAGER_MODES = ("full", "bca")
 
 
 class EagerLM(torch.nn.Module):
     """The minimal eager decoder a generation step is compared with: pre-norm layers of fused q/k/v, RoPE (a
     precomputed (positions, D/2) table), SDPA over a preallocated (1, H, cap, D) cache, an output projection, a GELU
-    FFN; a final norm and the tied embedding as output. Shapes of ``lex_lm_tiny`` by default. ``window``: a step
-    reads at most that many most recent keys (None: all)."""
+    FFN; a final norm and the tied embedding as output. Shapes of ``lex_lm_tiny`` by default. ``block``: a step reads
+    the keys BCA lets it see, from the start of the block before its own (blocks of ``block`` positions; None: all)."""
 
     def __init__(self, vocab: int, layers: int = 4, dim: int = 256, heads: int = 4, ffn: int = 1024,
-                 capacity: int = 20000, window=None):
+                 capacity: int = 20000, block=None):
         super().__init__()
-        self.heads, self.head_dim, self.window = heads, dim // heads, window
+        self.heads, self.head_dim, self.block = heads, dim // heads, block
         self.embed = torch.nn.Embedding(vocab, dim)
         self.layers = torch.nn.ModuleList(torch.nn.ModuleDict({
             "ln1": torch.nn.LayerNorm(dim), "qkv": torch.nn.Linear(dim, 3 * dim), "out": torch.nn.Linear(dim, dim),
@@ -88,7 +90,7 @@ class EagerLM(torch.nn.Module):
             q, k, v = layer["qkv"](layer["ln1"](x)).view(1, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
             self.k[i, :, :, start:start + t] = self._rotate(k, start)
             self.v[i, :, :, start:start + t] = v
-            first = 0 if self.window is None or t > 1 else max(0, start + 1 - self.window)
+            first = 0 if self.block is None or t > 1 else max(0, (start // self.block - 1) * self.block)
             a = F.scaled_dot_product_attention(self._rotate(q, start), self.k[i, :, :, first:start + t],
                                                self.v[i, :, :, first:start + t], is_causal=t > 1)
             x = x + layer["out"](a.transpose(1, 2).reshape(1, t, -1))
@@ -120,7 +122,7 @@ def generation(contexts, l: int, steps: int) -> list:
             runners[f"lex {mode}"] = (step, lambda model=model, tokens=tokens: model.decoder.autocast_context(tokens.device))
         for mode in EAGER_MODES:
             eager = EagerLM(benchmark.BENCH_VOCAB_SYMBOLS + 4, capacity=n + steps + ROUNDS + 4,
-                            window=l if mode == "window" else None).eval()
+                            block=l // 2 if mode == "bca" else None).eval()
             tokens = torch.randint(4, eager.embed.num_embeddings, (1, n + steps + ROUNDS + 2))
             eager(tokens[:, :n])
             runners[f"eager {mode}"] = (lambda k, eager=eager, tokens=tokens: int(eager(tokens[:, k - 1:k]).argmax()),
@@ -135,11 +137,11 @@ def generation(contexts, l: int, steps: int) -> list:
                         t = time.perf_counter()
                         step(k)
                         times[name].append(time.perf_counter() - t)
-                done[name] = k
+                done[name] += 1 + steps // ROUNDS
         ms = {name: 1000 * statistics.median(ts) for name, ts in times.items()}
         row = {"section": "generation", "context": n, "ms": ms,
                "lex_full_vs_eager_full": ms["lex full"] / ms["eager full"],
-               "lex_bca_vs_eager_window": ms["lex bca"] / ms["eager window"],
+               "lex_bca_vs_eager_bca": ms["lex bca"] / ms["eager bca"],
                **{f"bf16_vs_fp32_{m}": ms[f"lex {m}+bf16"] / ms[f"lex {m}"] for m in ("full", "bca", "dca")}}
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -194,7 +196,38 @@ def against_best_mm(rows: list) -> list:
                  attention_fraction_of_best_mm=r["attention_fraction_of_mm"] * r["mm_gflops"] / best) for r in rows]
 
 
+def markdown(report: dict) -> str:
+    """BENCHMARKS.md's tables of a report (``--json-out``'s): generation, then prefill, then the provenance line."""
+    rows, prov = report["rows"], report["provenance"]
+    out = []
+    gen = [r for r in rows if r["section"] == "generation"]
+    if gen:
+        out += ["| context | lex full | eager full | lex / eager | lex BCA | eager BCA | lex / eager | "
+                "bf16 / fp32: full | BCA | DCA |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in gen:
+            ms = r["ms"]
+            out.append(f"| {r['context']:,} | {ms['lex full']:.2f} ms | {ms['eager full']:.2f} ms | "
+                       f"{r['lex_full_vs_eager_full']:.2f} | {ms['lex bca']:.2f} ms | {ms['eager bca']:.2f} ms | "
+                       f"{r['lex_bca_vs_eager_bca']:.2f} | {r['bf16_vs_fp32_full']:.2f} | {r['bf16_vs_fp32_bca']:.2f} | "
+                       f"{r['bf16_vs_fp32_dca']:.2f} |")
+    pre = [r for r in rows if r["section"] == "prefill"]
+    if pre:
+        out += ["", f"Prefill, % of the run's best fp32 matmul ({pre[0]['best_mm_gflops']:.0f} GFLOP/s); in brackets "
+                "against the matmul timed right after the point:", "",
+                "| mode | length | model GFLOP/s | model | one layer's attention alone | attention's share of the FLOPs |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for r in pre:
+            out.append(f"| {r['mode']} | {r['length']:,} | {r['gflops']:.1f} | {100 * r['fraction_of_best_mm']:.1f}% "
+                       f"({100 * r['fraction_of_mm']:.1f}%) | {100 * r['attention_fraction_of_best_mm']:.1f}% "
+                       f"({100 * r['attention_fraction_of_mm']:.1f}%) | {100 * r['attention_share_of_flops']:.0f}% |")
+    out += ["", f"Measured {prov['date']} on {prov['device']}, torch {prov['torch']}, commit {prov['commit'][:10]}"
+                f"{' (uncommitted changes)' if prov['dirty'] is True else ''}, {prov['wall_s']} s: `{prov['command']}`."]
+    return "\n".join(out)
+
+
 def main():
+    from lex_plugin.experiments.provenance import provenance
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", default="generation,prefill")
     p.add_argument("--contexts", default="1024,16384")
@@ -202,12 +235,17 @@ def main():
     p.add_argument("--training-length", type=int, default=1024)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--json-out", default=None)
+    p.add_argument("--json-out", default=None, help="the report: its rows and provenance")
+    p.add_argument("--markdown", default=None, metavar="REPORT", help="print the tables of a report and exit")
     args = p.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return
     sections = parse_name_list(args.sections, "--sections")
     unknown = sorted(set(sections) - {"generation", "prefill"})
     if unknown:
         p.error(f"--sections: unknown {unknown}; choose among generation, prefill")
+    start = time.perf_counter()
     torch.manual_seed(0)
     torch.set_num_threads(benchmark.thread_count())
     rows = []
@@ -215,21 +253,11 @@ def main():
         rows += generation(parse_int_list(args.contexts, "--contexts"), args.training_length, args.steps)
     if "prefill" in sections:
         rows += prefill(parse_int_list(args.lengths, "--lengths"), args.training_length, args.repeats)
+    report = {"provenance": provenance(seed=0, wall_s=time.perf_counter() - start, cuda=False), "rows": rows}
     print(f"\nlex_lm_tiny (xPos), l = {args.training_length}, batch 1, {benchmark.thread_count()} threads\n")
-    for r in rows:
-        if r["section"] == "generation":
-            print(f"generation at {r['context']:,}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms"].items()))
-            print("  lex full / eager full {:.2f}x; lex BCA / eager window {:.2f}x; bf16 / fp32: full {:.2f}, BCA {:.2f}, "
-                  "DCA {:.2f}".format(r["lex_full_vs_eager_full"], r["lex_bca_vs_eager_window"], r["bf16_vs_fp32_full"],
-                                      r["bf16_vs_fp32_bca"], r["bf16_vs_fp32_dca"]))
-        else:
-            print(f"prefill {r['mode']:>7} at {r['length']:>6,}: {r['gflops']:6.1f} GFLOP/s = "
-                  f"{100 * r['fraction_of_best_mm']:4.1f}% of the run's best mm ({r['best_mm_gflops']:.1f}; "
-                  f"{100 * r['fraction_of_mm']:4.1f}% of the mm beside it, {r['mm_gflops']:.1f}); one layer's attention "
-                  f"alone {100 * r['attention_fraction_of_best_mm']:4.1f}%; attention "
-                  f"{100 * r['attention_share_of_flops']:.0f}% of the model's FLOPs")
+    print(markdown(report))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rows, indent=1))
+        Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

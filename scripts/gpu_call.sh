@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_call.sh OUTDIR [SECONDS]     # SECONDS: this script's whole budget (default 480)
 #
-# OUTDIR receives table2.md, table2.json, table2.log and gpu_checks.json, each written as it grows.
+# OUTDIR receives table2.md, table2.json, table2.log, gpu_checks.json and gpu_checks.log, each written as it grows.
 # CHECKS_S (default 90) is the time kept for the checks; with less than 60 s left they are skipped.
 out=${1:?usage: bash scripts/gpu_call.sh OUTDIR [SECONDS]}
 budget=${2:-480}

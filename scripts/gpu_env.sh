@@ -38,11 +38,15 @@ gpu_env_download() {
 }
 
 gpu_env_pack() {  # the data-bin's dictionary, tokenizer, train and test splits (valid is not read: no validation)
-  local bin=${1:?usage: bash scripts/gpu_env.sh pack DATA_BIN}
+  local bin=${1:?usage: bash scripts/gpu_env.sh pack DATA_BIN} name
+  name=$(basename "$bin")
+  for f in dict.txt train.bin train.idx test.bin test.idx; do
+    [ -f "$bin/$f" ] || { echo "[gpu_env] $bin/$f is missing: give a data-bin made by lex prepare" >&2; return 1; }
+  done
   gpu_env_exclude
-  tar -C "$(dirname "$bin")" --transform "s|^$(basename "$bin")|data-bin|" -cf - \
-    $(cd "$(dirname "$bin")" && ls -d "$(basename "$bin")"/{dict.txt,lex_prepare.json,spm.model,spm.vocab,train.*,test.*} 2>/dev/null) \
-    | xz -T0 -6 > .gpu/data-bin.tar.xz
+  (cd "$(dirname "$bin")" && set -o pipefail && shopt -s nullglob &&
+   tar --transform "s|^$name|data-bin|" -cf - "$name"/{dict.txt,lex_prepare.json,spm.model,spm.vocab} "$name"/train.* \
+     "$name"/test.* | xz -T0 -6) > .gpu/data-bin.tar.xz || { rm -f .gpu/data-bin.tar.xz; return 1; }
   du -sh .gpu/data-bin.tar.xz
 }
 
@@ -61,12 +65,14 @@ import numpy, torch, fairseq, lex_plugin, torchscale
 print(f"[gpu_env] torch {torch.__version__} (CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}), "
       f"numpy {numpy.__version__}, fairseq {fairseq.__version__}, lex_plugin from {lex_plugin.__file__}")
 EOF
-  command -v fairseq-train fairseq-eval-lm >/dev/null || { echo "[gpu_env] fairseq-train not on PATH"; return 1; }
+  for tool in fairseq-train fairseq-eval-lm; do
+    command -v "$tool" >/dev/null || { echo "[gpu_env] $tool is not on PATH"; return 1; }
+  done
 }
 
 case "${1:-}" in
   download) gpu_env_download ;;
   pack) gpu_env_pack "${2:-}" ;;
   install) gpu_env_install ;;
-  *) echo "usage: bash scripts/gpu_env.sh download | pack DATA_BIN; source scripts/gpu_env.sh install" >&2; false ;;
+  *) echo "usage: bash scripts/gpu_env.sh download | pack DATA_BIN; source scripts/gpu_env.sh install" >&2 ;;
 esac

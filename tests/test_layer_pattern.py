@@ -176,9 +176,10 @@ def test_the_evaluation_flags_change_the_global_layers_only():
     (dict(pos_emb="rope", layer_pattern="rope/sliding:4", temperature_tuning_beta=0.1), "tunes the global layers"),
     (dict(pos_emb="rope", layer_pattern="xpos/sliding:4"), "names --pos-emb xpos"),
     (dict(pos_emb="rope", layer_pattern="none/full", rope_theta=5000.0), "no layer uses positions, so --rope-theta"),
-    (dict(pos_emb="xpos", layer_pattern="none/sliding:4,none/full", xpos_gamma=0.4), "--xpos-gamma of --pos-emb xpos"),
+    (dict(pos_emb="xpos", layer_pattern="none/sliding:4,none/full", xpos_gamma=0.5, rope_theta=10000.0),
+     "so --xpos-gamma of --pos-emb xpos"),
 ], ids=["absolute", "per-layer", "random-positions", "tuning-without-global", "other-scheme", "option-without-positions",
-        "default-value-without-positions"])
+        "options-without-positions"])
 def test_a_pattern_the_model_cannot_train_is_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
         build_lex_model(tokens_per_sample=L, **overrides)
@@ -200,6 +201,7 @@ def test_a_pattern_without_positions_records_no_scheme_option():
     model, args = build(layer_pattern="none/full")
     assert not any(k.positions for k in model.decoder.layer_kinds) and args.rope_theta is None
     build(layer_pattern="none/full", rope_theta=args.rope_theta)  # the saved args build again
+    build(layer_pattern="none/full", rope_theta=10000.0)  # a checkpoint saved before the check records the default
     _, positioned = build(layer_pattern="rope/full,none/full")
     assert positioned.rope_theta == 10000.0  # with a layer that rotates, the value it was built with is recorded
 

@@ -56,18 +56,28 @@ def test_candidate_scores_equal_a_parallel_forward_per_candidate(hub, encode, fi
         assert float(got.logprob[i]) == pytest.approx(float(lp), abs=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["full", "bca", "sliding"])
-def test_candidates_share_the_prompts_one_cache_and_leave_it_as_it_was(hub, encode, filler, mode):
+@pytest.mark.parametrize("mode, limit", [("full", None), ("bca", None), ("sliding", None), ("full", 300), ("bca", 300)])
+def test_candidates_share_the_prompts_one_cache_and_leave_it_as_it_was(hub, encode, filler, mode, limit, monkeypatch):
     """The N candidates read the prompt's cache through views (no N-row copy of it stays in the state), score as
     copies of the prompt would (N reordered rows, the path before), and leave the cache as it was: scored twice, the
-    same scores; continued after, the same as a fresh read continued."""
+    same scores. With xPos's centre allowed only ``limit`` positions (fp16 allows about 2k), the candidates move
+    their own centre beyond the prompt's, as the copies re-centre theirs."""
     from lex_plugin.evaluation.passkey import read_prompt, score_continuations
+    from lex_plugin.modules.positions import XPos
 
+    if limit is not None:
+        monkeypatch.setattr(XPos, "max_center_offset", lambda self, dtype, scaling=None: limit)
     window = hub.spec_for(mode=mode)
     model = hub.models[0]
-    prompt = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.6, 24680)
+    # with the limit, a prompt whose end leaves the candidates too little room from its centre: they move theirs to
+    # the next multiple of the centre step (lengths found for l = 64 and xPos's 256-position centre step)
+    tokens = build_prompt(encode, filler, 5 * TRAIN_LEN, 0.6, 24680).tokens if limit is None else \
+        filler[: {"full": 1067, "bca": 300}[mode]]
     cands = _candidates(encode, [24680, 13579, 11111, 99999])
-    read = read_prompt(model, prompt.tokens, window, hub.src_dict.eos())
+    read = read_prompt(model, tokens, window, hub.src_dict.eos())
+    if limit is not None:
+        step = model.decoder.positions[0].center_step
+        assert all(c.end + 3 - c.center > limit and c.end // step * step != c.center for c in read.state.values())
     before = {key: (c.end, c.held().keys.clone(), c.held().values.clone()) for key, c in read.state.items()}
     first = score_continuations(model, read, cands, window, hub.src_dict.pad())
     for key, cache in read.state.items():  # untouched: batch 1, the same positions, keys and values
@@ -76,7 +86,7 @@ def test_candidates_share_the_prompts_one_cache_and_leave_it_as_it_was(hub, enco
     again = score_continuations(model, read, cands, window, hub.src_dict.pad())
     assert torch.equal(first.logprob, again.logprob) and torch.equal(first.greedy, again.greedy)
     # the path before: the prompt's cache copied to N rows (reorder), then continued
-    copied = read_prompt(model, prompt.tokens, window, hub.src_dict.eos())
+    copied = read_prompt(model, tokens, window, hub.src_dict.eos())
     n, m = len(cands), max(c.numel() for c in cands)
     rows = torch.full((n, m), hub.src_dict.pad())
     for i, c in enumerate(cands):

@@ -141,6 +141,32 @@ def test_a_call_out_of_time_keeps_the_rows_it_finished_and_says_what_it_skipped(
     assert set(result["ppl"]) == set(table2.SCHEMES) and not result["events"]
 
 
+def test_a_work_directory_keeps_its_plan_and_a_failed_step_ends_the_call_after_the_others(tmp_path, monkeypatch):
+    """A second call in the same work directory trains its remaining schemes on the first call's plan (the same
+    updates and schedule), whatever its own deadline; a directory of another setting is refused; a step that fails
+    is recorded, the next scheme runs, and the call raises once the table is written."""
+    calls = _fake_steps(monkeypatch, {"fairseq-train": 45, "fairseq-eval-lm": 30})
+    first = run_table2(gpu_options(tmp_path, deadline_s=300, schemes=("xpos",), windows=("full",)), log=lambda line: None)
+    later = run_table2(gpu_options(tmp_path, deadline_s=3000, windows=("full",)), log=lambda line: None)
+    assert later["plan"]["updates"] == first["plan"]["updates"] < plan_budget(
+        gpu_options(tmp_path, deadline_s=3000, windows=("full",)), H200, "measured").updates
+    assert {t["updates"] for t in later["train"].values()} == {first["plan"]["updates"]}
+    assert calls.count(("fairseq-train", "xpos")) == 1  # done in the first call
+    with pytest.raises(Table2Error, match="holds a call of another setting"):
+        run_table2(gpu_options(tmp_path, batch_size=16, windows=("full",)), log=lambda line: None)
+
+    failing = {"fairseq-train": 45, "fairseq-eval-lm": 30}
+    _fake_steps(monkeypatch, failing)
+    real_run = table2._run
+    monkeypatch.setattr(table2, "_run", lambda cmd, log, timeout: "failed" if log.parent.name == "rope" and
+                        cmd[0] == "fairseq-eval-lm" else real_run(cmd, log, timeout))
+    with pytest.raises(Table2Error, match="fairseq-eval-lm of rope failed"):
+        run_table2(gpu_options(tmp_path / "fails", deadline_s=3000, windows=("full",)), log=lambda line: None)
+    saved = json.loads((tmp_path / "fails" / "table2.json").read_text())
+    assert set(saved["ppl"]) == {"xpos", "alibi", "sinusoidal"} and saved["events"] == [
+        "rope: evaluation failed (eval.log); no row"]
+
+
 def test_the_cpu_rehearsal_runs_the_gpu_call_end_to_end(data_bin, tmp_path):
     """The GPU call's code path at a tiny setting, for LeX and the absolute model (one relative scheme and the one
     that adds positions to the embeddings; the four-scheme order and the deadline are checked above without

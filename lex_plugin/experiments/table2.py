@@ -16,7 +16,9 @@ absolute Transformer, ALiBi, RoPE and LeX = xPos + BCA). :func:`run_table2` does
    test tokens cut into each length), within the time left before the next scheme's reservation.
 
 After every step the table and its JSON are written again (``table2.md``, ``table2.json`` in ``out``), so a call
-stopped at any point keeps what it measured; re-running with the same work directory skips finished steps.
+stopped at any point keeps what it measured; re-running with the same work directory keeps its plan
+(``work/plan.json``: every scheme the same updates and schedule) and skips finished steps. A step that fails is
+recorded and the next scheme runs; the call raises at its end.
 
 Notation: l the training length; a *scheme* is a ``--pos-emb`` name; a *window* an ``--eval-windows`` mode.
 """
@@ -68,7 +70,8 @@ SAME_AS = {"H100": "H200"}
 # after its last (checkpoint): run 1's wall time less its tokens / wps, 13.8-17.7 s over six runs
 PROCESS_OVERHEAD_S = 20.0
 EVAL_OVERHEAD_S = 20.0  # one fairseq-eval-lm's start-up and model load
-EVAL_TPS = {"cuda": 150_000, "cpu": 4_000}  # scored tokens per second per window and length, conservative (GPU.md run 1)
+EVAL_TPS = {"cuda": 150_000, "cpu": 4_000}
+MIN_STEP_S = 5.0  # a step is not started with less time left than this  # scored tokens per second per window and length, conservative (GPU.md run 1)
 
 
 class Table2Error(RuntimeError):
@@ -184,7 +187,7 @@ def plan_budget(o: Table2Options, tokens_per_s: Dict[str, float], source: str,
     """The same number of updates for every scheme: the most that fit in the deadline.
 
     From ``o.deadline_s`` take, for every scheme, one training process's start-up (``overhead_s``) and its evaluation
-    (:func:`eval_seconds` at l/4 .. 8l); of what is left, fill ``o.safety`` with training at ``tokens_per_s``:
+    (:func:`eval_seconds` at l/4 .. 16l); of what is left, fill ``o.safety`` with training at ``tokens_per_s``:
     updates = floor(safety x left / sum over schemes of (batch x l / tokens_per_s[scheme])), at most ``o.max_update``.
     Each scheme's slot is its planned time divided by the safety share (a run may take that much longer before its
     stop time ends it).
@@ -265,9 +268,10 @@ _SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")  # the 
 
 def _trained(save_dir: Path) -> dict:
     """What a training reached, from its logs: ``updates`` (the last checkpoint's), ``stopped_by_time`` (fairseq's
-    ``--stop-time-hours`` ended it), ``wps`` (median tokens/s after the first log interval) and ``loss`` (the last
-    interval's, bits per token)."""
+    ``--stop-time-hours`` ended its last run), ``wps`` (median tokens/s after the first log interval) and ``loss``
+    (the last interval's, bits per token)."""
     text = (save_dir / "train.log").read_text(errors="replace") if (save_dir / "train.log").exists() else ""
+    text = text[text.rfind("\nfairseq-train ") + 1:]  # the last run's part (_run writes each command first)
     saved = _SAVED.findall(text)
     out = {"updates": int(saved[-1]) if saved else None, "stopped_by_time": "due to cumulative_training_time" in text,
            "wps": None, "loss": None}
@@ -339,7 +343,8 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         o: the call's options; argv: its command line, for the provenance; log: where progress lines go.
 
     Raises:
-        Table2Error: the plan fits no update, or a step failed for another reason than the deadline.
+        Table2Error: the plan fits no update; the work directory holds another setting's plan; or, at the end,
+            after the table is written, a step failed for another reason than the deadline.
     """
     start = time.monotonic()
     left = lambda: o.deadline_s - (time.monotonic() - start)  # noqa: E731
@@ -350,7 +355,7 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         raise Table2Error(f"no measured training throughput for {o.arch} at l = {o.training_length} in {o.precision} "
                           f"on {prov['device']}: give --tokens-per-s (fairseq-train's wps for this setting, one number "
                           "or SCHEME=N,...).")
-    plan = plan_budget(o, tps, source)
+    plan = _kept_plan(o, plan_budget(o, tps, source))
     result = {"options": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
                           "lengths": o.lengths},
               "plan": {**asdict(plan), "training_tokens": plan.training_tokens}, "train": {}, "ppl": {}, "events": [],
@@ -364,6 +369,7 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         f"({', '.join(f'{s} {t:.0f} s' for s, t in plan.train_s.items())} of training planned; {source}); "
         f"deadline {o.deadline_s:.0f} s")
     save()
+    failures: List[str] = []
     remaining = list(o.schemes)
     for scheme in o.schemes:
         remaining.remove(scheme)
@@ -372,16 +378,20 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         reserve_after = sum(PROCESS_OVERHEAD_S + eval_seconds(o, o.lengths) + plan.train_s[s] for s in remaining)
         if not (sdir / "train.done").exists():
             slot = min(plan.slot_s[scheme], left() - reserve_after - PROCESS_OVERHEAD_S - eval_seconds(o, o.lengths))
-            if slot <= 0:
+            if slot < MIN_STEP_S / 10:
                 result["events"].append(f"{scheme}: not trained, {left():.0f} s left at its turn")
                 log(f"[table2] {result['events'][-1]}")
                 save()
                 continue
             log(f"[table2] train {scheme}: up to {slot:.0f} s of training ({left():.0f} s left)")
+            (sdir / "length_report.json").unlink(missing_ok=True)  # a report of an earlier checkpoint is stale now
             status = _run(train_command(o, plan, scheme, sdir, slot), sdir / "train.log",
                           timeout=min(left(), slot + PROCESS_OVERHEAD_S + 30))
             if status == "failed":
-                raise Table2Error(f"fairseq-train of {scheme} failed:\n{_tail(sdir / 'train.log')}")
+                failures.append(f"fairseq-train of {scheme} failed:\n{_tail(sdir / 'train.log')}")
+                result["events"].append(f"{scheme}: training failed (train.log); no row")
+                save()
+                continue
             if status == "ok":
                 (sdir / "train.done").write_text("")
             elif ckpt.exists():
@@ -399,12 +409,19 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         save()
         report = sdir / "length_report.json"
         if not report.exists():
+            if left() < MIN_STEP_S:
+                result["events"].append(f"{scheme}: not evaluated, {left():.0f} s left")
+                save()
+                continue
             budget = left() - sum(PROCESS_OVERHEAD_S + eval_seconds(o, o.lengths) + plan.train_s[s] for s in remaining)
             log(f"[table2] evaluate {scheme} at {','.join(map(str, o.lengths))} ({left():.0f} s left)")
             status = _run(eval_command(o, ckpt, o.lengths, report), sdir / "eval.log",
                           timeout=min(left(), max(budget, eval_seconds(o, o.lengths))))
             if status == "failed":
-                raise Table2Error(f"fairseq-eval-lm of {scheme} failed:\n{_tail(sdir / 'eval.log')}")
+                failures.append(f"fairseq-eval-lm of {scheme} failed:\n{_tail(sdir / 'eval.log')}")
+                result["events"].append(f"{scheme}: evaluation failed (eval.log); no row")
+                save()
+                continue
             if status == "timeout":
                 result["events"].append(f"{scheme}: evaluation stopped at its time ({left():.0f} s left); no row")
                 save()
@@ -413,7 +430,34 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         save()
     save()
     log(f"[table2] wrote {o.out / 'table2.md'} after {result['provenance']['wall_s']} s")
+    if failures:
+        raise Table2Error("\n\n".join(failures))
     return result
+
+
+def _kept_plan(o: Table2Options, plan: Table2Plan) -> Table2Plan:
+    """The plan of ``o.work`` (``plan.json``) when a call began there before, else ``plan``, saved there: every scheme
+    of one work directory trains the same updates on the same schedule, however much time a later call has.
+
+    Raises:
+        Table2Error: the work directory's plan was made for another model, l, batch or precision.
+    """
+    path = o.work / "plan.json"
+    setting = {"arch": o.arch, "training_length": o.training_length, "batch_size": o.batch_size, "lr": o.lr,
+               "precision": o.precision, "seed": o.seed}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved["setting"] != setting:
+            raise Table2Error(f"{o.work} holds a call of another setting ({saved['setting']}); give another --work.")
+        kept = Table2Plan(**saved["plan"])
+        missing = [s for s in o.schemes if s not in kept.train_s]
+        for s in missing:  # a scheme added later: its time at the kept updates
+            kept.train_s[s] = kept.updates * kept.tokens_per_update / plan.tokens_per_s[s]
+            kept.slot_s[s] = kept.train_s[s] / o.safety
+        return kept
+    o.work.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"setting": setting, "plan": asdict(plan)}, indent=1) + "\n")
+    return plan
 
 
 def _merge(result: dict, scheme: str, report: Path) -> None:

@@ -187,11 +187,13 @@ def check_config(cfg) -> None:
 
     Raises:
         ValueError: non-positive sizes, C not divisible by heads, ``--subln`` with ``--deepnorm`` or
-            ``--post-ln``, dropout outside [0, 1); an option of the position scheme given when ``--layer-pattern``
-            leaves no layer with positions (it would change nothing).
+            ``--post-ln``, dropout outside [0, 1); an option of the position scheme given at another value than its
+            default when ``--layer-pattern`` leaves no layer with positions (it would change nothing; the default
+            itself passes, which checkpoints saved before this check record).
     """
     if _positions_unused(cfg):
-        given = [o.flag for o in get_scheme(str(cfg.pos_emb)).options if safe_getattr(cfg, o.name, None) is not None]
+        given = [o.flag for o in get_scheme(str(cfg.pos_emb)).options
+                 if safe_getattr(cfg, o.name, None) is not None and safe_getattr(cfg, o.name, None) != o.default]
         if given:
             raise ValueError(f"--layer-pattern {cfg.layer_pattern}: no layer uses positions, so {', '.join(given)} of "
                              f"--pos-emb {cfg.pos_emb} would change nothing; drop {'it' if len(given) == 1 else 'them'}, "

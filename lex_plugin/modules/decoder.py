@@ -243,11 +243,10 @@ class DecoderStack:
         Raises:
             ValueError: left padding under a spec or model where positions count from the first token.
         """
-        if real.size(1) > 1 and bool((~real[:, 0] & real[:, 1:].any(1)).any()):
-            why = self.left_padding_refusal(spec)
-            if why is not None:
-                raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
-                                 "run the rows one at a time (or pad on the right, for scoring).")
+        why = self.left_padding_refusal(spec)  # first: most calls need no look at the tokens (no device sync)
+        if why is not None and real.size(1) > 1 and bool((~real[:, 0] & real[:, 1:].any(1)).any()):
+            raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
+                             "run the rows one at a time (or pad on the right, for scoring).")
 
     def _features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState],
                   spec: Optional[AttentionSpec], observer: Optional[Callable],

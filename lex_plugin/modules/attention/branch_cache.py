@@ -38,8 +38,10 @@ class BranchCache:
         if prefix.keys.size(0) != 1:
             raise ValueError(f"a branch continues a batch-1 prompt; this cache holds {prefix.keys.size(0)} rows.")
         self.trunk, self.rows, self.spec, self.scheme = trunk, rows, trunk.spec, trunk.scheme
-        self.center, self.raw = trunk.center, trunk.raw
+        self.center, self.raw = trunk.center, trunk.raw  # the branch's centre: the trunk's until its rows go too far
         self._prefix = prefix
+        self._trunk_at = (trunk.end, trunk.center)  # the trunk as the views saw it (held() checks it did not move)
+        self._factor: Optional[Tensor] = None  # (D,) the trunk's keys from its centre to the branch's (None: same)
         self._skip = 0  # trunk positions dropped by the window since the branch began (a view's offset)
         self._k: Optional[Tensor] = None  # (N, H, t, D) the rows' own keys, rotated at the trunk's centre
         self._v: Optional[Tensor] = None
@@ -69,27 +71,32 @@ class BranchCache:
         return self.trunk.sink_length
 
     def segment_length(self, dtype) -> Optional[int]:
-        """The most new positions one :meth:`extend` takes: those the trunk's centre still serves in ``dtype``."""
+        """The most new positions one :meth:`extend` may take in ``dtype`` (the scheme's scale stays in range), or
+        None: any (as ``KeyValueCache.segment_length``)."""
         limit = None if self.raw else self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
-        return None if limit is None else max(1, limit - (self.end - 1 - self.center))
+        return None if limit is None else max(1, limit - self.scheme.center_step)
 
     def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-        """The rows' next positions (raw q, k, v (N, H, T, D), padding (N, T) or None): keys stored rotated at the
-        trunk's centre, queries returned rotated at it.
+        """The rows' next positions (raw q, k, v (N, H, T, D), T <= :meth:`segment_length`, padding (N, T) or None):
+        the centre moved first if the last would lie too far from it (the branch's own; the trunk keeps its), keys
+        stored rotated at the centre, queries returned rotated at it.
 
         Raises:
-            ValueError: positions the trunk's centre cannot serve in this dtype (the trunk would have to move it),
-                or sink positions still to come (a prompt shorter than its sinks).
+            ValueError: more positions than :meth:`segment_length`, or sink positions still to come (a prompt shorter
+                than its sinks).
         """
         first, last = self.end, self.end + q.size(2) - 1
         if self.spec.window.sinks > first:
             raise ValueError("a branch continues a prompt that holds its sink positions; this one is shorter.")
         if not self.raw:
-            limit = self.scheme.max_center_offset(q.dtype, self.spec.rope_scaling)
-            if limit is not None and last - self.center > limit:
-                raise ValueError(f"position {last} lies {last - self.center} from the trunk's centre, beyond the "
-                                 f"{limit} its keys serve in {q.dtype}: score fewer tokens, or read the prompt again.")
             scaling = self.spec.rope_scaling
+            limit = self.scheme.max_center_offset(q.dtype, scaling)
+            if limit is not None:
+                if q.size(2) > max(1, limit - self.scheme.center_step):
+                    raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of "
+                                     f"{max(1, limit - self.scheme.center_step)}.")
+                if last - self.center > limit:
+                    self._recenter(self.scheme.center_near(first))
             k = self.scheme.rotate(k, start=first, center=self.center, keys=True, scaling=scaling)
             q = self.scheme.rotate(q, start=first, center=self.center, keys=False, scaling=scaling)
         pad = torch.zeros(k.size(0), k.size(2), dtype=torch.bool, device=k.device) if key_padding_mask is None \
@@ -101,11 +108,29 @@ class BranchCache:
             self._pad = torch.cat([self._pad, pad], 1)
         return q
 
+    def _recenter(self, center: int) -> None:
+        """Move the branch's centre: its own keys multiplied by the scheme's factor (formed in fp32), the trunk's
+        read with theirs from the trunk's centre at every :meth:`held` (the trunk itself keeps its centre)."""
+        device, scaling = self._prefix.keys.device, self.spec.rope_scaling
+        factor = self.scheme.rescale_keys(self.center, center, device, scaling)
+        if factor is not None and self._k is not None:
+            self._k = (self._k.float() * factor).to(self._k.dtype)
+        self._factor = self.scheme.rescale_keys(self.trunk.center, center, device, scaling)
+        self.center = center
+
     def held(self, queries: Optional[int] = None) -> HeldKeys:
         """The trunk's visible keys broadcast to the N rows, then each row's own ((N, H, S + t, D), one layer's
-        copy for this call), their padding, the first position, the centre and the trunk's sinks broadcast."""
+        copy for this call), their padding, the first position, the centre and the trunk's sinks broadcast.
+
+        Raises:
+            RuntimeError: the trunk was continued while the branch lived (its views would read moved keys).
+        """
+        if (self.trunk.end, self.trunk.center) != self._trunk_at:
+            raise RuntimeError("the prompt's cache was continued while candidates branched from it; branch again.")
         p, n = self._prefix, self.rows
         keys, values = p.keys[:, :, self._skip:], p.values[:, :, self._skip:]
+        if self._factor is not None:  # the trunk's keys at the branch's centre (one batch-1 copy)
+            keys = (keys.float() * self._factor).to(keys.dtype)
         own_k, own_v = self._k[:, :, self._dropped:], self._v[:, :, self._dropped:]
         shape = (n, keys.size(1), keys.size(2), keys.size(3))
         keys = torch.cat([keys.expand(shape).to(own_k.dtype), own_k], 2)
@@ -117,8 +142,8 @@ class BranchCache:
         if p.sinks is not None:
             sk, sv, sp = p.sinks
             sinks = (sk.expand(n, -1, -1, -1), sv.expand(n, -1, -1, -1), None if sp is None else sp.expand(n, -1))
-        return HeldKeys(keys, values, padding if bool(padding.any()) else None, self.start, p.center, sinks, False,
-                        self._rotated)
+        return HeldKeys(keys, values, padding if bool(padding.any()) else None, self.start,
+                        None if self.raw else self.center, sinks, False, self._rotated)
 
     def trim(self) -> None:
         """Drop the keys no later query sees under the window (views of the trunk; the rows' own buffers)."""
