@@ -11,7 +11,7 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (946 tests: 16 min 56 s and 18 min 49 s in two runs on 2 quiet AMD EPYC cores; 943 took 16 min 28 s and 942 took 17 min 22-58 s over three runs there, 930 took 12 min 39 s on an earlier machine).
+# README command 2: the test suite (998 tests: 15 min 17 s on 2 quiet AMD EPYC cores; 990 took 16 min 35 s there the same day, 946 took 16 min 56 s and 18 min 49 s the day before).
 # Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
 # The tests run `lex` commands and scripts/reproduce.py inside the test process (conftest.run_cli): no new interpreter.
 test: install

@@ -370,61 +370,59 @@ def run_table2(o: Table2Options, argv: Optional[Sequence[str]] = None, log: Call
         f"deadline {o.deadline_s:.0f} s")
     save()
     failures: List[str] = []
+
+    def skip(message: str, failure: Optional[str] = None) -> None:
+        """A scheme left without its row: the event said, written, and the failure kept for the end."""
+        result["events"].append(message)
+        if failure is not None:
+            failures.append(failure)
+        log(f"[table2] {message}")
+        save()
+
     remaining = list(o.schemes)
     for scheme in o.schemes:
         remaining.remove(scheme)
         sdir = o.work / scheme
-        ckpt = sdir / "checkpoint_last.pt"
+        ckpt, report = sdir / "checkpoint_last.pt", sdir / "length_report.json"
         reserve_after = sum(PROCESS_OVERHEAD_S + eval_seconds(o, o.lengths) + plan.train_s[s] for s in remaining)
         if not (sdir / "train.done").exists():
             slot = min(plan.slot_s[scheme], left() - reserve_after - PROCESS_OVERHEAD_S - eval_seconds(o, o.lengths))
             if slot < MIN_STEP_S / 10:
-                result["events"].append(f"{scheme}: not trained, {left():.0f} s left at its turn")
-                log(f"[table2] {result['events'][-1]}")
-                save()
+                skip(f"{scheme}: not trained, {left():.0f} s left at its turn")
                 continue
             log(f"[table2] train {scheme}: up to {slot:.0f} s of training ({left():.0f} s left)")
-            (sdir / "length_report.json").unlink(missing_ok=True)  # a report of an earlier checkpoint is stale now
+            report.unlink(missing_ok=True)  # a report of an earlier checkpoint is stale now
             status = _run(train_command(o, plan, scheme, sdir, slot), sdir / "train.log",
                           timeout=min(left(), slot + PROCESS_OVERHEAD_S + 30))
             if status == "failed":
-                failures.append(f"fairseq-train of {scheme} failed:\n{_tail(sdir / 'train.log')}")
-                result["events"].append(f"{scheme}: training failed (train.log); no row")
-                save()
+                skip(f"{scheme}: training failed (train.log); no row",
+                     f"fairseq-train of {scheme} failed:\n{_tail(sdir / 'train.log')}")
+                continue
+            if status == "timeout" and not ckpt.exists():
+                skip(f"{scheme}: training killed before its first checkpoint; no row")
                 continue
             if status == "ok":
                 (sdir / "train.done").write_text("")
-            elif ckpt.exists():
+            else:
                 result["events"].append(f"{scheme}: training killed after its slot and start-up; its last checkpoint "
                                         "is evaluated")
-            else:
-                result["events"].append(f"{scheme}: training killed before its first checkpoint; no row")
-                save()
-                continue
         result["train"][scheme] = _trained(sdir)
         if result["train"][scheme]["updates"] not in (None, plan.updates):
             result["events"].append(f"{scheme}: stopped at update {result['train'][scheme]['updates']} of {plan.updates} "
                                     "(its slot ended before the plan's updates: slower than planned; the learning rate "
                                     "had not decayed to zero)")
         save()
-        report = sdir / "length_report.json"
         if not report.exists():
             if left() < MIN_STEP_S:
-                result["events"].append(f"{scheme}: not evaluated, {left():.0f} s left")
-                save()
+                skip(f"{scheme}: not evaluated, {left():.0f} s left")
                 continue
-            budget = left() - sum(PROCESS_OVERHEAD_S + eval_seconds(o, o.lengths) + plan.train_s[s] for s in remaining)
+            budget = left() - reserve_after
             log(f"[table2] evaluate {scheme} at {','.join(map(str, o.lengths))} ({left():.0f} s left)")
             status = _run(eval_command(o, ckpt, o.lengths, report), sdir / "eval.log",
                           timeout=min(left(), max(budget, eval_seconds(o, o.lengths))))
-            if status == "failed":
-                failures.append(f"fairseq-eval-lm of {scheme} failed:\n{_tail(sdir / 'eval.log')}")
-                result["events"].append(f"{scheme}: evaluation failed (eval.log); no row")
-                save()
-                continue
-            if status == "timeout":
-                result["events"].append(f"{scheme}: evaluation stopped at its time ({left():.0f} s left); no row")
-                save()
+            if status != "ok":
+                skip(f"{scheme}: evaluation {'failed (eval.log)' if status == 'failed' else 'stopped at its time'}; no row",
+                     f"fairseq-eval-lm of {scheme} failed:\n{_tail(sdir / 'eval.log')}" if status == "failed" else None)
                 continue
         _merge(result, scheme, report)
         save()
