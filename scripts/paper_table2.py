@@ -2,11 +2,11 @@
 """LeX Table 2 at the paper's training length (l = 1,024) in one bounded GPU call.
 
 Trains ``lex_lm_small`` with xPos, RoPE, ALiBi and the absolute (sinusoidal) scheme on the same budget in fp16, the
-most updates that fit the deadline at the measured throughput, evaluates each at l/4 .. 8l (16l while time is left)
-under full attention, BCA and the sliding window, and writes OUT/table2.md and OUT/table2.json beside the paper's
-numbers after every step (``lex_plugin.experiments.table2``; budget plan and expected output: examples/lex_lm/GPU.md).
+most updates that fit the deadline at the measured throughput, evaluates each at l/4 .. 16l under full attention,
+BCA and the sliding window, and writes OUTDIR/table2.md and OUTDIR/table2.json beside the paper's numbers after every
+step (``lex_plugin.experiments.table2``; budget plan and expected output: examples/lex_lm/GPU.md).
 
-    python scripts/paper_table2.py --data-bin data-bin/pg --work /tmp/table2 --out "$OUT"       # one H100 or H200
+    python scripts/paper_table2.py --data-bin data-bin/pg --work /tmp/table2 --out OUTDIR       # one H100 or H200
     python scripts/paper_table2.py --data-bin DATA --arch lex_lm_tiny --training-length 32 --batch-size 4 \\
         --precision fp32 --tokens-per-s 3000 --eval-tokens 2048 --deadline-s 120 --work W --out W  # CPU rehearsal
 
