@@ -37,6 +37,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .provenance import provenance
 from .recipe import PLUGIN_DIR, fairseq_train_command
 from .reproduce.catalogue import LABELS
+from .reproduce.commands import eval_command as reproduce_eval_command
+from .reproduce.options import ReproduceOptions
 from .reproduce.tables import ppl_table
 from .train_log import read_train_log
 
@@ -254,13 +256,12 @@ def train_command(o: Table2Options, plan: Table2Plan, scheme: str, save_dir: Pat
 
 
 def eval_command(o: Table2Options, ckpt: Path, lengths: Sequence[int], report: Path) -> List[str]:
-    """fairseq-eval-lm of ``ckpt`` over the first ``o.eval_tokens`` test tokens at ``lengths`` under ``o.windows``."""
-    return ["fairseq-eval-lm", str(o.data), "--user-dir", str(PLUGIN_DIR), "--task", "lex_language_modeling",
-            "--path", str(ckpt), "--gen-subset", "test", "--tokens-per-sample", str(o.training_length),
-            "--sample-break-mode", "none", "--batch-size", "8", "--num-workers", "0",
-            "--eval-lengths", ",".join(map(str, lengths)), "--eval-windows", ",".join(o.windows),
-            "--eval-tokens", str(o.eval_tokens), "--report-json", str(report), "--num-shards", "1000", "--shard-id", "0",
-            *(["--fp16"] if o.precision == "fp16" else ["--cpu"] if not o.cuda else [])]
+    """fairseq-eval-lm of ``ckpt`` over the first ``o.eval_tokens`` test tokens at ``lengths`` under ``o.windows``: the
+    reproduction's length evaluation (``reproduce.commands.eval_command``), in fp16 on CUDA, ``--cpu`` without it."""
+    device = ["--fp16"] if o.precision == "fp16" else [] if o.cuda else ["--cpu"]
+    setting = ReproduceOptions(arch=o.arch, training_length=o.training_length, eval_tokens=o.eval_tokens)
+    return [str(c) for c in reproduce_eval_command(o.data, ckpt, list(lengths), list(o.windows), report, setting,
+                                                   extra=device)]
 
 
 _SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")  # the last one is also checkpoint_last.pt

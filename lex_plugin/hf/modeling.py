@@ -26,11 +26,11 @@ from transformers.utils import logging
 from ..modules.attention.self_attention import IncrementalState
 from ..modules.attention.spec import AttentionOptions, AttentionSpec
 from ..modules.decoder import DecoderStack
+from ..modules.padding import check_left_padding
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS
 from .configuration import LexConfig
 
-__all__ = ["LexCache", "LexCore", "LexForCausalLM", "LexModel", "LexPreTrainedModel", "attention_spec",
-           "left_padding_refusal"]
+__all__ = ["LexCache", "LexCore", "LexForCausalLM", "LexModel", "LexPreTrainedModel", "attention_spec"]
 
 logger = logging.get_logger(__name__)
 
@@ -66,11 +66,6 @@ def attention_spec(config: LexConfig) -> AttentionSpec:
         raise ValueError("config.json attention.rope_scaling_factor is 'auto', which depends on each evaluation's length; "
                          "give the factor s as a number.")
     return AttentionOptions(**options).spec(config.training_length)
-
-
-def left_padding_refusal(decoder: DecoderStack, spec: AttentionSpec) -> Optional[str]:
-    """``decoder.left_padding_refusal(spec)`` (``DecoderStack.left_padding_refusal``), kept under this name."""
-    return decoder.left_padding_refusal(spec)
 
 
 class LexCore(DecoderStack, nn.Module):
@@ -262,7 +257,7 @@ class LexPreTrainedModel(PreTrainedModel):
                 raise ValueError(f"attention_mask covers {attention_mask.size(1)} positions, fewer than the "
                                  f"{input_ids.size(1)} input ids.")
             padding = attention_mask[:, -input_ids.size(1):].eq(0)
-            self.decoder.check_left_padding(attention_mask.ne(0), self.spec if spec is None else spec)
+            check_left_padding(self.decoder, attention_mask.ne(0), self.spec if spec is None else spec)
         state = None if cache is None else cache.state
         features, inner_states = self.decoder.stack_features(input_ids, state, spec, padding_mask=padding, prefix=False)
         return features, inner_states, cache
@@ -345,7 +340,7 @@ class LexForCausalLM(LexPreTrainedModel, GenerationMixin):
             input_ids: (B, T) int64 fairseq dictionary ids: the new positions (after ``past_key_values``' ones).
             attention_mask: (B, past + T) or (B, T), 1 at real tokens, 0 at padding; None: every token is real. Only
                 the last T columns are read as padding (the cache keeps the padding of earlier positions). Left
-                padding (batched ``generate()``) only where it cannot change the output (:func:`left_padding_refusal`).
+                padding (batched ``generate()``) only where it cannot change the output (``padding.left_padding_refusal``).
             past_key_values: a :class:`LexCache` from an earlier call, or None (``cache`` in transformers 5: either
                 name is taken).
             use_cache: return a :class:`LexCache` holding these positions (default ``config.use_cache``; off

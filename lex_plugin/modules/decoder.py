@@ -26,6 +26,7 @@ from .attention.spec import FULL_SPEC, AttentionSpec
 from .autocast import AUTOCAST_DTYPES, autocast, check_autocast
 from .decoder_layer import LexDecoderLayer
 from .layer_pattern import LayerKind, parse_layer_pattern
+from .padding import check_left_padding
 from .positions import PositionScheme, build_positions, get_scheme
 
 logger = logging.getLogger(__name__)
@@ -200,54 +201,6 @@ class DecoderStack:
         with self.autocast_context(prev_output_tokens.device):
             return self._features(prev_output_tokens, incremental_state, spec, observer, padding_mask, prefix)
 
-    def left_padding_refusal(self, spec: AttentionSpec) -> Optional[str]:
-        """Why left padding would change this decoder's output (its position kind and query temperatures) under
-        ``spec``, or None where it cannot.
-
-        A left-padded row's real tokens start at position p > 0, not 0. Where attention depends only on distances
-        between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
-        ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
-        (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
-        key count, dynamic NTK's length; a model's SSMax key count and Llama 4 temperature tuning) would see the pads.
-        """
-        if self.position_kind == "absolute":
-            return "absolute positions"
-        if self.ssmax:
-            return "SSMax (--ssmax: each query's factor counts the keys from the first position)"
-        if self.temperature_tuned:
-            return "Llama 4's temperature tuning (each query's factor counts positions from the first)"
-        if self.sink_embedding is not None:
-            return "the sink token (--sink-token: it sits at position 0, before the pads)"
-        local = [k.window for k in self.layer_kinds or () if k.window is not None
-                 and (k.window.mode not in ("full", "sliding") or k.window.sinks)]
-        if local:
-            return f"the layer pattern's {local[0]} layers (their blocks / chunks count positions from the first)"
-        if spec.window.mode not in ("full", "sliding") or spec.window.sinks:
-            return f"{spec.window} attention (its blocks and sink tokens count positions from the first)"
-        if spec.position_map is not None and spec.position_map.name not in ("rerope", "leaky_rerope"):
-            return f"{spec.position_map.name} (its groups / chunks count positions from the first)"
-        if spec.logn:
-            return "log-n scaling (it counts the keys from the first position)"
-        if spec.rope_scaling is not None and spec.rope_scaling.kind == "dynamic":
-            return "dynamic NTK scaling (it scales by the sequence's length)"
-        return None
-
-    def check_left_padding(self, real: Tensor, spec: AttentionSpec) -> None:
-        """Refuse left-padded rows (padding first, a real token after it: a batch of prompts of different lengths
-        aligned on the right) where the padding would change the real tokens' output (:meth:`left_padding_refusal`):
-        the Hugging Face face and the fairseq face alike. Padding inside a row is the row as given, and is kept.
-
-        Args:
-            real: (B, T) bool, True at real tokens, over every position of the rows (cached ones included).
-
-        Raises:
-            ValueError: left padding under a spec or model where positions count from the first token.
-        """
-        why = self.left_padding_refusal(spec)  # first: most calls need no look at the tokens (no device sync)
-        if why is not None and real.size(1) > 1 and bool((~real[:, 0] & real[:, 1:].any(1)).any()):
-            raise ValueError(f"left padding shifts each row's positions, which changes the output under {why}: "
-                             "run the rows one at a time (or pad on the right, for scoring).")
-
     def _features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState],
                   spec: Optional[AttentionSpec], observer: Optional[Callable],
                   padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
@@ -287,7 +240,7 @@ class DecoderStack:
         inner_states = [x]
         spec = self._spec if spec is None and not self.positions_dropped else self.check_spec(spec or self._spec)
         if prefix:  # the fairseq face: the rows whole, cached positions included (the HF face checks its attention mask)
-            self.check_left_padding(prev_output_tokens.ne(self.padding_idx), spec)
+            check_left_padding(self, prev_output_tokens.ne(self.padding_idx), spec)
         for i, layer in enumerate(self.layers):
             x = self.run_layer(layer, x, self.position(i), padding_mask, incremental_state, self.layer_spec(i, spec),
                                positions, None if observer is None else partial(observer, i))

@@ -90,11 +90,10 @@ class BranchCache:
             raise ValueError("a branch continues a prompt that holds its sink positions; this one is shorter.")
         if not self.raw:
             scaling = self.spec.rope_scaling
-            limit = self.scheme.max_center_offset(q.dtype, scaling)
+            limit, segment = self.scheme.max_center_offset(q.dtype, scaling), self.segment_length(q.dtype)
             if limit is not None:
-                if q.size(2) > max(1, limit - self.scheme.center_step):
-                    raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of "
-                                     f"{max(1, limit - self.scheme.center_step)}.")
+                if q.size(2) > segment:
+                    raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {segment}.")
                 if last - self.center > limit:
                     self._recenter(self.scheme.center_near(first))
             k = self.scheme.rotate(k, start=first, center=self.center, keys=True, scaling=scaling)
