@@ -11,7 +11,7 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (998 tests: 15 min 17 s on 2 quiet AMD EPYC cores; 990 took 16 min 35 s there the same day, 946 took 16 min 56 s and 18 min 49 s the day before).
+# README command 2: the test suite (998 tests: 15 min 17 s and 15 min 39 s in two runs on 2 quiet AMD EPYC cores; 990 took 16 min 35 s there the same day, 946 took 16 min 56 s and 18 min 49 s the day before).
 # Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
 # The tests run `lex` commands and scripts/reproduce.py inside the test process (conftest.run_cli): no new interpreter.
 test: install

@@ -167,6 +167,7 @@ class Table2Plan:
 
     @property
     def training_tokens(self) -> int:
+        """Tokens each scheme trains on: updates x batch x l."""
         return self.updates * self.tokens_per_update
 
 

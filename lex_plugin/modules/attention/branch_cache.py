@@ -68,6 +68,7 @@ class BranchCache:
 
     @property
     def sink_length(self) -> int:
+        """Sink positions held besides the window's keys: the trunk's (the rows start after them)."""
         return self.trunk.sink_length
 
     def segment_length(self, dtype) -> Optional[int]:
@@ -153,6 +154,7 @@ class BranchCache:
             self._dropped = max(self._dropped, min(first - self._start, 0 if self._k is None else self._k.size(2)))
 
     def reorder(self, order: Tensor) -> None:
+        """Refused (ValueError): the rows continue one prompt; beam search reorders a cache of its own."""
         raise ValueError("a branch's rows continue one prompt; beam search reorders a cache of its own "
                          "(read the prompt with the batch it needs).")
 
