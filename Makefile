@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lex-installed
 
-.PHONY: install test demo reproduce bench clean-venv
+.PHONY: install test test-fast demo reproduce bench clean-venv
 
 install: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): setup.py scripts/install.sh
 # The tests run `lex` commands and scripts/reproduce.py inside the test process (conftest.run_cli): no new interpreter.
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+
+# The fast tier: the tests that prepare no data, train nothing and start no process (tests/conftest.py: a test that
+# asks for a trained fixture is marked e2e; any other that starts a process fails here, naming the marker it needs).
+test-fast: install
+	LEX_TEST_TIER=fast OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not e2e" tests $(PYTEST_ARGS)
 
 # README command 1: prepare the books, train lex_lm_tiny, evaluate (about 20 minutes on 2 cores).
 demo: install

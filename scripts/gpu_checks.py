@@ -174,9 +174,10 @@ def section_equality(run: Run, args) -> None:
     blockwise against parallel and token by token against parallel on the GPU, fp16 and bf16 against fp32."""
     l = 256 if run.cuda else 32
     length = 4 * l
+    arch = "lex_lm_small" if run.cuda else "lex_lm_tiny"  # the CPU rehearsal: the same paths on the smallest model
     for pos_emb in ("xpos", "rope", "alibi"):
-        model, d = model_on(run, "lex_lm_small", l, pos_emb=pos_emb)
-        ref_model, _ = build_random_lm("lex_lm_small", vocab_size=benchmark.BENCH_VOCAB_SYMBOLS, tokens_per_sample=l,
+        model, d = model_on(run, arch, l, pos_emb=pos_emb)
+        ref_model, _ = build_random_lm(arch, vocab_size=benchmark.BENCH_VOCAB_SYMBOLS, tokens_per_sample=l,
                                        share_decoder_input_output_embed=True, pos_emb=pos_emb)
         ref_model = ref_model.double()
         half = copy.deepcopy(model).half()

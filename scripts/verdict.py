@@ -3,7 +3,7 @@
 goal of the issue "Trained to extrapolate", as a markdown table and a PNG grid (lex_plugin.experiments.reproduce.verdict).
 
     python scripts/verdict.py --work work/repro --runs xpos_bca_nope,rnope_swa --updates 300 \\
-        --longppl-dir work/repro/longppl --eval-bench eval16k.json --gen-bench gen16k.json \\
+        --longppl-dir work/repro/longppl --costs costs16k.json \\
         --reference examples/lex_lm/verdict_reference.json -o examples/lex_lm/verdict.png
 """
 
@@ -29,14 +29,12 @@ def main():
     p.add_argument("--training-length", type=int, default=256)
     p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
                    "for every run); default: each run's own WORK/runs/NAME/longppl.json (the reproduction's longppl probe)")
-    p.add_argument("--eval-bench", type=Path, help="scripts/bench_attention.py --json-out with full@RUN rows and full@base:RUN (a deeper run) "
-                   "or full@POS_EMB rows")
-    p.add_argument("--gen-bench", type=Path, help="scripts/bench_generation.py --json-out, the same modes")
+    p.add_argument("--costs", type=Path, help="scripts/bench_design_costs.py --json-out: each run's evaluation time, "
+                   "generation time and cache against its base model, measured in one process per run")
     p.add_argument("--reference", type=Path, action="append", default=[], help="a JSON list of transcribed rows, first")
     p.add_argument("-o", "--plot", type=Path, help="the PNG")
     args = p.parse_args()
-    for option, path in [("--eval-bench", args.eval_bench), ("--gen-bench", args.gen_bench),
-                         *(("--reference", r) for r in args.reference)]:
+    for option, path in [("--costs", args.costs), *(("--reference", r) for r in args.reference)]:
         if path is not None and not path.is_file():
             p.error(f"{option}: no file {path}.")
     if args.longppl_dir is not None and not args.longppl_dir.is_dir():
@@ -60,9 +58,8 @@ def main():
                     f"({', '.join(n for n, (_, role) in RUNS.items() if role == 'drope')}).")
         try:
             rows.append(design_figures(args.work, name, args.training_length, args.updates, longppl=longppl,
-                                       eval_bench=args.eval_bench, gen_bench=args.gen_bench,
-                                       recalibrated=bool(variant)))
-        except FileNotFoundError as e:  # no length report: say which run and what to do
+                                       costs=args.costs, recalibrated=bool(variant)))
+        except (FileNotFoundError, ValueError) as e:  # no length report, costs of another setting: say what to do
             p.error(str(e))
     print(markdown_verdict(rows))
     if args.plot:

@@ -1,4 +1,10 @@
-"""Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models."""
+"""Shared fixtures: the real corpus (../shared/data, never committed) and small LeX models; the suite's two tiers.
+
+The tiers: ``make test`` runs every test; ``make test-fast`` (``LEX_TEST_TIER=fast``, ``-m "not e2e"``) runs those
+that train nothing and start no process. A test is end-to-end (marked ``e2e``) when it asks for a fixture that
+prepares or trains (:data:`E2E_FIXTURES`) or is marked so by hand; in the fast tier any other test that starts a
+process (fairseq-train, a ``lex`` command, a script) fails, naming the marker it needs.
+"""
 
 import functools
 import json
@@ -17,6 +23,43 @@ from lex_plugin.models.builder import build_random_lm
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("LEX_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# fixtures that prepare the corpus or train a model: a test that asks for one is end-to-end
+E2E_FIXTURES = frozenset({"pg_slice", "data_bin", "trained", "hub", "filler", "real_batches"})
+FAST_TIER = os.environ.get("LEX_TEST_TIER") == "fast"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: prepares data, trains a model or starts a process; left out of make test-fast")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+_POPEN = subprocess.Popen
+
+
+class _NoProcess(_POPEN):
+    """subprocess.Popen in the fast tier: git (a report's provenance) only."""
+
+    def __init__(self, *args, **kwargs):
+        command = args[0] if args else kwargs.get("args")
+        if isinstance(command, (list, tuple)) and command and command[0] == "git":
+            super().__init__(*args, **kwargs)
+            return
+        raise AssertionError(f"the fast tier starts no process ({command!r}): mark the "
+                             "test @pytest.mark.e2e, or test the module in this process")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    """In the fast tier, a test not marked e2e that starts a process but git fails (subprocess.Popen refused)."""
+    if FAST_TIER and request.node.get_closest_marker("e2e") is None:
+        monkeypatch.setattr(subprocess, "Popen", _NoProcess)
+    yield
 
 
 def shared_data() -> Path:

@@ -41,6 +41,7 @@ def test_timing():
     assert benchmark.rss_mb() > 0 and benchmark.peak_rss_mb() >= benchmark.rss_mb() * 0.5
 
 
+@pytest.mark.e2e  # starts a process
 def test_run_isolated_reads_the_last_json_line_and_runs_the_baseline_copy(tmp_path):
     body = "import json, sys\nprint('log line')\nprint(json.dumps({'who': __file__, 'args': sys.argv[1:]}))\n"
     new_script = tmp_path / "new" / "scripts" / "bench_x.py"
@@ -85,6 +86,7 @@ def test_split_stream_is_the_split_in_order(data_bin):
     assert torch.equal(stream[: len(ds[0])], ds[0].long()) and stream[len(ds[0]) - 1] == d.eos()
 
 
+@pytest.mark.e2e  # starts a process
 def test_bench_generation_against_itself_as_baseline(tmp_path):
     out = tmp_path / "gen.json"
     proc = run_cli([sys.executable, str(REPO / "scripts" / "bench_generation.py"), "--contexts", "48", "--modes", "bca",
@@ -96,6 +98,7 @@ def test_bench_generation_against_itself_as_baseline(tmp_path):
     assert 0 < row["cached_positions_per_layer"] <= 16 and row["baseline"]["cached_positions_per_layer"] == row["cached_positions_per_layer"]
 
 
+@pytest.mark.e2e  # starts a process
 def test_bench_attention_one_point_per_mode(tmp_path):
     out = tmp_path / "att.json"
     proc = run_cli([sys.executable, str(REPO / "scripts" / "bench_attention.py"), "--lengths", "64",
@@ -114,6 +117,7 @@ def test_precision_suffix_of_bench_modes():
         benchmark.precision_of("full+fp16")
 
 
+@pytest.mark.e2e  # starts a process
 def test_bench_hf_generate_times_every_engine(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "hf.json"

@@ -17,6 +17,7 @@ from lex_plugin.modules.attention.flags import ATTENTION_FLAGS, MODE_SELECTORS, 
 from lex_plugin.modules.positions.rope_scaling import RopeScaling
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_core_imports_and_runs_without_fairseq():
     """``lex_plugin.modules`` (positions, attention, cache, layers) in a fresh interpreter where fairseq cannot
     be imported: a decoder layer runs BCA through the planner, the executor and the cache, and nothing of

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_calls_checks_run_on_the_cpu_and_write_their_rows(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_checks.py"), "--out", str(tmp_path),
                            "--sections", "env,generation,equality", "--budget-s", "600"],

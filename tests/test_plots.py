@@ -69,6 +69,7 @@ def test_flat_and_retrieving_has_a_line_per_label(figures, tmp_path):
     assert len(labels) == 40 and len(set(labels)) == 40
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
     """scripts/plot_flat_and_retrieving.py on the committed rows (RESULTS' tables): one readable row per method and
     scheme, each accuracy the row's hits over its trials."""

@@ -99,6 +99,7 @@ def test_vocabulary_too_large_is_explained(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e  # starts a process
 def test_wikitext_articles_become_documents(tmp_path):
     """WikiText-style files (here the real WikiText-2 valid/test) split into one document per article."""
     from conftest import shared_data

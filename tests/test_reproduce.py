@@ -416,6 +416,7 @@ def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path
         run_cli([a if a != "2" else "2,3" for a in args], env=env)
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_profile_fills_the_options_not_given(tmp_path):
     """--profile magnitudes stands for its flags; what the command line gives wins (recorded in options.json
     before the first step, which fails here on a corpus that does not exist)."""

@@ -69,6 +69,7 @@ def test_the_gap_and_its_summary_past_the_warm_up():
         compare_curves(a, {**b, 50: {"loss": float("nan")}})
 
 
+@pytest.mark.e2e  # starts a process
 def test_cli_table_json_plot_and_tolerance(tmp_path):
     fp32, bf16 = tmp_path / "fp32.log", tmp_path / "bf16.log"
     fp32.write_text(log([with_loss(SIMPLE.format(u=u), v) for u, v in [(25, 10.0), (50, 8.0), (75, 7.0)]]))

@@ -1,5 +1,5 @@
 """The trained designs' verdict (experiments.reproduce.verdict): each goal's test at its bar, the closest row and its
-shortfalls, the cache fraction against positions counted by hand, a run's figures read from its reports, and the PNG
+shortfalls, a run's figures read from its reports (its costs from the one-process benchmark's report), and the PNG
 grid without overlapping labels."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, cache_fraction, closest, design_figures, markdown_verdict, plot_verdict, reference_figures)
+    GOALS, Figures, closest, design_figures, markdown_verdict, plot_verdict, reference_figures)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -53,27 +53,19 @@ def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
             "ruler_8l; tied with design T (as many goals met, missed and not measured).") in text
 
 
-@pytest.mark.parametrize("name,kept", [
-    ("xpos_bca_nope", 65536 + 3 * 256),  # three BCA layers keep l = 256, the global layer everything
-    ("rnope_swa", 65536 + 3 * 64),  # sliding windows of l/4
-    ("gemma_5to1", 65536 + 5 * 64),  # six layers
-    ("irope", 65536 + 3 * 64),  # chunks of l/4
-    ("rope_ssmax", 4 * 65536),
-    ("xpos_sink_token", 4 * 65537),  # the sink token is one position more in every layer
-])
-def test_the_cache_fraction_counts_each_layers_positions(name, kept):
-    layers = 6 if name == "gemma_5to1" else 4
-    assert cache_fraction(name, 256) == kept / (layers * 65536)
-
-
 def _row(mode, length, **extra):
     return {"window": mode, "length": length, "attention": {"mode": mode, "logn": False, "rope_scaling": None}, **extra}
 
 
+def _costs(path, *rows):
+    """A cost report (scripts/bench_design_costs.py) of ``rows``, measured at 16k and l = 256 unless they say."""
+    path.write_text(json.dumps({"provenance": {}, "rows": [{"context": 16384, "training_length": 256, **r} for r in rows]}))
+
+
 def test_a_runs_figures_come_from_its_reports(tmp_path):
     """Ratio from the length report's full-attention rows; LongPPL from its report; ranked and greedy passkey summed over
-    the depths of full attention at 8l and 16l (other windows and log-n ignored); the benchmarks' ratios against the
-    base scheme's full attention."""
+    the depths of full attention at 8l and 16l (other windows and log-n ignored); the cost figures from the run's row
+    of the cost report; none of them without their report."""
     run = tmp_path / "runs" / "rnope_swa"
     run.mkdir(parents=True)
     (run / "length_report.json").write_text(json.dumps({"results": [
@@ -85,21 +77,23 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     (run / "passkey_finetuned_16l.json").write_text(json.dumps({"results": [_row("full", 4096, retrieved=5, greedy=4, trials=5)]}))
     (tmp_path / "lp.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=40.0),
                                                               _row("full", 4096, ppl=1.0, longppl=30.0)]}))
-    (tmp_path / "eval.json").write_text(json.dumps([{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
-                                                    {"mode": "full@rnope_swa", "length": 16384, "tokens_per_s": 6000.0}]))
-    (tmp_path / "gen.json").write_text(json.dumps([{"mode": "full@rope", "context": 16384, "ms_per_token": 10.0},
-                                                   {"mode": "full@rnope_swa", "context": 16384, "ms_per_token": 6.0}]))
-    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", eval_bench=tmp_path / "eval.json",
-                       gen_bench=tmp_path / "gen.json")
+    _costs(tmp_path / "costs.json", {"run": "irope", "eval_time": 0.4, "gen_time": 0.5, "cache_64k": 0.25},
+           {"run": "rnope_swa", "eval_time": 0.5, "gen_time": 0.6, "cache_64k": 0.251})
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", costs=tmp_path / "costs.json")
     assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.75)
     assert (f.passkey_8l, f.greedy_8l, f.greedy_16l) == (0.5, 0.15, 0.8)
-    assert f.eval_time == pytest.approx(0.5) and f.gen_time == pytest.approx(0.6) and f.ruler_8l is None
+    assert (f.eval_time, f.gen_time, f.cache_64k) == (0.5, 0.6, 0.251) and f.ruler_8l is None
+    # costs measured at another context or l are refused, naming the command that measures them again
+    _costs(tmp_path / "costs.json", {"run": "rnope_swa", "context": 4096, "eval_time": 0.5})
+    with pytest.raises(ValueError, match="bench_design_costs.py --context 16384 --training-length 256"):
+        design_figures(tmp_path, "rnope_swa", 256, 300, costs=tmp_path / "costs.json")
     # RULER-lite at 8l: the mean over tasks of each task's mean over depths, as RESULTS prints it for the committed
     # 1,000-update xPos report (full attention 0.32 at 8l); a report without 16l has no ratio
     shutil.copy(REPO / "examples/lex_lm/ruler/ruler_xpos.json", run / "ruler_answers.json")
     (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 2048, ppl=9.0)]}))
     f = design_figures(tmp_path, "rnope_swa", 256, 300)
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None and f.longppl_ratio is None
+    assert f.eval_time is None and f.gen_time is None and f.cache_64k is None
     # no LongPPL report given: the run's own (the reproduction's longppl probe, its own key tokens)
     shutil.copy(tmp_path / "lp.json", run / "longppl.json")
     assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.75)
@@ -127,10 +121,9 @@ def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
     beta = [dict(r, window="full+beta(1.416)", attention=dict(r["attention"], logit_scale=1.416))
             for r in xpos if r["window"] == "full"]
     (rec / "ruler_answers.json").write_text(json.dumps({"results": beta}))
-    (tmp_path / "eval.json").write_text(json.dumps([{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
-                                                    {"mode": "full@rope_drope", "length": 16384, "tokens_per_s": 2500.0}]))
-    f = design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True, eval_bench=tmp_path / "eval.json")
-    plain = design_figures(tmp_path, "rope_drope", 256, 300, eval_bench=tmp_path / "eval.json")
+    _costs(tmp_path / "costs.json", {"run": "rope_drope", "eval_time": 1.2, "gen_time": 0.97, "cache_64k": 1.0})
+    f = design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True, costs=tmp_path / "costs.json")
+    plain = design_figures(tmp_path, "rope_drope", 256, 300, costs=tmp_path / "costs.json")
     assert f.ratio == pytest.approx(0.95) and plain.ratio == pytest.approx(1.2)
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and plain.ruler_8l is None
     assert f.name == "rope_drope/recalibrated" and f.label.endswith("recalibrated (C = 0.2)")
@@ -160,22 +153,14 @@ def test_references_are_checked_and_the_grid_is_readable(tmp_path, figures):  # 
     assert (tmp_path / "verdict.png").is_file() and not _overlaps(figures[-1])
 
 
-def test_a_deeper_design_is_timed_against_its_own_depth(tmp_path):
+def test_a_deeper_design_is_timed_against_its_own_depth():
     """Gemma's six layers are compared with a six-layer model of its scheme (``full@base:gemma_5to1``), never with the
-    four-layer RoPE run; without that row its cost is unmeasured. The base model keeps the run's scheme and depth only."""
+    four-layer RoPE run. The base model keeps the run's scheme and depth only."""
     from lex_plugin.experiments.benchmark import design_of
+    from lex_plugin.experiments.design_costs import base_mode
 
-    assert design_of("full@base:gemma_5to1", 256) == ("full", {"pos_emb": "rope", "decoder_layers": 6})
-    assert design_of("full@base:rnope_swa", 256) == ("full", {"pos_emb": "rope"})
-    (tmp_path / "runs" / "gemma_5to1").mkdir(parents=True)
-    (tmp_path / "runs" / "gemma_5to1" / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=9.0)]}))
-    rows = [{"mode": "full@rope", "length": 16384, "tokens_per_s": 3000.0},
-            {"mode": "full@gemma_5to1", "length": 16384, "tokens_per_s": 3000.0}]
-    (tmp_path / "eval.json").write_text(json.dumps(rows))
-    assert design_figures(tmp_path, "gemma_5to1", 256, 300, eval_bench=tmp_path / "eval.json").eval_time is None
-    (tmp_path / "eval.json").write_text(json.dumps(rows + [{"mode": "full@base:gemma_5to1", "length": 16384,
-                                                             "tokens_per_s": 2000.0}]))
-    assert design_figures(tmp_path, "gemma_5to1", 256, 300, eval_bench=tmp_path / "eval.json").eval_time == pytest.approx(2 / 3)
+    assert design_of(base_mode("gemma_5to1"), 256) == ("full", {"pos_emb": "rope", "decoder_layers": 6})
+    assert design_of(base_mode("rnope_swa"), 256) == ("full", {"pos_emb": "rope"})
 
 
 def test_a_drope_run_is_timed_with_its_positions_dropped():
@@ -195,33 +180,33 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     """RESULTS' "The verdict at 1,000 updates" quotes each design's row from the reports committed in
     examples/lex_lm/designs_1000: reading them again gives the same figures (LongPPL from the run's own report)."""
     work = REPO / "examples/lex_lm/designs_1000"
-    f = design_figures(work, "irope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    f = design_figures(work, "irope", 256, 1000, costs=work / "costs16k.json")
     assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
-    assert (round(f.eval_time, 2), round(f.gen_time, 2)) == (0.44, 0.59)
+    assert (round(f.eval_time, 2), round(f.gen_time, 2), round(f.cache_64k, 3)) == (0.44, 0.62, 0.251)
     # the xPos BCA + NoPE pattern: five goals met, RULER-lite missed (the closest row of the 1,000-update table)
-    f = design_figures(work, "xpos_bca_nope", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=work / "costs16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.92, 0.19)
     # RNoPE-SWA: the same five goals, RULER-lite closer (0.25)
-    f = design_figures(work, "rnope_swa", 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+    f = design_figures(work, "rnope_swa", 256, 1000, costs=work / "costs16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)
-    assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.40, 0.58)
+    assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.41, 0.60)
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
-    expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.33), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 1.01),
-                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.08), "rope_drope": (1.083, 0.53, 0.0, 0.19, 1.02),
-                "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 0.96)}
+    expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.34), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 0.99),
+                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.11), "rope_drope": (1.083, 0.53, 0.0, 0.19, 0.99),
+                "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 1.0)}
     for name, figures in expected.items():
-        f = design_figures(work, name, 256, 1000, eval_bench=work / "bench_eval16k.json", gen_bench=work / "bench_gen16k.json")
+        f = design_figures(work, name, 256, 1000, costs=work / "costs16k.json")
         got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2))
         assert got == figures, name
     # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
     # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
-    f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, eval_bench=work / "bench_eval16k.json")
+    f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, costs=work / "costs16k.json")
     assert f.label.endswith("recalibrated (C = 0)")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == expected["rope_drope"]
-    f = design_figures(work / "gpu", "rope_drope", 256, 1000, eval_bench=work / "bench_eval16k.json")
+    f = design_figures(work / "gpu", "rope_drope", 256, 1000, costs=work / "costs16k.json")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == (
-        1.0842, 0.53, 0.0, 0.21, 1.02)
+        1.0842, 0.53, 0.0, 0.21, 0.99)
 
 
 def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypatch, capsys):
@@ -235,7 +220,7 @@ def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypa
     base = ["verdict.py", "--work", str(work), "--runs", "irope"]
     bad_reference = tmp_path / "bad.json"
     bad_reference.write_text(json.dumps([{"name": "x"}]))
-    for extra, message in [(["--updates", "1000", "--eval-bench", str(tmp_path / "none.json")], "--eval-bench: no file"),
+    for extra, message in [(["--updates", "1000", "--costs", str(tmp_path / "none.json")], "--costs: no file"),
                            (["--updates", "1000", "--longppl-dir", str(tmp_path / "none")], "--longppl-dir: no directory"),
                            (["--updates", "1000", "--reference", str(bad_reference)], "--reference:"),
                            (["--updates", "300"], "--updates 300, but"),
@@ -246,6 +231,23 @@ def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypa
         with pytest.raises(SystemExit) as exit_:
             script.main()
         assert exit_.value.code == 2 and message in capsys.readouterr().err, extra
-    monkeypatch.setattr(sys, "argv", base + ["--updates", "1000", "--eval-bench", str(work / "bench_eval16k.json")])
+    monkeypatch.setattr(sys, "argv", base + ["--updates", "1000", "--costs", str(work / "costs16k.json")])
     script.main()
     assert "| iRoPE" in capsys.readouterr().out
+
+
+def test_results_prints_the_table_the_verdict_command_writes_from_the_committed_reports(monkeypatch, capsys):
+    """RESULTS' table of "The verdict at 1,000 updates" is the output of the command it gives, run on the committed
+    reports (references, each run's reports, the one-process cost report): every row, word for word."""
+    from conftest import _script
+
+    work = REPO / "examples/lex_lm/designs_1000"
+    runs = "irope,xpos_bca_nope,rnope_swa,gemma_5to1,rope_ssmax,rope_learned_sinks,rope_drope,rope_drope/recalibrated,xpos_sink_token"
+    monkeypatch.setattr(sys, "argv", ["verdict.py", "--work", str(work), "--updates", "1000", "--runs", runs,
+                                      "--costs", str(work / "costs16k.json"),
+                                      "--reference", str(REPO / "examples/lex_lm/verdict_reference.json")])
+    _script("verdict.py").main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    results = (REPO / "examples/lex_lm/RESULTS.md").read_text()
+    assert len(rows) == 14 and f"--runs {runs} \\\n  --costs examples/lex_lm/designs_1000/costs16k.json" in results
+    assert [row for row in rows if row not in results] == []

@@ -291,6 +291,7 @@ def test_fully_sharded_reaches_fairscale_and_states_that_it_needs_cuda(data_bin,
 FSDP_CPU_ERROR = "AssertionError: Torch not compiled with CUDA enabled"
 
 
+@pytest.mark.e2e  # starts a process
 def test_importing_the_package_registers_all_it_provides():
     """``import lex_plugin`` (the hub, scripts, tests) registers the model, its presets, the task, the
     optimizer and the tokenizer, not only what fairseq's --user-dir loader imports by directory."""

@@ -20,10 +20,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
-__all__ = ["CONTEXT", "GOALS", "Figures", "Goal", "cache_fraction", "closest", "design_figures", "markdown_verdict",
+__all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict",
            "plot_verdict", "reference_figures"]
-
-CONTEXT = 65536  # the cache goal's length (64k)
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,8 @@ class Figures:
         ruler_8l: the RULER-lite mean over its tasks at 8l (ranking), after its fine-tuning.
         eval_time, gen_time: evaluation time per token at 16k, and generation time per token after 16k of context,
             over full attention's of the same model in the same benchmark run.
-        cache_64k: key/value cache positions kept at 64k over full attention's (every layer keeps 64k).
+        cache_64k: key/value cache positions kept at 64k over the base model's under full attention (every layer keeps
+            64k), as ``scripts/bench_design_costs.py`` measured them (``experiments.design_costs``).
         source: where the figures were measured (a RESULTS / BENCHMARKS section).
         reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
     """
@@ -190,29 +189,6 @@ def reference_figures(path: Path) -> List[Figures]:
     return rows
 
 
-def _run_options(name: str, training_length: int) -> dict:
-    """Run ``name``'s model options as ``build_random_lm`` keywords (``{"pos_emb": "rope", "layer_pattern": ...}``)."""
-    from ..benchmark import design_of
-
-    return design_of(f"full@{name}", training_length)[1]
-
-
-def cache_fraction(name: str, training_length: int, context: int = CONTEXT, arch: str = "lex_lm_tiny") -> float:
-    """The key/value positions run ``name``'s model (``arch``, the reproduction's default) keeps at ``context`` over
-    full attention's: a global layer keeps every position, a local one its window's span (BCA l, a sliding window W, a
-    chunk C); a sink token is one position more in every layer."""
-    from ...models.lex_lm import PRESETS
-    from ...modules.layer_pattern import parse_layer_pattern
-
-    options = _run_options(name, training_length)
-    layers = int(options.get("decoder_layers", PRESETS[arch]["decoder_layers"]))
-    kinds = parse_layer_pattern(options.get("layer_pattern"), options["pos_emb"], layers, training_length)
-    sink = 1 if options.get("sink_token") else 0
-    kept = [context + sink if kind is None or kind.is_global else min(context, kind.window.span) + sink
-            for kind in (kinds or [None] * layers)]
-    return sum(kept) / (layers * context)
-
-
 def _report(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -266,24 +242,24 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
     return effective_length(full, "full", "ranking")["averages"].get(length)
 
 
-def _bench_ratio(rows: Optional[list], name: str, key: str, size_key: str, size: int, inverse: bool) -> Optional[float]:
-    """This design's figure over its base model's full attention at ``size`` in a benchmark's JSON rows: ``full@NAME``
-    against ``full@base:NAME`` (the run's --pos-emb and depth, ``benchmark.design_of``), or against ``full@POS_EMB``
-    (the plain run of its scheme) for a run of the default depth; None where neither was measured. Time ratios from
-    tokens/s (``inverse``) or ms/token."""
-    if not rows:
-        return None
-    options = _run_options(name, 256)  # (the base scheme and depth do not depend on l)
-    by_mode = {r["mode"]: r for r in rows if r.get(size_key) == size and key in r}
-    mine = by_mode.get(f"full@{name}")
-    theirs = by_mode.get(f"full@base:{name}") or (None if "decoder_layers" in options else by_mode.get(f"full@{options['pos_emb']}"))
-    if mine is None or theirs is None:
-        return None
-    return theirs[key] / mine[key] if inverse else mine[key] / theirs[key]
+def _costs_row(costs: Optional[Path], name: str, training_length: int, context: int) -> Optional[dict]:
+    """Run ``name``'s row of a cost report (``scripts/bench_design_costs.py --json-out``: the design and its base
+    measured in one process); None without a report or without a row for ``name``.
+
+    Raises:
+        ValueError: the row was measured at another context or training length than the verdict reads.
+    """
+    report = _report(costs) if costs else None
+    row = next((r for r in (report or {}).get("rows", []) if r["run"] == name), None)
+    if row is not None and (row["context"], row["training_length"]) != (context, training_length):
+        raise ValueError(f"{costs}: run {name} was measured at context {row['context']} and l = {row['training_length']}; "
+                         f"the verdict reads context {context} and l = {training_length}: measure it again with "
+                         f"scripts/bench_design_costs.py --context {context} --training-length {training_length}.")
+    return row
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
-                   eval_bench: Optional[Path] = None, gen_bench: Optional[Path] = None, context: int = 16384,
+                   costs: Optional[Path] = None, context: int = 16384,
                    recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
     from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
@@ -291,15 +267,16 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     the reference rows' are), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
-    at 8l (``ruler_answers.json``, the mean over tasks), the benchmarks' time ratios at ``context`` (``bench_attention.py`` and
-    ``bench_generation.py`` JSON with ``full@NAME`` rows and ``full@base:NAME`` or ``full@POS_EMB`` rows: :func:`_bench_ratio`) and the cache fraction at 64k.
+    at 8l (``ruler_answers.json``, the mean over tasks), and the cost figures of ``costs`` (a
+    ``scripts/bench_design_costs.py`` report: evaluation and generation time at ``context``, the cache at 64k, each over
+    the base model's measured in the same process; None: not measured).
     With ``recalibrated``, a DroPE run's figures under its recalibration (the same files in
     WORK/runs/NAME/recalibrated/, ``reproduce._recalibrate``; labelled with its C): the time ratios stay the run's,
     since the temperature is one multiplication of the queries.
 
     Raises:
         KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run (or its recalibration) has no
-            length report.
+            length report. ValueError: its cost row was measured at another context or l (:func:`_costs_row`).
     """
     if name not in RUNS:
         raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
@@ -322,15 +299,13 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ranked_8l, greedy_8l = _passkey(passkeys, 8 * l)
     _, greedy_16l = _passkey(passkeys, 16 * l)
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
-    eval_rows = _report(eval_bench) if eval_bench else None
-    gen_rows = _report(gen_bench) if gen_bench else None
+    cost = _costs_row(costs, name, l, context) or {}
     label = LABELS.get(name, name)
     if recalibrated:
         label += f", recalibrated (C = {json.loads((run / 'choice.json').read_text())['C']:g})"
     return Figures(name=f"{name}/{RECALIBRATED}" if recalibrated else name, label=label, updates=updates, ratio=ratio,
                    longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
-                   eval_time=_bench_ratio(eval_rows, name, "tokens_per_s", "length", context, inverse=True),
-                   gen_time=_bench_ratio(gen_rows, name, "ms_per_token", "context", context, inverse=False),
-                   cache_64k=cache_fraction(name, l), source=str(run))
+                   eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
+                   source=str(run))
 

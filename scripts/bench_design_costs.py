@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""The verdict's cost columns: each trained design against its base model, one process per design
+(lex_plugin.experiments.design_costs: evaluation time, generation time and the cache kept at 64k, the two models'
+measurements alternated in that process).
+
+    python scripts/bench_design_costs.py --runs xpos_bca_nope,rnope_swa,gemma_5to1 --training-length 256 \\
+        --context 16384 --json-out examples/lex_lm/designs_1000/costs16k.json
+
+The report holds one row per run and its provenance (command, commit, device, versions, wall time);
+``scripts/verdict.py --costs`` reads it.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lex_plugin.experiments import benchmark  # noqa: E402
+from lex_plugin.options import parse_name_list  # noqa: E402
+
+
+def table(rows) -> str:
+    """The markdown table of a report's rows."""
+    return benchmark.markdown_table(
+        ["run", "eval s (design / base)", "eval time", "gen ms/token (design / base)", "gen time",
+         "cache 64k (positions, design / base)", "cache"],
+        [[r["run"], f"{r['eval_s']['design']:.2f} / {r['eval_s']['base']:.2f}", f"{r['eval_time']:.2f}x",
+          f"{r['ms_per_token']['design']:.2f} / {r['ms_per_token']['base']:.2f}", f"{r['gen_time']:.2f}x",
+          f"{sum(r['kept']['design']):,} / {sum(r['kept']['base']):,}", f"{r['cache_64k']:.3f}x"] for r in rows])
+
+
+def main():
+    from lex_plugin.experiments.provenance import provenance
+    from lex_plugin.experiments.reproduce.catalogue import RUNS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", help="comma-separated runs of scripts/reproduce.py with a design (catalogue.RUNS)")
+    p.add_argument("--training-length", type=int, default=256)
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--arch", default="lex_lm_tiny")
+    p.add_argument("--repeats", type=int, default=3, help="evaluation forwards per model (the best is kept)")
+    p.add_argument("--json-out", type=Path)
+    p.add_argument("--one", metavar="RUN", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        from lex_plugin.experiments.design_costs import measure_design_costs
+
+        start = time.perf_counter()
+        row = measure_design_costs(args.one, args.training_length, args.context, args.arch, args.repeats)
+        benchmark.emit({**row, "wall_s": round(time.perf_counter() - start, 1)})
+        return
+    if not args.runs:
+        p.error("--runs: give the runs to measure.")
+    runs = parse_name_list(args.runs, "--runs")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown:
+        p.error(f"--runs: {', '.join(unknown)} not runs of scripts/reproduce.py ({', '.join(RUNS)}).")
+    start, rows = time.perf_counter(), []
+    for run in runs:
+        row = benchmark.run_isolated(Path(__file__), [run, "--training-length", args.training_length, "--context",
+                                                      args.context, "--arch", args.arch, "--repeats", args.repeats])
+        if "skipped" in row:
+            raise SystemExit(f"{run}: {row['skipped']}")
+        print(f"{run}: eval {row['eval_time']:.2f}x, gen {row['gen_time']:.2f}x, cache {row['cache_64k']:.3f}x "
+              f"({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+        rows.append(row)
+    print(f"{args.arch}, l = {args.training_length}, {args.context:,} tokens, batch 1, fp32, "
+          f"{benchmark.thread_count()} threads; each design and its base in one process, measurements alternated\n")
+    print(table(rows))
+    if args.json_out:
+        report = {"provenance": provenance(wall_s=time.perf_counter() - start), "rows": rows}
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
