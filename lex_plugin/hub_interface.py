@@ -27,7 +27,7 @@ from fairseq.hub_utils import GeneratorHubInterface
 from torch import Tensor, nn
 
 from .data.text import BPE_MODEL, META_FILE
-from .evaluation.sampling import continue_ids, filter_logits
+from .generation import continue_ids, filter_logits
 from .modules.attention.spec import AttentionOptions, AttentionSpec
 from .modules.attention.window import AttentionWindow
 

@@ -34,7 +34,7 @@ def table(rows) -> str:
 
 
 def main():
-    from lex_plugin.experiments.provenance import provenance
+    from lex_plugin.provenance import provenance
     from lex_plugin.experiments.reproduce.catalogue import RUNS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

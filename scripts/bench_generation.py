@@ -45,7 +45,7 @@ def measure_one(mode: str, context: int, arch: str, training_length: int, steps:
     model, d, mode, _ = benchmark.bench_model(label, arch, training_length)
     tokens = torch.randint(d.nspecial, len(d), (1, context + 2 * steps))
     state: dict = {}
-    # one autocast region around the prefill and the steps, as the generation loop opens (sampling.continue_ids)
+    # one autocast region around the prefill and the steps, as the generation loop opens (generation.continue_ids)
     with torch.no_grad(), model.decoder.autocast_context(tokens.device):
         base = benchmark.rss_mb()
         start = time.perf_counter()

@@ -5,7 +5,7 @@ same weights, and against a transformers ``LlamaForCausalLM`` of the same size w
     python scripts/bench_hf_generate.py [--contexts 1024,16384] [--steps 64] [--mode full]
 
 For each (engine, context N), in a fresh process: a random lex_lm (``--arch``, l = ``--training-length``,
-vocabulary 8192, tied embeddings) is built; ``lex`` runs ``evaluation.sampling.continue_ids`` (what
+vocabulary 8192, tied embeddings) is built; ``lex`` runs ``generation.continue_ids`` (what
 ``lex generate`` and ``LexHubInterface.continue_tokens`` run: one parallel pass over the prompt, then one token
 per step through the key/value cache), ``hf`` runs ``generate()`` of the same weights written as a self-contained
 export and loaded with ``AutoModelForCausalLM.from_pretrained(trust_remote_code=True)`` (the export's own copy of
@@ -45,7 +45,7 @@ def build(engine: str, arch: str, training_length: int, mode: str, stamps: list)
     import torch
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
     from lex_plugin.models.builder import build_random_lm
     from lex_plugin.modules.attention import AttentionOptions
 

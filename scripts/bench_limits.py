@@ -13,7 +13,7 @@ step that brings its weights back into the caches and lets autocast cast them), 
 rounds; the median ms of each over its steps. Drift on a shared machine hits all alike:
 
 - ``lex`` (``full``, ``bca``, ``dca``, each in fp32 and under ``+bf16`` autocast): the step ``lex generate`` takes
-  (``evaluation.sampling.continue_ids``: the model called on the buffer so far with its cache, the last logits'
+  (``generation.continue_ids``: the model called on the buffer so far with its cache, the last logits'
   argmax), ``lex_lm_tiny`` with xPos;
 - ``eager`` (``full`` and ``bca``): :class:`EagerLM`, the minimal loop a reader would write for the same shape (4
   layers, C = 256, 4 heads, FFN 1,024, tied output, a preallocated key/value cache, RoPE on q and k from a precomputed
@@ -226,7 +226,7 @@ def markdown(report: dict) -> str:
 
 
 def main():
-    from lex_plugin.experiments.provenance import provenance
+    from lex_plugin.provenance import provenance
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", default="generation,prefill")

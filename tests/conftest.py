@@ -134,20 +134,22 @@ def _script(name: str):
 
 def _invoke(command, arguments, name, args, env) -> subprocess.CompletedProcess:
     """``command`` on ``arguments`` in this process, from the repository root, with this interpreter's scripts first on
-    PATH (``env``: more variables); the root logger a command configures (``logging.basicConfig(force=True)``) is put
-    back after it."""
+    PATH (``env``: more variables) and ``sys.argv`` the command line it would have had (a report's provenance reads
+    it); the root logger a command configures (``logging.basicConfig(force=True)``) is put back after it."""
     import logging
     import traceback
 
     from click.testing import CliRunner
 
-    root, cwd = logging.getLogger(), os.getcwd()
+    root, cwd, argv = logging.getLogger(), os.getcwd(), sys.argv
     handlers, level = root.handlers[:], root.level
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {})}
     os.chdir(REPO)
+    sys.argv = [name, *arguments]
     try:
         result = CliRunner().invoke(command, arguments, env=env, prog_name=name)
     finally:
+        sys.argv = argv
         os.chdir(cwd)
         root.handlers[:] = handlers
         root.setLevel(level)

@@ -274,7 +274,7 @@ def test_one_bf16_query_over_a_cache_view_equals_float64_attention(extra, keys, 
 def test_generation_opens_one_autocast_region(emulated_bf16, monkeypatch):
     """continue_ids under an autocast view opens one autocast region around all its steps (the fp32 weights are
     cast to bf16 once per generation, not at every step), and the tokens are those of per-step calls."""
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
     from lex_plugin.modules import decoder as decoder_module
 
     d = make_dictionary()

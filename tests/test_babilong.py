@@ -136,6 +136,9 @@ def test_lex_babilong_and_babilong_data(trained, data_bin, tmp_path, hub):
     assert proc.stdout.index("greedy exact match") < proc.stdout.index("ranking")
     assert "| qa1 | 0.17 | full |" in proc.stdout and "| qa4 | 0.17 | bca(32) |" in proc.stdout
     report = json.loads(out.read_text())
+    made = report["provenance"]  # a lex command's report says how it was made
+    assert made["command"].startswith("lex babilong ") and f"--json {out}" in made["command"]
+    assert made["seed"] == 0 and "cores" in made["device"] and made["wall_s"] > 0 and made["torch"]
     assert len(report["results"]) == 2 * 2 * 2 and all(r["trials"] == 2 and 0 < r["tokens"] <= r["length"]
                                                        for r in report["results"] if r["length"] > TRAIN_LEN)
     assert all(r["trials"] <= 2 for r in report["results"])  # at l = 64 stories may not fit: fewer trials, or "-"

@@ -74,6 +74,10 @@ def test_length_stratified_report_bca_sliding_and_plot(data_bin, trained, tmp_pa
     assert "| stream | bca(32) | 256 |" in out and "| fixed_target |" in out
     report = json.loads(report_path.read_text())
     assert report["training_length"] == TRAIN_LEN
+    # how the report was made: eval-lm's command line, this checkout's commit, the CPU, fairseq's seed, its wall time
+    made = report["provenance"]
+    assert "fairseq-eval-lm" in made["command"] and f"--report-json {report_path}" in made["command"]
+    assert len(made["commit"]) == 40 and "cores" in made["device"] and made["seed"] == 1 and made["wall_s"] > 0
     stream = [r for r in report["results"] if r["protocol"] == "stream"]
     assert {(r["window"], r["length"]) for r in stream} == {
         (w, L) for w in ("full", "bca(32)", "sliding(64)") for L in (64, 128, 256)

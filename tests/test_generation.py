@@ -42,7 +42,7 @@ def test_sampled_generation_scores_equal_the_parallel_forward(hub, mode):
     """The suite's model greedily repeats one token, so argmax checks see little of the context: sample instead
     (temperature 1, seeded: many distinct tokens) and compare every step's logits through the (bounded) cache with
     one parallel forward over the same sequence (1e-4)."""
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
 
     spec, model, steps = hub.spec_for(mode=mode), hub.models[0], []
 

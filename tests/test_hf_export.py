@@ -400,7 +400,7 @@ def test_lm_eval_ruler_scores_what_the_fairseq_model_writes(exports, tmp_path, h
     tok = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
     eos = hub.task.source_dictionary.eos()
     pad = hub.task.source_dictionary.pad()
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
 
     for path in out.rglob("samples_*.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]

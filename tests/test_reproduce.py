@@ -533,8 +533,8 @@ def _recorded_steps(tmp_path, monkeypatch, methods, record):
             done.parent.mkdir(parents=True, exist_ok=True)
             done.touch()
 
-    monkeypatch.setattr(reproduce, "Runner", RecordingRunner)
-    monkeypatch.setattr(reproduce, "write_results", lambda *a: "")
+    monkeypatch.setattr(reproduce.steps, "Runner", RecordingRunner)
+    monkeypatch.setattr(reproduce.steps, "write_results", lambda *a: "")
     data.mkdir()
     (data / "dict.txt").write_text("")
     o = reproduce.ReproduceOptions(arch="lex_lm_tiny", training_length=L, max_update=3, batch_size=4, lr="1e-3", seed=1, lengths=[L, 2 * L],
@@ -556,7 +556,7 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
             commands[key] = [str(c) for c in cmd]
             _write_grid_report(done, cmd, {})
 
-    monkeypatch.setattr(reproduce, "Runner", Recording)
+    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
     o = reproduce.ReproduceOptions(**{**o.as_json(), "max_update": 300, "methods": []})
     reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax", "rnope_swa", "gemma_5to1"], tmp_path, data)
     drope = commands["train rope_drope"]
@@ -615,7 +615,7 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
             commands[key] = [str(c) for c in cmd]
             _write_grid_report(done, cmd, valid)
 
-    monkeypatch.setattr(reproduce, "Runner", Recording)
+    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
     for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
         (work / bin_dir).mkdir(parents=True, exist_ok=True)
         (work / bin_dir / done).touch()
@@ -656,7 +656,7 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
     for row in rows["results"]:  # the structured mode stays "full" under a temperature
         row["attention"] = {"mode": "full", "logit_scale": 1.0 if row["length"] == L else 1.07}
     (tables / "length_report.json").write_text(json.dumps(rows))
-    collected = reproduce._collect(tmp_path / "tables", o, ["rope_drope", "rope_ssmax"]).recalibrated
+    collected = reproduce.results._collect(tmp_path / "tables", o, ["rope_drope", "rope_ssmax"]).recalibrated
     assert list(collected) == ["rope_drope"] and collected["rope_drope"]["choice"]["C"] == 0.1
     assert collected["rope_drope"]["ppl"] == {L: 50.0, 2 * L: 49.0}
     # a grid report made again that now chooses another C: refused, since the reports after it hold the old C
@@ -700,7 +700,7 @@ def _sink_token_steps(tmp_path, monkeypatch, probe_windows=()):
             done.parent.mkdir(parents=True, exist_ok=True)
             done.touch()
 
-    monkeypatch.setattr(reproduce, "Runner", Recording)
+    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
     for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE),
                           ("babilong-bin", "train.answers.npy")):
         (work / bin_dir).mkdir(parents=True, exist_ok=True)

@@ -213,7 +213,7 @@ def test_one_read_prompt_gives_what_two_fresh_reads_give(hub, filler, mode, sink
     forward over the whole sequence, and each candidate's log-probability equals a parallel forward over prompt and
     candidate (1e-5 nats), at 3l, under every kind of cache (bounded, sinks, raw keys of a position map). The context
     read once and continued by its question (read_context) gives the same, twice from the same context."""
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
 
     spec = hub.spec_for(mode=mode, sink_tokens=sinks)
     model, eos, pad = hub.models[0], hub.src_dict.eos(), hub.src_dict.pad()
@@ -250,7 +250,7 @@ def test_a_forked_state_and_its_source_continue_apart(hub):
     sampled tokens, each holds the keys of a fresh read of its own tokens (1e-5), not the other's (the two write the
     same buffer rows if they share buffers); continue_ids refuses a state that already holds the whole prompt."""
     from lex_plugin.evaluation.passkey import read_prompt
-    from lex_plugin.evaluation.sampling import continue_ids
+    from lex_plugin.generation import continue_ids
     from lex_plugin.modules.attention.kv_cache import fork_incremental_state
 
     model, eos, pad, spec = hub.models[0], hub.src_dict.eos(), hub.src_dict.pad(), hub.spec_for(mode="full")

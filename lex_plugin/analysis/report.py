@@ -152,7 +152,9 @@ def plot_receptive_field(report: dict, out: Path):
           "Receptive field (Chi et al., cumulative normalized gradient)", logx=True)
 
 
-def write_json(report: dict, path: Optional[Path]):
+def write_json(report: dict, path: Optional[Path], provenance: Optional[dict] = None):
+    """Write ``report`` as JSON to ``path`` (None: nothing), its parent made; with ``provenance`` (``lex_plugin.provenance``)
+    under the report's ``"provenance"`` key."""
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1))
+        path.write_text(json.dumps(report if provenance is None else {**report, "provenance": provenance}, indent=1))

@@ -102,13 +102,29 @@ def analysis_model(checkpoint, data, window: dict, evaluation_length=None):
                       bf16_autocast=bool(window.get("bf16_autocast")), device=command_device(window))
 
 
+def command_provenance() -> dict:
+    """The provenance of the running ``lex`` command's report (``lex_plugin.provenance``): its command line, the
+    code's commit, the device its model ran on (:func:`command_device` of its ``--cpu``), versions, its ``--seed``
+    where it has one, and the wall time since the command began."""
+    import time
+
+    from ..provenance import provenance
+    from .group import STARTED
+
+    ctx = click.get_current_context()
+    started = ctx.meta.get(STARTED)
+    return provenance(seed=ctx.params.get("seed"), wall_s=None if started is None else time.monotonic() - started,
+                      cuda=command_device(ctx.params).type == "cuda")
+
+
 def write_outputs(report, table, json_out, plot_out, plotter):
-    """An analysis command's results: ``table`` (markdown) echoed, ``report`` written as JSON to ``json_out`` and
+    """An analysis command's results: ``table`` (markdown) echoed, ``report`` written as JSON to ``json_out`` (with its
+    :func:`command_provenance`) and
     drawn by ``plotter(report, plot_out)`` where those paths are given (None: skipped), each path echoed."""
     from ..analysis.report import write_json
 
     click.echo(table)
-    write_json(report, json_out)
+    write_json(report, json_out, provenance=command_provenance() if json_out else None)
     if plot_out:
         plotter(report, plot_out)
     for label, path in (("JSON", json_out), ("plot", plot_out)):
@@ -118,12 +134,12 @@ def write_outputs(report, table, json_out, plot_out, plotter):
 
 def probe_outputs(report: dict, json_out, plot_out, draw, plots_shown=None):
     """A probe's files: the plot first (``draw(plot_out)``; the JSON is what a resumed run, scripts/reproduce.py,
-    takes as done), then the JSON; each path echoed (``plots_shown``: how to name several PNGs)."""
+    takes as done), then the JSON with its :func:`command_provenance`; each path echoed (``plots_shown``: how to name several PNGs)."""
     from ..analysis.report import write_json
 
     if plot_out:
         draw(plot_out)
-    write_json(report, json_out)
+    write_json(report, json_out, provenance=command_provenance() if json_out else None)
     for label, path in (("JSON", json_out), ("plot", plots_shown or plot_out)):
         if path:
             click.echo(f"{label} -> {path}")

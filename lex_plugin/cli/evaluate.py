@@ -10,8 +10,8 @@ import click
 
 from ..modules.positions.xpos import GAMMA, SCALE_BASE
 from ..options import given_flags, parse_int_list
-from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, data_and_rest,
-                     key_token_options, load_hub, window_options, write_outputs)
+from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, command_provenance,
+                     data_and_rest, key_token_options, load_hub, window_options, write_outputs)
 from .group import main
 
 
@@ -171,7 +171,7 @@ def score_cmd(checkpoint, data_option, paths, json_out, longppl, key_token_model
     if rule is not None:
         report["longppl"] = {"evaluator": str(key_token_model or checkpoint), "window": "full",
                              **rule.resolve((evaluator or hub).training_length or hub.training_length).to_dict()}
-    write_json(report, json_out)
+    write_json(report, json_out, provenance=command_provenance() if json_out else None)
     if json_out:
         click.echo(f"JSON -> {json_out}")
 

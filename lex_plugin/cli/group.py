@@ -1,8 +1,11 @@
 """The ``lex`` command group (click); each command family registers its commands on it."""
 
 import logging
+import time
 
 import click
+
+STARTED = "lex_plugin.started"  # the click context's meta key: when the command began (time.monotonic())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -13,3 +16,4 @@ def main():
     # stdout, the log to stderr
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, force=True)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
+    click.get_current_context().meta[STARTED] = time.monotonic()  # a report's wall time counts from here

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .provenance import provenance
+from ..provenance import provenance
 from .recipe import PLUGIN_DIR, fairseq_train_command
 from .reproduce.catalogue import LABELS
 from .reproduce.commands import eval_command as reproduce_eval_command

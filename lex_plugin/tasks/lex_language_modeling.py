@@ -34,6 +34,7 @@
 
 import json
 import logging
+import time
 import weakref
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from ..data.stream import split_stream
 from ..evaluation.length_eval import evaluate_fixed_target, evaluate_lengths, format_table
 from ..evaluation.longppl import KEY_TOKEN_FLAGS, key_token_rule
+from ..provenance import provenance
 from ..modules.attention.flags import ATTENTION_FLAGS, ATTENTION_MODES, AttentionFlag
 from ..modules.attention.spec import AttentionOptions
 from ..options import parse_int_list, parse_name_list
@@ -159,6 +161,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
+        self.started = time.monotonic()  # the report's wall time counts from the task's set-up
         self.attention_options = AttentionOptions.from_flags(args)
         self.attention_options.check_modes(self.modes)
         self.eval_lengths = parse_int_list(args.eval_lengths, "--eval-lengths")
@@ -238,7 +241,8 @@ class LexLanguageModelingTask(LanguageModelingTask):
         block by block through the bounded cache), print the table, write ``--report-json``.
 
         Returns:
-            The report: split, split_tokens, training_length, results (loss in bits, ppl, buckets).
+            The report: split, split_tokens, training_length, results (loss in bits, ppl, buckets), provenance
+            (``lex_plugin.provenance``: command, commit, device, versions, seed, wall time since the task's set-up).
 
         Raises:
             ValueError: more than one model, a length past the model's ``max_positions()`` (learned absolute
@@ -290,6 +294,8 @@ class LexLanguageModelingTask(LanguageModelingTask):
                   "data": self.args.data, "results": [r.to_dict() for r in results]}
         if longppl is not None:
             report["longppl"] = longppl
+        report["provenance"] = provenance(seed=getattr(self.args, "seed", None), wall_s=time.monotonic() - self.started,
+                                          cuda=next(model.parameters()).is_cuda)
         if self.args.report_json:
             Path(self.args.report_json).parent.mkdir(parents=True, exist_ok=True)
             Path(self.args.report_json).write_text(json.dumps(report, indent=2))

@@ -31,7 +31,7 @@ from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
 from ..journal import CellJournal
 from ..passkey import CandidateScores, ReadPrompt, read_context, read_prompt, score_continuations
-from ..sampling import continue_ids
+from ...generation import continue_ids
 from .tasks import DEPTHLESS, TASKS, make_sample
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def answer_query(model, prompt: Tensor, candidates: Sequence[Tensor], answer_tok
     """One query of a probe, its prompt read once (``</s>`` put first, :func:`~lex_plugin.evaluation.passkey.read_prompt`)
     and continued twice: the candidates are scored over its caches, which they leave as they were
     (:func:`~lex_plugin.evaluation.passkey.score_continuations`), then greedy decoding writes ``answer_tokens`` +
-    GREEDY_SLACK ids on the caches themselves (:func:`~lex_plugin.evaluation.sampling.continue_ids`).
+    GREEDY_SLACK ids on the caches themselves (:func:`~lex_plugin.generation.continue_ids`).
 
     Args:
         prompt: (P,) int64 context and question, or the question alone when ``context`` is given (the sample's context

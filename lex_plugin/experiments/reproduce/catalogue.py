@@ -6,7 +6,7 @@ from typing import Dict, List, Sequence
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
            "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RECALIBRATED", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
-           "WINDOW_LABEL", "methods_of"]
+           "WINDOW_LABEL", "drope_start", "is_design", "methods_of"]
 
 # name -> (fairseq-train arguments, role). "main" runs are the paper's Table 2 baselines; "ablation" runs
 # are Table 4's xPos variants (zeta = 1 is RoPE, which the main runs already hold); "random" runs train with
@@ -179,3 +179,13 @@ def methods_of(run: str, methods: Sequence[str]) -> List[str]:
         return []
     rotary_only = {m for m, spec in METHODS.items() if spec[3]} | {"passkey_finetuned_scaled"}
     return [m for m in methods if m not in rotary_only or run in ROTARY_RUNS]
+
+
+def is_design(role: str) -> bool:
+    """Whether a run's role (:data:`RUNS`) is a trained design, whose fine-tuned passkey is also probed at 16l."""
+    return role in ("design", "drope")
+
+
+def drope_start(max_update: int) -> int:
+    """The update from which a DroPE run trains without positions: the last :data:`DROPE_FRACTION` of ``max_update``."""
+    return max_update - max(1, round(DROPE_FRACTION * max_update))

@@ -56,7 +56,7 @@ def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequ
 
 
 def markdown_recalibration(recalibrated: Dict[str, dict], ppl, lengths: Sequence[int], l: int) -> str:
-    """Markdown tables of DroPE's recalibration (``reproduce._recalibrate``): the valid perplexity at the longest length
+    """Markdown tables of DroPE's recalibration (``reproduce.steps._recalibrate``): the valid perplexity at the longest length
     under each C of the grid, the chosen C bold; then each run's test perplexity by length under full attention without
     (its length report) and with the chosen C, and ppl(L_max) / ppl(l).
 

@@ -271,7 +271,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ``scripts/bench_design_costs.py`` report: evaluation and generation time at ``context``, the cache at 64k, each over
     the base model's measured in the same process; None: not measured).
     With ``recalibrated``, a DroPE run's figures under its recalibration (the same files in
-    WORK/runs/NAME/recalibrated/, ``reproduce._recalibrate``; labelled with its C): the time ratios stay the run's,
+    WORK/runs/NAME/recalibrated/, ``reproduce.steps._recalibrate``; labelled with its C): the time ratios stay the run's,
     since the temperature is one multiplication of the queries.
 
     Raises:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..modules.attention.spec import AttentionSpec
+from .modules.attention.spec import AttentionSpec
 
 __all__ = ["continue_ids", "filter_logits"]
 

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 __all__ = ["UNKNOWN", "code_commit", "device_name", "provenance"]
 
 UNKNOWN = "unknown"
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 
 
 def code_commit(repo: Path = _REPO) -> dict:

@@ -1,0 +1,30 @@
+"""A report's provenance (lex_plugin.provenance): the checkout's commit and whether it is dirty, read from git against
+git itself; "unknown" outside a checkout, never a guess; the device in words; every field a report records."""
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+from lex_plugin.provenance import UNKNOWN, code_commit, device_name, provenance
+
+
+def test_the_commit_is_gits_own_and_unknown_outside_a_checkout(tmp_path):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    assert code_commit() == {"commit": head, "dirty": bool(status)} and re.fullmatch(r"[0-9a-f]{40}", head)
+    assert code_commit(tmp_path) == {"commit": UNKNOWN, "dirty": UNKNOWN}
+
+
+def test_a_report_records_command_device_versions_seed_and_wall_time():
+    import torch
+
+    record = provenance(["lex", "passkey", "--path", "a b.pt"], seed=3, wall_s=12.345, cuda=False)
+    assert set(record) == {"command", "commit", "dirty", "device", "torch", "python", "seed", "date", "wall_s"}
+    assert record["command"] == "lex passkey --path 'a b.pt'" and record["seed"] == 3 and record["wall_s"] == 12.3
+    assert record["torch"] == torch.__version__ and record["python"] == sys.version.split()[0]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"])
+    assert record["device"] == device_name(False) and re.search(r", \d+ cores$", record["device"])
+    assert provenance([], cuda=False)["wall_s"] is None
