@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
-from lex_plugin.experiments.reproduce.tables import flat_and_retrieving_row
+from lex_plugin.experiments.reproduce.probe_tables import flat_and_retrieving_row
 from lex_plugin.options import parse_name_list
 
 

@@ -91,7 +91,7 @@ def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
     data = json.loads(rows.read_text())
     assert len({(r["run"], r["method"]) for r in data["rows"]}) == len(data["rows"]) == 58
     from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
-    from lex_plugin.experiments.reproduce.tables import wilson_interval
+    from lex_plugin.experiments.reproduce.probe_tables import wilson_interval
 
     every = [{**r, "passkey": r["retrieved"] / r["trials"], "interval": wilson_interval(r["retrieved"], r["trials"])}
              for r in data["rows"]]

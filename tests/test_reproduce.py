@@ -298,7 +298,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
 
 
 def test_ruler_table_reads_lex_ruler_reports():
-    from lex_plugin.experiments.reproduce.tables import markdown_ruler
+    from lex_plugin.experiments.reproduce.probe_tables import markdown_ruler
 
     def cell(task, window, length, depth, score, trials=2):
         return {"task": task, "window": window, "length": length, "depth": depth, "distractors": 9, "trials": trials,
@@ -319,7 +319,7 @@ def test_flat_and_retrieving_verdicts(tmp_path):
     """The verdict table reads perplexity ratios and passkey accuracy at 8l by structured mode (log-n rows
     apart; methods with other arguments unprobed), and names the rows that are both flat and retrieving."""
     from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
-    from lex_plugin.experiments.reproduce.tables import flat_and_retrieving, markdown_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.probe_tables import flat_and_retrieving, markdown_flat_and_retrieving
 
     l, lengths = 16, [16, 32, 256]
     ppl = {"rope": {"full": {16: 10.0, 256: 15.0}, "bca": {16: 10.0, 256: 9.9}, "rerope": {16: 10.0, 256: 10.1},
@@ -350,7 +350,7 @@ def test_flat_and_retrieving_verdicts(tmp_path):
 
 def test_wilson_interval_matches_published_values():
     """The 95% Wilson score interval against values computed by hand from Wilson (1927): 42/50, 50/50, 0/10."""
-    from lex_plugin.experiments.reproduce.tables import wilson_interval
+    from lex_plugin.experiments.reproduce.probe_tables import wilson_interval
 
     assert wilson_interval(42, 50) == pytest.approx((0.7149, 0.9166), abs=1e-4)
     assert wilson_interval(50, 50) == pytest.approx((0.9287, 1.0), abs=1e-4)
@@ -461,7 +461,7 @@ def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypat
 def test_far_context_verdicts():
     """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) / LongPPL(l), retrieves from BABILong-lite's greedy
     accuracy at 8l (mean over the tasks that fitted) against 0.5 and 0.9 x the window's own at l; undecided without it."""
-    from lex_plugin.experiments.reproduce.tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
+    from lex_plugin.experiments.reproduce.probe_tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
 
     def row(mode, length, ppl, longppl):
         return {"window": mode, "attention": {"mode": mode}, "length": length, "protocol": "stream", "ppl": ppl,
@@ -801,7 +801,7 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
 
 
 def test_a_flat_and_retrieving_row_needs_both_counts_or_neither():
-    from lex_plugin.experiments.reproduce.tables import flat_and_retrieving_row
+    from lex_plugin.experiments.reproduce.probe_tables import flat_and_retrieving_row
 
     row = flat_and_retrieving_row("rope", "rerope", 1.004, 9, 10)
     assert (row["passkey"], row["flat"], row["retrieves"]) == (0.9, True, True) and row["interval"][0] < 0.9 < row["interval"][1]

@@ -48,12 +48,12 @@ def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path
 
 def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
     """Write the PNG ``out``: a ranked dot chart, one row per window or method and checkpoint with a passkey result
-    (``tables.flat_and_retrieving`` rows), its name as the row's label; left panel ppl(L_max) / ppl(l), right panel
+    (``probe_tables.flat_and_retrieving`` rows), its name as the row's label; left panel ppl(L_max) / ppl(l), right panel
     passkey accuracy at 8l with its 95% Wilson interval, the flat and retrieving thresholds as lines, the colour the
     checkpoint. Rows ranked by accuracy, then by flatness: every label has a line of its own, however many
     methods. Returns False (and writes nothing) when no row has a passkey result."""
     from ...plotting import figure
-    from .tables import FLAT_RATIO, RETRIEVAL
+    from .probe_tables import FLAT_RATIO, RETRIEVAL
 
     points = sorted((r for r in rows if r["passkey"] is not None), key=lambda r: (r["passkey"], -r["ratio"]))
     if not points:

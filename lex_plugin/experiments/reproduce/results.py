@@ -12,10 +12,10 @@ from .catalogue import (BABILONG_FINETUNE, BABILONG_REPORT, LONGPPL_PROBE, LONGP
 from .options import ReproduceOptions
 from .plots import plot_budgets, plot_flat_and_retrieving, plot_ppl
 from .runner import fmt_time
-from .tables import (check_claims, check_magnitudes, far_context, flat_and_retrieving, markdown_babilong, markdown_budgets,
-                     markdown_claims, markdown_far_context, markdown_flat_and_retrieving, markdown_longppl,
-                     markdown_magnitudes, markdown_methods, markdown_passkey, markdown_ppl, markdown_recalibration,
-                     markdown_resolution, markdown_ruler, ppl_table)
+from .probe_tables import (far_context, flat_and_retrieving, markdown_babilong, markdown_far_context,
+                           markdown_flat_and_retrieving, markdown_longppl, markdown_ruler)
+from .tables import (check_claims, check_magnitudes, markdown_budgets, markdown_claims, markdown_magnitudes, markdown_methods,
+                     markdown_passkey, markdown_ppl, markdown_recalibration, markdown_resolution, ppl_table)
 
 
 

@@ -201,7 +201,7 @@ def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
     Raises:
         ValueError: rows of one length under different temperatures (the verdict would add them up).
     """
-    from .tables import _passkey_mode
+    from .probe_tables import _passkey_mode
 
     out: Dict[int, List[dict]] = {}
     for r in (report or {}).get("results", []):
