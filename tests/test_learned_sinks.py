@@ -14,6 +14,7 @@ import torch
 from conftest import build_lex_model, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, LexSelfAttention, attend, plan
 from lex_plugin.modules.attention.position_map import position_map_from_options
+from lex_plugin.modules.designs import LearnedSinks
 from lex_plugin.modules.positions import ALiBi, NoPositions, XPos
 
 L = 16
@@ -42,7 +43,7 @@ def _reference(attn, x, window):
                                            (AttentionWindow.chunked(L), 16 * L)], ids=str)
 def test_learned_sinks_equal_an_extra_softmax_column_in_float64_with_their_gradient(window, length):
     torch.manual_seed(0)
-    attn = LexSelfAttention(64, 4, learned_sinks=True)
+    attn = LexSelfAttention(64, 4, designs=[LearnedSinks()])
     assert torch.equal(attn.sink_logits, torch.zeros(4))  # started at 0
     with torch.no_grad():
         attn.sink_logits.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))  # per head; 4 takes most of a short row

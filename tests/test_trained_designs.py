@@ -12,6 +12,7 @@ import torch
 from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.attention.position_map import ReRoPE
+from lex_plugin.modules.designs import QKNorm, SSMax
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.scheme import NoPositions
 
@@ -47,7 +48,7 @@ def _qk_norm_reference(attn: LexSelfAttention, x: torch.Tensor, scheme, window: 
                                            (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
 def test_qk_norm_equals_its_formula_in_float64_with_its_gradients(scheme, window, length):
     torch.manual_seed(0)
-    attn = LexSelfAttention(64, 4, qk_norm=True)
+    attn = LexSelfAttention(64, 4, designs=[QKNorm()])
     with torch.no_grad():  # weights away from their initial ones, so that a missing weight shows
         attn.q_norm.weight.uniform_(0.5, 2.0)
         attn.k_norm.weight.uniform_(0.5, 2.0)
@@ -68,7 +69,7 @@ def test_qk_norm_equals_its_formula_in_float64_with_its_gradients(scheme, window
 def test_qk_norm_changes_the_logits_and_stays_off_by_default():
     plain = build_lex_model(tokens_per_sample=L, seed=3)
     normed = build_lex_model(tokens_per_sample=L, seed=3, qk_norm=True)
-    assert plain.decoder.layers[0].self_attn.q_norm is None
+    assert not hasattr(plain.decoder.layers[0].self_attn, "q_norm") and not plain.decoder.designs
     names = {n for n, _ in normed.named_parameters()} - {n for n, _ in plain.named_parameters()}
     assert names == {f"decoder.layers.{i}.self_attn.{w}_norm.weight" for i in range(4) for w in "qk"}
     tokens = random_tokens(plain.decoder.dictionary, 1, 20)
@@ -144,7 +145,7 @@ def _ssmax_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionW
                                            (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
 def test_ssmax_equals_its_formula_in_float64_with_the_gradient_of_s(window, length):
     torch.manual_seed(1)
-    attn = LexSelfAttention(64, 4, ssmax_length=L)
+    attn = LexSelfAttention(64, 4, designs=[SSMax(L)])
     assert torch.allclose(attn.ssmax, torch.full((4,), 1 / math.log(L)))  # 1 at n = l
     with torch.no_grad():
         attn.ssmax.uniform_(0.2, 0.6)  # per head, away from the initial value
@@ -289,7 +290,7 @@ def _tuned_reference(attn: LexSelfAttention, x: torch.Tensor, window: AttentionW
 
 
 def test_temperature_tuning_is_llama4s_formula():
-    from lex_plugin.modules.attention.temperature import TemperatureTuning
+    from lex_plugin.modules.designs import TemperatureTuning
 
     tuning = TemperatureTuning(0.1, 8192)
     p = torch.tensor([0, 8190, 8191, 16382, 16383, 10**9])
@@ -306,10 +307,10 @@ def test_temperature_tuning_is_llama4s_formula():
 @pytest.mark.parametrize("window,length", [(AttentionWindow.full(), L), (AttentionWindow.full(), 4 * L),
                                            (AttentionWindow.bca(L), 4 * L), (AttentionWindow.sliding(L), 16 * L)], ids=str)
 def test_temperature_tuning_equals_its_formula_in_float64(scheme, window, length):
-    from lex_plugin.modules.attention.temperature import TemperatureTuning
+    from lex_plugin.modules.designs import TemperatureTuning
 
     torch.manual_seed(3)
-    attn = LexSelfAttention(64, 4, temperature_tuning=TemperatureTuning(0.5, L // 2))
+    attn = LexSelfAttention(64, 4, designs=[TemperatureTuning(0.5, L // 2)])
     x = torch.randn(2, length, 64)
     got = attn(x, scheme=scheme, spec=AttentionSpec(window))
     expected = _tuned_reference(attn, x, window, 0.5, L // 2, scheme)
@@ -322,10 +323,10 @@ def test_temperature_tuning_equals_its_formula_in_float64(scheme, window, length
 
 def test_temperature_tuning_follows_per_sample_positions():
     """Randomized positions at training: each sample's queries are scaled at their own positions (B, T)."""
-    from lex_plugin.modules.attention.temperature import TemperatureTuning
+    from lex_plugin.modules.designs import TemperatureTuning
 
     torch.manual_seed(4)
-    attn = LexSelfAttention(64, 4, temperature_tuning=TemperatureTuning(0.5, 8))
+    attn = LexSelfAttention(64, 4, designs=[TemperatureTuning(0.5, 8)])
     x = torch.randn(2, 20, 64)
     positions = torch.stack([torch.arange(20) * 3, torch.arange(20) + 40])
     got = attn(x, spec=AttentionSpec(AttentionWindow.full()), positions=positions)

@@ -63,6 +63,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     """
     from ..models.lex_lm import build_decoder_config
     from ..modules.decoder import symbols_digest
+    from ..modules.designs import DESIGN_OPTIONS
     from ..modules.positions.absolute import _learned_size
     from ..modules.positions.scheme import get_scheme, scheme_option_values
 
@@ -89,6 +90,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     return LexConfig(
         **{hf: getattr(decoder, name) for name, hf in HF_NAMES.items()},
         **{hf: not getattr(decoder, name) for name, hf in NEGATED_HF_NAMES.items()},
+        **{name: getattr(decoder, name) for name in DESIGN_OPTIONS},
         position_options=position_options, attention=_attention_fields(options), dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
         pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(), max_position_embeddings=max_position_embeddings,
     )

@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional
 
 from transformers import PretrainedConfig
 
+from ..modules.designs import DESIGN_OPTIONS
+
 __all__ = ["HF_NAMES", "LexConfig", "MODEL_TYPE", "NEGATED_HF_NAMES"]
 
 MODEL_TYPE = "lex_lm"
@@ -32,15 +34,11 @@ HF_NAMES = {
     "subln": "subln",
     "layernorm_embedding": "layernorm_embedding",
     "layer_pattern": "layer_pattern",
-    "qk_norm": "qk_norm",
-    "learned_sinks": "learned_sinks",
     "sink_token": "sink_token",
-    "ssmax": "ssmax",
-    "temperature_tuning_beta": "temperature_tuning_beta",
-    "temperature_tuning_floor": "temperature_tuning_floor",
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
+# (every registered design's options keep their names: ``modules.designs.DESIGN_OPTIONS``)
 # the same for the fields whose meaning is inverted: TorchScale says what is off, transformers what is on
 NEGATED_HF_NAMES = {"no_scale_embedding": "scale_embedding"}
 
@@ -59,12 +57,10 @@ class LexConfig(PretrainedConfig):
             attention as trained).
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
         layer_pattern: each layer's positions and trained window (``--layer-pattern``; None: every layer global).
-        qk_norm: RMSNorm of each head's queries and keys before the position scheme (``--qk-norm``).
-        learned_sinks: a learned sink logit per layer and head in every softmax (``--learned-sinks``, gpt-oss).
         sink_token: a learned token before every sequence (``--sink-token``, StreamingLLM's pre-training sink).
-        ssmax: Scalable-Softmax, queries times a learned s_h log(n) (``--ssmax``).
-        temperature_tuning_beta, temperature_tuning_floor: Llama 4's temperature tuning (``--temperature-tuning-beta``,
-            ``--temperature-tuning-floor``; 0 / None: off, F = training_length).
+        **kwargs: every registered design's options under their own names (``modules.designs.DESIGN_OPTIONS``:
+            ``qk_norm``, ``ssmax``, ``learned_sinks``, ``temperature_tuning_beta`` ...; missing: the design's default),
+            then transformers' own.
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
         use_cache: ``forward`` returns a :class:`~lex_plugin.hf.modeling.LexCache` unless told otherwise.
@@ -95,12 +91,7 @@ class LexConfig(PretrainedConfig):
         subln: bool = False,
         layernorm_embedding: bool = False,
         layer_pattern: Optional[str] = None,
-        qk_norm: bool = False,
-        learned_sinks: bool = False,
         sink_token: bool = False,
-        ssmax: bool = False,
-        temperature_tuning_beta: float = 0.0,
-        temperature_tuning_floor: Optional[int] = None,
         scale_embedding: bool = True,
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
@@ -131,12 +122,9 @@ class LexConfig(PretrainedConfig):
         self.subln = subln
         self.layernorm_embedding = layernorm_embedding
         self.layer_pattern = layer_pattern
-        self.qk_norm = qk_norm
-        self.learned_sinks = learned_sinks
         self.sink_token = sink_token
-        self.ssmax = ssmax
-        self.temperature_tuning_beta = temperature_tuning_beta
-        self.temperature_tuning_floor = temperature_tuning_floor
+        for name, option in DESIGN_OPTIONS.items():
+            setattr(self, name, kwargs.pop(name, option.default))
         self.scale_embedding = scale_embedding
         self.dictionary_digest = dictionary_digest
         self.use_cache = use_cache
@@ -153,6 +141,7 @@ class LexConfig(PretrainedConfig):
         config = SimpleNamespace(
             **{name: getattr(self, hf) for name, hf in HF_NAMES.items()},
             **{name: not getattr(self, hf) for name, hf in NEGATED_HF_NAMES.items()},
+            **{name: getattr(self, name) for name in DESIGN_OPTIONS},
             dropout=0.0, drop_path_rate=0.0, attention_dropout=0.0, activation_dropout=0.0, random_positions=0,
         )
         for name in SCHEME_OPTIONS:

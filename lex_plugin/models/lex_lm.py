@@ -22,6 +22,7 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torchscale.architecture.config import DecoderConfig
 
+from ..modules.designs import DESIGN_OPTIONS, DESIGNS, DesignOption
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS, SchemeOption
 from ..modules.layer_pattern import parse_layer_pattern
 from ..modules.positions.scheme import get_scheme, scheme_option_values, scheme_owners
@@ -70,22 +71,6 @@ class LexModelOptions(FairseqDataclass):
         metadata={"help": "DroPE: from this update on, train (and evaluate) with the rotary positions dropped (NoPE), "
                           "e.g. the last ~12%% of --max-update; rope / xpos only; 0: off"},
     )
-    ssmax: bool = field(
-        default=False,
-        metadata={"help": "Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), n the keys a query sees, "
-                          "s_h learned, starting at 1 / log(l)"},
-    )
-    temperature_tuning_beta: float = field(
-        default=0.0,
-        metadata={"help": "Llama 4's attention temperature tuning: each query times 1 + beta log1p(floor((p + 1) / F)) "
-                          "at its position p, at training and evaluation (Llama 4: beta 0.1 on its NoPE layers; here "
-                          "every layer, or the global layers of a --layer-pattern); 0: off"},
-    )
-    temperature_tuning_floor: Optional[int] = field(
-        default=None,
-        metadata={"help": "F of --temperature-tuning-beta, in positions (Llama 4: 8192, its training length); "
-                          "default: --tokens-per-sample"},
-    )
     layer_pattern: Optional[str] = field(
         default=None,
         metadata={"help": "each layer's positions and trained window, repeated over the depth: SCHEME/WINDOW[*N],... with "
@@ -99,16 +84,6 @@ class LexModelOptions(FairseqDataclass):
                           "sample, at training and evaluation alike; --sink-tokens 1 keeps it visible under --bca or "
                           "--sliding-window"},
     )
-    learned_sinks: bool = field(
-        default=False,
-        metadata={"help": "gpt-oss's attention sinks: a learned logit per layer and head that joins every softmax's "
-                          "denominator with no value (the sink takes a share of the attention and gives nothing back)"},
-    )
-    qk_norm: bool = field(
-        default=False,
-        metadata={"help": "QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and keys before the position "
-                          "scheme, one learned weight of the head dimension for each"},
-    )
     # The training length, recorded in the checkpoint for blockwise causal attention at evaluation.
     tokens_per_sample: int = II("task.tokens_per_sample")
 
@@ -120,10 +95,18 @@ def _scheme_option_field(option: SchemeOption):
             field(default=None, metadata={"help": f"{option.help} (--pos-emb {owners}; default {default})"}))
 
 
-# The model's options: the shared ones and every registered scheme's own (None: not given, the scheme's
-# default applies; given to another scheme: refused, ``scheme_option_values``), assembled from the registry.
+def _design_option_field(option: DesignOption):
+    return (option.name, Optional[option.type] if option.default is None else option.type,
+            field(default=option.default, metadata={"help": option.help.replace("%", "%%")}))
+
+
+# The model's options: the shared ones, every registered scheme's own (None: not given, the scheme's default applies;
+# given to another scheme: refused, ``scheme_option_values``) and every registered design's, assembled from the
+# two registries.
 LexLanguageModelConfig = make_dataclass(
-    "LexLanguageModelConfig", [_scheme_option_field(o) for o in SCHEME_OPTIONS.values()], bases=(LexModelOptions,)
+    "LexLanguageModelConfig",
+    [_scheme_option_field(o) for o in SCHEME_OPTIONS.values()] + [_design_option_field(o) for o in DESIGN_OPTIONS.values()],
+    bases=(LexModelOptions,),
 )
 LexLanguageModelConfig.__module__ = __name__  # (make_dataclass says "types": pickling would fail)
 LexLanguageModelConfig.__doc__ = (
@@ -159,13 +142,11 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
-    config.qk_norm = bool(safe_getattr(cfg, "qk_norm", False))
-    config.learned_sinks = bool(safe_getattr(cfg, "learned_sinks", False))
     config.sink_token = bool(safe_getattr(cfg, "sink_token", False))  # not DecoderConfig fields: attributes, as pos_emb
-    config.ssmax = bool(safe_getattr(cfg, "ssmax", False))
     config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
-    config.temperature_tuning_beta = float(safe_getattr(cfg, "temperature_tuning_beta", 0.0) or 0.0)
-    config.temperature_tuning_floor = safe_getattr(cfg, "temperature_tuning_floor", None)
+    for name, option in DESIGN_OPTIONS.items():  # every design's options, as given (its default where not)
+        value = safe_getattr(cfg, name, None)
+        setattr(config, name, option.default if value is None else option.type(value))
     config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 
@@ -292,9 +273,9 @@ class LexLanguageModel(FairseqLanguageModel):
         if not _positions_unused(args):  # a pattern without positions records none: none was given, none applies
             for name, value in scheme_option_values(str(args.pos_emb), args).items():
                 setattr(args, name, value)  # the checkpoint records the values the scheme was built with
-        if (safe_getattr(args, "temperature_tuning_beta", 0.0) and safe_getattr(args, "temperature_tuning_floor", None) is None
-                and safe_getattr(args, "tokens_per_sample", None)):
-            args.temperature_tuning_floor = int(args.tokens_per_sample)  # F recorded: a later l (fine-tuning) keeps it
+        for design in DESIGNS.values():  # the values a design resolved, recorded in the checkpoint
+            if design.record is not None:
+                design.record(args)
         config = build_decoder_config(args, len(task.target_dictionary))
         embed_tokens = build_embedding(task.source_dictionary, args.decoder_embed_dim)
         if args.share_decoder_input_output_embed and task.source_dictionary != task.target_dictionary:

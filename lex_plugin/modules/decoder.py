@@ -25,6 +25,7 @@ from .attention.self_attention import NOPE, IncrementalState
 from .attention.spec import FULL_SPEC, AttentionSpec
 from .autocast import AUTOCAST_DTYPES, autocast, check_autocast
 from .decoder_layer import LexDecoderLayer
+from .designs import build_designs
 from .layer_pattern import LayerKind, parse_layer_pattern
 from .padding import check_left_padding
 from .positions import PositionScheme, build_positions, get_scheme
@@ -84,9 +85,8 @@ class DecoderStack:
         self.pos_emb = config.pos_emb
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
-        self.ssmax = bool(getattr(config, "ssmax", False))  # queries carry a learned s log(n): --logn is refused
-        # Llama 4's temperature tuning: queries sharpen with their position already; --logn is refused too
-        self.temperature_tuned = bool(getattr(config, "temperature_tuning_beta", 0.0))
+        # the trained designs this model has (modules.designs), each with what it does in a layer
+        self.designs = build_designs(config)
         # DroPE: positions used for the updates before drope_start, dropped (NoPE) from it on; fairseq tells the
         # update through set_num_updates (each training step, and when it loads a checkpoint)
         self.drope_start = int(getattr(config, "drope_start", 0) or 0)
@@ -111,8 +111,10 @@ class DecoderStack:
         if self.layer_kinds is not None:
             self._check_pattern(config)
         kinds = self.layer_kinds or (LayerKind(),) * config.decoder_layers
-        self.layers = nn.ModuleList(LexDecoderLayer(config, i, global_attention=kinds[i].is_global)
-                                    for i in range(config.decoder_layers))
+        self.layers = nn.ModuleList(
+            LexDecoderLayer(config, i, designs=[layer for design, layer in self.designs
+                                                if kinds[i].is_global or not design.global_only])
+            for i in range(config.decoder_layers))
         # a local layer's spec is its trained window, whatever the call's (layer_spec)
         self._local_specs = tuple(None if k.is_global else AttentionSpec(window=k.window) for k in kinds)
         self._spec = self.check_spec(spec)
@@ -145,9 +147,10 @@ class DecoderStack:
         if self.random_positions and not all(k.is_global for k in self.layer_kinds):
             raise ValueError(f"{name}: --random-positions places positions by sample over full attention; a local "
                              "window needs the ordinary positions. Drop one of the two.")
-        if self.temperature_tuned and all(not k.is_global for k in self.layer_kinds):
-            raise ValueError(f"{name}: --temperature-tuning-beta tunes the global layers of a pattern, and this one has "
-                             "none; add a */full entry or drop the option.")
+        for design, _ in self.designs:
+            if design.global_only and all(not k.is_global for k in self.layer_kinds):
+                raise ValueError(f"{name}: {design.options[0].flag} acts in the global layers of a pattern, and this one "
+                                 "has none; add a */full entry or drop the option.")
         logger.info("layer pattern: %s", ", ".join(k.describe(self.pos_emb) for k in self.layer_kinds))
 
     def _scale_init(self, config):
@@ -324,7 +327,7 @@ class DecoderStack:
             TypeError: not an :class:`AttentionSpec`.
             ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
-                not translation-invariant; log-n on learned positions or on an SSMax model.
+                not translation-invariant; log-n on learned positions or on a model whose design refuses it (``DesignSpec.refuses_logn``).
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
@@ -353,13 +356,9 @@ class DecoderStack:
                                  "distances. Use rerope, self_extend or dca with bias schemes.")
             if not all(scheme.translation_invariant for scheme in self.positions):
                 raise ValueError(f"{name} needs a translation-invariant scheme (logits a function of n - m).")
-        if spec.logn and self.ssmax:
-            raise ValueError("--logn on an SSMax model (--ssmax): its queries already carry a learned s log(n); a second "
-                             "log-n factor would scale them twice. Evaluate it without --logn.")
-        if spec.logn and self.temperature_tuned:
-            raise ValueError("--logn on a model trained with Llama 4's temperature tuning (--temperature-tuning-beta): its "
-                             "queries already sharpen with their position past l; a log-n factor would scale them twice. "
-                             "Evaluate it without --logn.")
+        for design, _ in self.designs:
+            if spec.logn and design.refuses_logn:
+                raise ValueError(design.refuses_logn)
         if spec.logn and self.pos_emb == "learned":
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")

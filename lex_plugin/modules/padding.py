@@ -23,14 +23,13 @@ def left_padding_refusal(decoder, spec: AttentionSpec) -> Optional[str]:
     between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
     ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
     (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
-    key count, dynamic NTK's length; a model's SSMax key count and Llama 4 temperature tuning) would see the pads.
+    key count, dynamic NTK's length; a design that counts positions, ``DesignSpec.left_padding``) would see the pads.
     """
     if decoder.position_kind == "absolute":
         return "absolute positions"
-    if decoder.ssmax:
-        return "SSMax (--ssmax: each query's factor counts the keys from the first position)"
-    if decoder.temperature_tuned:
-        return "Llama 4's temperature tuning (each query's factor counts positions from the first)"
+    for design, _ in decoder.designs:
+        if design.left_padding:
+            return design.left_padding
     if decoder.sink_embedding is not None:
         return "the sink token (--sink-token: it sits at position 0, before the pads)"
     local = [k.window for k in decoder.layer_kinds or () if k.window is not None

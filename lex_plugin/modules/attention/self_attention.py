@@ -7,12 +7,10 @@ The math is TorchScale's (softmax(q k^T / sqrt(d)) v with xPos on q and k) compu
 chunked prefill and generation steps.
 """
 
-import math
 import uuid
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..autocast import autocast_dtype
@@ -20,19 +18,14 @@ from ..positions.scheme import NoPositions, PositionScheme
 from .executor import Observer, attend
 from .kv_cache import HeldKeys, KeyValueCache
 from .planner import dense_query_limit, plan
+from ..designs.registry import LayerDesign, QueryContext
 from .spec import FULL_SPEC, AttentionSpec
-from .temperature import TemperatureTuning, ssmax_scale
 
 __all__ = ["LexSelfAttention"]
 
 # fairseq's incremental state: one dict per generation, each layer's cache under its own key
 IncrementalState = Dict[str, object]
 NOPE = NoPositions()
-
-
-def _rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
-    """``norm`` over the last dimension of x, in fp32 (input and weight) whatever their dtypes; x's dtype back."""
-    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps).to(x.dtype)
 
 
 class LexSelfAttention(nn.Module):
@@ -44,20 +37,11 @@ class LexSelfAttention(nn.Module):
         num_heads: H; C must be divisible by H.
         dropout: dropout on the attention probabilities (training only).
         subln: add TorchScale's ``inner_attn_ln`` (Magneto sub-LayerNorm) before ``out_proj``.
-        layernorm_eps: epsilon of that LayerNorm, and of QK-norm's RMSNorms.
-        qk_norm: QK-norm (OLMo 2, Gemma 3): each head's queries and keys go through an RMSNorm over the head
-            dimension d (one learned (d,) weight for queries, one for keys, shared by the heads; computed in fp32)
-            before the position scheme rotates them: q <- q / sqrt(mean(q^2) + eps) * w_q, the same for k.
-        ssmax_length: Scalable-Softmax (SSMax, Nakanishi 2025: softmax((s log n) z) in place of softmax(z)) with the training length
-            l = this value, or None (off): each query of head h is multiplied by s_h log(n), n the keys it sees under
-            the window (its padding included), s_h a learned scalar initialised to 1 / log(l), so that the factor is
-            1 at n = l (ordinary softmax at the training length); formed in fp32.
-        temperature_tuning: Llama 4's temperature tuning (:class:`~.temperature.TemperatureTuning`): each query
-            times 1 + beta log1p(floor((p + 1) / F)) at its absolute position p (the per-sample positions under
-            randomized positions), after QK-norm and SSMax, before the position scheme; or None (off).
-        learned_sinks: gpt-oss's attention sinks: a learned logit s_h per head (``sink_logits``, started at 0) that joins
-            every softmax's denominator with no value, exp(z_j) / (exp(s_h) + sum_i exp(z_i)), under every window,
-            position map and cache (``executor.attend``'s ``sink_logits``).
+        layernorm_eps: epsilon of that LayerNorm, and of a design's norms (QK-norm).
+        designs: what the model's trained designs do in this layer (``modules.designs``: QK-norm, SSMax, Llama 4's
+            temperature tuning, learned sinks), in the registry's order: each creates its parameters here
+            (``attach``) and acts at its points of :meth:`forward` (queries and keys before the position scheme, a
+            query factor, sink logits in the softmax).
 
     Raises:
         ValueError: C not divisible by H.
@@ -70,10 +54,7 @@ class LexSelfAttention(nn.Module):
         dropout: float = 0.0,
         subln: bool = False,
         layernorm_eps: float = 1e-5,
-        qk_norm: bool = False,
-        ssmax_length: Optional[int] = None,
-        temperature_tuning: Optional[TemperatureTuning] = None,
-        learned_sinks: bool = False,
+        designs: Sequence[LayerDesign] = (),
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -90,14 +71,10 @@ class LexSelfAttention(nn.Module):
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=layernorm_eps) if qk_norm else None
-        if ssmax_length is not None and int(ssmax_length) < 2:
-            raise ValueError(f"--ssmax starts at s = 1 / log(l) and needs the training length l >= 2; got {ssmax_length}.")
-        self.ssmax = (nn.Parameter(torch.full((num_heads,), 1.0 / math.log(int(ssmax_length))))
-                      if ssmax_length is not None else None)
-        self.temperature_tuning = temperature_tuning
-        self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if learned_sinks else None
+        self.layernorm_eps = layernorm_eps
+        self.designs = tuple(designs)
+        for design in self.designs:
+            design.attach(self)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -165,15 +142,11 @@ class LexSelfAttention(nn.Module):
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         cache = self.cache(incremental_state)
-        if self.q_norm is not None:  # QK-norm, before any rotation; its statistics in fp32 whatever the model's dtype
-            q, k = _rms_norm(self.q_norm, q), _rms_norm(self.k_norm, k)
-        first = 0 if cache is None else cache.end  # the absolute position of the first new query
-        if self.ssmax is not None:  # SSMax: q times s_h log(n), n the keys each query sees (positions first ..)
-            seen = spec.window.visible_keys(torch.arange(first, first + tgt_len, device=q.device))
-            q = (q.float() * ssmax_scale(self.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
-        if self.temperature_tuning is not None:  # Llama 4: q times 1 + beta log1p(floor((p + 1) / F)), p absolute
-            at = positions[:, None, :] if positions is not None else torch.arange(first, first + tgt_len, device=q.device)
-            q = (q.float() * self.temperature_tuning.scale(at)[..., None]).to(q.dtype)  # (T,) or (B, 1, T) factor
+        for design in self.designs:  # before any rotation (QK-norm)
+            q, k = design.queries_and_keys(self, q, k)
+        at = QueryContext(first=0 if cache is None else cache.end, length=tgt_len, spec=spec, positions=positions)
+        for design in self.designs:  # query factors (SSMax, temperature tuning), before any rotation
+            q = design.queries(self, q, at)
         dropout_p = self.dropout if self.training else 0.0
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
@@ -186,7 +159,7 @@ class LexSelfAttention(nn.Module):
             chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
                                 observer=observer)
             out = attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=spec, scheme=scheme, dropout_p=dropout_p,
-                         observer=observer, positions=positions, sink_logits=self.sink_logits)
+                         observer=observer, positions=positions, sink_logits=self._sink_logits())
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -195,6 +168,13 @@ class LexSelfAttention(nn.Module):
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
+
+    def _sink_logits(self) -> Optional[Tensor]:
+        """(H,) logits a design adds to every softmax's denominator (learned sinks), or None."""
+        for design in self.designs:
+            if design.sinks:
+                return design.sink_logits(self)
+        return None
 
     def _plan(self, q: Tensor, *, spec: AttentionSpec, scheme: PositionScheme, q_len: int, q_start: int = 0,
               k_start: int = 0, key_padding_mask: Optional[Tensor] = None, observer=None):
@@ -226,7 +206,7 @@ class LexSelfAttention(nn.Module):
             chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=held.start,
                                 key_padding_mask=held.padding, observer=observer)
             outs.append(attend(qr, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
-                               observer=observer, sink_logits=self.sink_logits))
+                               observer=observer, sink_logits=self._sink_logits()))
             cache.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

@@ -1,0 +1,13 @@
+"""Trained designs of attention, one module each (the registry: :mod:`.registry`). Importing this package registers
+them, in the order attention applies them; a new design is one module here, imported below, and one test file."""
+
+from .registry import (DESIGN_OPTIONS, DESIGNS, DesignOption, DesignSpec, LayerDesign, QueryContext, build_designs,
+                       design_table, register_design, unregister_design)
+from .qk_norm import QK_NORM, QKNorm
+from .ssmax import SSMAX, SSMax
+from .temperature_tuning import TEMPERATURE_TUNING, TemperatureTuning
+from .learned_sinks import LEARNED_SINKS, LearnedSinks
+
+__all__ = ["DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LEARNED_SINKS", "LayerDesign", "LearnedSinks",
+           "QKNorm", "QK_NORM", "QueryContext", "SSMAX", "SSMax", "TEMPERATURE_TUNING", "TemperatureTuning",
+           "build_designs", "design_table", "register_design", "unregister_design"]

@@ -1,0 +1,173 @@
+"""The registry of trained attention designs: each design declares its options, what it refuses, and what it does at
+the named points of attention; the decoder, the layers, the fairseq options and the Hugging Face config are derived
+from it, and attention calls the points without knowing the design.
+
+Notation: B batch, H heads, T new positions, d head dimension; q, k (B, H, T, d).
+
+The points, in the order attention calls them (``LexSelfAttention.forward``):
+
+1. ``queries_and_keys(attention, q, k)``: before the position scheme, on the new positions (QK-norm);
+2. ``queries(attention, q, at)``: a factor on the queries before the position scheme, ``at`` the new queries'
+   positions and window (:class:`QueryContext`; SSMax, Llama 4's temperature tuning);
+3. ``sink_logits(attention)``: (H,) logits that join every softmax's denominator with no value (learned sinks), at
+   most one design per model.
+
+A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
+:class:`LayerDesign` from the model's configuration, or None where it is off; the layer's parameters keep the
+state-dict names the design gives them (``self_attn.<name>``), so checkpoints trained before the registry load.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torch import Tensor
+
+from ..attention.spec import AttentionSpec
+
+__all__ = ["DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LayerDesign", "QueryContext", "build_designs",
+           "design_table", "register_design", "unregister_design"]
+
+
+@dataclass(frozen=True)
+class DesignOption:
+    """One option of a design, a flag of ``--arch lex_lm`` and a field of the Hugging Face ``LexConfig`` (same name).
+
+    Attributes:
+        name: the config attribute (``temperature_tuning_beta``; the flag is ``--temperature-tuning-beta``).
+        type: ``bool``, ``float`` or ``int``.
+        default: the value when not given (the design off, or a value the design resolves: None).
+        help: one line for ``--help``.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def read(self, config) -> Any:
+        """This option's value in ``config`` (any object; missing or None: the default), as its type."""
+        value = getattr(config, self.name, None)
+        return self.default if value is None else self.type(value)
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """Where the new queries stand, for a query factor: ``first`` the absolute position of the first new query (the
+    cache's end, 0 without one), ``length`` T, ``spec`` the attention spec (its window: the keys each query sees),
+    ``positions`` (B, T) int64 per-sample positions (randomized positions at training) or None."""
+
+    first: int
+    length: int
+    spec: AttentionSpec
+    positions: Optional[Tensor] = None
+
+
+class LayerDesign:
+    """What a design does in one attention layer; every point defaults to nothing.
+
+    A subclass is a frozen dataclass of the values the design resolved from the model's configuration.
+    """
+
+    def attach(self, attention) -> None:
+        """Create this design's parameters on ``attention`` (a ``LexSelfAttention`` being built), under the
+        state-dict names checkpoints hold."""
+
+    def queries_and_keys(self, attention, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
+        """(q, k) of the new positions before the position scheme: (B, H, T, d) each, their dtype kept."""
+        return q, k
+
+    def queries(self, attention, q: Tensor, at: QueryContext) -> Tensor:
+        """q (B, H, T, d) times this design's factor, before the position scheme; q's dtype kept."""
+        return q
+
+    sinks = False  # whether sink_logits gives logits: at most one design of a model may
+
+    def sink_logits(self, attention) -> Optional[Tensor]:
+        """(H,) logits joining every softmax's denominator with no value, or None."""
+        return None
+
+
+@dataclass(frozen=True)
+class DesignSpec:
+    """One trained design.
+
+    Attributes:
+        name: the design's name (its module's name).
+        summary: one line for the docs' table; source: paper, section, equation.
+        options: its :class:`DesignOption` s (read with their defaults by ``build``).
+        build: config -> the :class:`LayerDesign` of every layer it acts in, or None (off); raises ValueError naming
+            the option to change. ``config``: TorchScale's ``DecoderConfig`` with the plugin's fields (or the Hugging
+            Face export's namespace), ``tokens_per_sample`` the training length.
+        record: fairseq args -> None: write the values it resolved into the args, so the checkpoint records them.
+        global_only: acts in the global layers of a ``--layer-pattern`` only (a pattern without one is refused).
+        refuses_logn: why ``--logn`` is refused on a model with this design (None: taken).
+        left_padding: why a left-padded batch is refused (its factor counts positions from the first column).
+    """
+
+    name: str
+    summary: str
+    source: str
+    options: Tuple[DesignOption, ...]
+    build: Callable[[object], Optional[LayerDesign]]
+    record: Optional[Callable[[object], None]] = None
+    global_only: bool = False
+    refuses_logn: Optional[str] = None
+    left_padding: Optional[str] = None
+
+
+DESIGNS: Dict[str, DesignSpec] = {}
+DESIGN_OPTIONS: Dict[str, DesignOption] = {}  # every registered design's options, by name
+
+
+def register_design(spec: DesignSpec) -> DesignSpec:
+    """Add ``spec`` to :data:`DESIGNS` and its options to :data:`DESIGN_OPTIONS`.
+
+    Raises:
+        ValueError: a name registered twice, or an option another design declares.
+    """
+    if spec.name in DESIGNS:
+        raise ValueError(f"design {spec.name!r} is registered twice.")
+    for option in spec.options:
+        if option.name in DESIGN_OPTIONS:
+            raise ValueError(f"{option.flag} is declared by two designs.")
+    DESIGNS[spec.name] = spec
+    DESIGN_OPTIONS.update((option.name, option) for option in spec.options)
+    return spec
+
+
+def unregister_design(name: str) -> DesignSpec:
+    """Remove design ``name`` and its options (a plugin's or a test's design).
+
+    Raises:
+        KeyError: an unknown name.
+    """
+    spec = DESIGNS.pop(name)
+    for option in spec.options:
+        DESIGN_OPTIONS.pop(option.name, None)
+    return spec
+
+
+def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
+    """The designs ``config`` turns on, in registration order, each with its layer object.
+
+    Raises:
+        ValueError: as a design's ``build``; two designs with sink logits.
+    """
+    built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
+    sinks = [spec.name for spec, layer in built if layer.sinks]
+    if len(sinks) > 1:
+        raise ValueError(f"{' and '.join(sinks)} both add a logit to every softmax's denominator; use one of them.")
+    return built
+
+
+def design_table() -> str:
+    """Markdown: every registered design, its flags and source (the table of docs/architecture.md)."""
+    rows = ["| design | flags | what it does | source |", "|---|---|---|---|"]
+    for spec in DESIGNS.values():
+        flags = ", ".join(f"`{o.flag}`" for o in spec.options)
+        rows.append(f"| {spec.name} | {flags} | {spec.summary} | {spec.source} |")
+    return "\n".join(rows)
