@@ -18,40 +18,18 @@ state-dict names the design gives them (``self_attn.<name>``), so checkpoints tr
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from torch import Tensor
 
 from ..attention.spec import AttentionSpec
+from ..model_option import ModelOption
 
 __all__ = ["DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LayerDesign", "QueryContext", "build_designs",
            "design_table", "register_design", "unregister_design"]
 
 
-@dataclass(frozen=True)
-class DesignOption:
-    """One option of a design, a flag of ``--arch lex_lm`` and a field of the Hugging Face ``LexConfig`` (same name).
-
-    Attributes:
-        name: the config attribute (``temperature_tuning_beta``; the flag is ``--temperature-tuning-beta``).
-        type: ``bool``, ``float`` or ``int``.
-        default: the value when not given (the design off, or a value the design resolves: None).
-        help: one line for ``--help``.
-    """
-
-    name: str
-    type: type
-    default: Any
-    help: str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def read(self, config) -> Any:
-        """This option's value in ``config`` (any object; missing or None: the default), as its type."""
-        value = getattr(config, self.name, None)
-        return self.default if value is None else self.type(value)
+DesignOption = ModelOption  # a design's option, a flag of ``--arch lex_lm`` and a ``LexConfig`` field (same name)
 
 
 @dataclass(frozen=True)

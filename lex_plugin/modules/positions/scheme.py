@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
+from ..model_option import ModelOption
 from ..ownership import refuse_foreign
 
 __all__ = [
@@ -113,25 +114,7 @@ class NoPositions(PositionScheme):
     """NoPE: no position information at all (causal masking alone orders the tokens)."""
 
 
-@dataclass(frozen=True)
-class SchemeOption:
-    """One option of a position scheme, a flag of ``--arch lex_lm`` (``--xpos-gamma``...).
-
-    Attributes:
-        name: the config attribute (``xpos_gamma``; the flag is ``--xpos-gamma``).
-        type: ``float``, ``int`` or ``bool``.
-        default: the value when not given (None: the scheme computes one, e.g. from the training length).
-        help: one line for ``--help``.
-    """
-
-    name: str
-    type: type
-    default: Any
-    help: str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+SchemeOption = ModelOption  # a position scheme's option (``model_option.ModelOption``)
 
 
 @dataclass(frozen=True)
