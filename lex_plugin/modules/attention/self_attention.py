@@ -41,7 +41,7 @@ class LexSelfAttention(nn.Module):
         designs: what the model's trained designs do in this layer (``modules.designs``: QK-norm, SSMax, Llama 4's
             temperature tuning, learned sinks), in the registry's order: each creates its parameters here
             (``attach``) and acts at its points of :meth:`forward` (queries and keys before the position scheme, a
-            query factor, sink logits in the softmax).
+            query factor, sink logits in the softmax, each head's output before the output projection).
 
     Raises:
         ValueError: C not divisible by H.
@@ -164,6 +164,8 @@ class LexSelfAttention(nn.Module):
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
             out = self._step(q, k, v, cache, key_padding_mask, spec, scheme, dropout_p, observer)
+        for design in self.designs:  # on each head's output, before the heads are merged (an output gate)
+            out = design.output(self, out, x)
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)

@@ -10,7 +10,9 @@ The points, in the order attention calls them (``LexSelfAttention.forward``):
 2. ``queries(attention, q, at)``: a factor on the queries before the position scheme, ``at`` the new queries'
    positions and window (:class:`QueryContext`; SSMax, Llama 4's temperature tuning);
 3. ``sink_logits(attention)``: (H,) logits that join every softmax's denominator with no value (learned sinks), at
-   most one design per model.
+   most one design per model;
+4. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
+   projected, given the layer's input x (B, T, C) (an output gate).
 
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
 :class:`LayerDesign` from the model's configuration, or None where it is off; the layer's parameters keep the
@@ -61,6 +63,11 @@ class LayerDesign:
     def queries(self, attention, q: Tensor, at: QueryContext) -> Tensor:
         """q (B, H, T, d) times this design's factor, before the position scheme; q's dtype kept."""
         return q
+
+    def output(self, attention, out: Tensor, x: Tensor) -> Tensor:
+        """The attention's output per head ``out`` (B, H, T, d) before the heads are merged and projected, given the
+        layer's input ``x`` (B, T, C); out's dtype kept."""
+        return out
 
     sinks = False  # whether sink_logits gives logits: at most one design of a model may
 
