@@ -84,7 +84,7 @@ def test_the_registry_refuses_what_it_cannot_tell_apart(toy):
             build_designs(type("Config", (), {"learned_sinks": True, "toy_sinks": True})())
     finally:
         unregister_design("toy_sinks")
-    assert list(DESIGNS) == ["qk_norm", "ssmax", "temperature_tuning", "learned_sinks", "toy_query_factor"]
+    assert list(DESIGNS)[:4] == ["qk_norm", "ssmax", "temperature_tuning", "learned_sinks"] and list(DESIGNS)[-1] == "toy_query_factor"
 
 
 def test_the_docs_table_is_the_registry():
