@@ -7,7 +7,8 @@ from .qk_norm import QK_NORM, QKNorm
 from .ssmax import SSMAX, SSMax
 from .temperature_tuning import TEMPERATURE_TUNING, TemperatureTuning
 from .learned_sinks import LEARNED_SINKS, LearnedSinks
+from .gated_attention import ATTENTION_GATE, AttentionGate
 
-__all__ = ["DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LEARNED_SINKS", "LayerDesign", "LearnedSinks",
+__all__ = ["ATTENTION_GATE", "AttentionGate", "DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LEARNED_SINKS", "LayerDesign", "LearnedSinks",
            "QKNorm", "QK_NORM", "QueryContext", "SSMAX", "SSMax", "TEMPERATURE_TUNING", "TemperatureTuning",
            "build_designs", "design_table", "register_design", "unregister_design"]

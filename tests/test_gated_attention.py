@@ -1,0 +1,102 @@
+"""Gated attention (modules/designs/gated_attention.py; Qiu et al. 2025, arXiv 2505.06708, G1): against its formula
+written out in float64, gradients included; token by token through the cache against the parallel forward, under
+full attention, BCA and inside a layer pattern; recorded and exported to Hugging Face with the same logits; a kind
+it does not know refused."""
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
+from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
+from lex_plugin.modules.designs import AttentionGate
+from lex_plugin.modules.positions import XPos
+from lex_plugin.modules.positions.scheme import NoPositions
+
+L = 16
+
+
+def _reference(attn: LexSelfAttention, x: torch.Tensor, scheme, window: AttentionWindow, kind: str) -> torch.Tensor:
+    """Gated attention in float64, written out: projections, the position scheme, softmax(q k^T / sqrt(d)) v under the
+    window's mask, each head's output times sigmoid(x W_g + b_g) (one gate per head, or per element), the heads merged,
+    the output projection."""
+    B, T, C = x.shape
+    H, d = attn.num_heads, attn.head_dim
+    x = x.double()
+
+    def heads(proj):
+        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
+
+    q, k, v = heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj)
+    if isinstance(scheme, XPos):
+        q, k = xpos_pair(scheme, q, k, 0)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+    logits = logits.masked_fill(~window_mask(window, T), float("-inf"))
+    y = torch.softmax(logits, -1) @ v  # (B, H, T, d)
+    gate = torch.sigmoid(x @ attn.gate_proj.weight.double().T + attn.gate_proj.bias.double())  # (B, T, H or C)
+    y = y * (gate.view(B, T, H, 1) if kind == "headwise" else gate.view(B, T, H, d)).transpose(1, 2)
+    out = y.transpose(1, 2).reshape(B, T, C)
+    return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("kind", ["headwise", "elementwise"])
+@pytest.mark.parametrize("scheme", [NoPositions(), XPos(16)], ids=["nope", "xpos"])
+@pytest.mark.parametrize("window,length", [(AttentionWindow.full(), 4 * L), (AttentionWindow.bca(L), 4 * L),
+                                           (AttentionWindow.sliding(L), 8 * L)], ids=str)
+def test_the_gate_equals_its_formula_in_float64_with_its_gradients(kind, scheme, window, length):
+    torch.manual_seed(0)
+    attn = LexSelfAttention(64, 4, designs=[AttentionGate(kind)])
+    assert attn.gate_proj.weight.shape == ((4, 64) if kind == "headwise" else (64, 64))
+    x = torch.randn(2, length, 64)
+    got = attn(x, scheme=scheme, spec=AttentionSpec(window))
+    expected = _reference(attn, x, scheme, window, kind)
+    assert (got.double() - expected).abs().max() < 1e-5
+    grad_out = torch.randn_like(got)
+    got.backward(grad_out)
+    mine = [attn.gate_proj.weight.grad.clone(), attn.gate_proj.bias.grad.clone(), attn.v_proj.weight.grad.clone()]
+    attn.zero_grad()
+    expected.backward(grad_out.double())
+    for a, b in zip(mine, [attn.gate_proj.weight.grad, attn.gate_proj.bias.grad, attn.v_proj.weight.grad]):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+    plain = LexSelfAttention(64, 4)
+    plain.load_state_dict({n: p for n, p in attn.state_dict().items() if not n.startswith("gate_proj")})
+    with torch.no_grad():
+        assert (plain(x, scheme=scheme, spec=AttentionSpec(window)) - got).abs().max() > 1e-3  # the gate acts
+
+
+@pytest.mark.parametrize("kind", ["headwise", "elementwise"])
+def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_gives_the_same_logits(kind):
+    model = build_lex_model(tokens_per_sample=L, pos_emb="rope", attention_gate=kind, seed=3,
+                            layer_pattern="rope/sliding:6,rope/full")
+    names = {n for n, _ in model.named_parameters() if "gate" in n}
+    assert names == {f"decoder.layers.{i}.self_attn.gate_proj.{w}" for i in range(4) for w in ("weight", "bias")}
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
+    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))):
+        view = model.under(spec)
+        with torch.no_grad():
+            parallel, _ = view(tokens)
+            state: dict = {}
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
+
+    pytest.importorskip("transformers")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="rope", attention_gate=kind,
+                              layer_pattern="rope/sliding:6,rope/full")
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    config = hf_config(args, model.decoder.dictionary, L)
+    assert config.attention_gate == kind and config.decoder_config().attention_gate == kind
+    hf = from_fairseq(model, config)
+    with torch.no_grad():
+        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+
+
+def test_a_kind_it_does_not_know_is_refused():
+    with pytest.raises(ValueError, match="--attention-gate sigmoid: choose headwise or elementwise"):
+        build_lex_model(tokens_per_sample=L, attention_gate="sigmoid")
