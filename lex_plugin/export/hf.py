@@ -73,8 +73,8 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
                          "give the factor s (evaluation length / l).")
     options.spec(training_length)  # refuse now what the export could not run
     decoder = build_decoder_config(model_cfg, len(dictionary))
-    if positions_dropped:  # DroPE's model from its switch on: the same weights without positions
-        decoder.pos_emb = "none"
+    if positions_dropped:  # DroPE's model from its switch on: the same weights without positions, nothing to switch
+        decoder.pos_emb, decoder.drope_start = "none", 0
     # the scheme's own options, resolved (the task's config may carry others' values, e.g. max_target_positions)
     own = SimpleNamespace(**{o.name: getattr(decoder, o.name, None) for o in get_scheme(decoder.pos_emb).options})
     position_options = scheme_option_values(decoder.pos_emb, own)

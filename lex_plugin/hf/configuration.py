@@ -34,7 +34,6 @@ HF_NAMES = {
     "subln": "subln",
     "layernorm_embedding": "layernorm_embedding",
     "layer_pattern": "layer_pattern",
-    "sink_token": "sink_token",
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
@@ -57,9 +56,8 @@ class LexConfig(PretrainedConfig):
             attention as trained).
         normalize_before, deepnorm, subln, layernorm_embedding, scale_embedding: the layer layout.
         layer_pattern: each layer's positions and trained window (``--layer-pattern``; None: every layer global).
-        sink_token: a learned token before every sequence (``--sink-token``, StreamingLLM's pre-training sink).
         **kwargs: every registered design's options under their own names (``modules.designs.DESIGN_OPTIONS``:
-            ``qk_norm``, ``ssmax``, ``learned_sinks``, ``temperature_tuning_beta`` ...; missing: the design's default),
+            ``qk_norm``, ``ssmax``, ``learned_sinks``, ``sink_token`` ...; missing: the design's default),
             then transformers' own.
         tie_word_embeddings: the output projection is the token embedding.
         dictionary_digest: hex MD5 of the vocabulary's symbols (``modules.decoder.symbols_digest``), or None.
@@ -91,7 +89,6 @@ class LexConfig(PretrainedConfig):
         subln: bool = False,
         layernorm_embedding: bool = False,
         layer_pattern: Optional[str] = None,
-        sink_token: bool = False,
         scale_embedding: bool = True,
         tie_word_embeddings: bool = False,
         dictionary_digest: Optional[str] = None,
@@ -122,7 +119,6 @@ class LexConfig(PretrainedConfig):
         self.subln = subln
         self.layernorm_embedding = layernorm_embedding
         self.layer_pattern = layer_pattern
-        self.sink_token = sink_token
         for name, option in DESIGN_OPTIONS.items():
             setattr(self, name, kwargs.pop(name, option.default))
         self.scale_embedding = scale_embedding

@@ -66,23 +66,12 @@ class LexModelOptions(FairseqDataclass):
         default=False, metadata={"help": "tie the input embedding and the output projection"}
     )
     layernorm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
-    drope_start: int = field(
-        default=0,
-        metadata={"help": "DroPE: from this update on, train (and evaluate) with the rotary positions dropped (NoPE), "
-                          "e.g. the last ~12%% of --max-update; rope / xpos only; 0: off"},
-    )
     layer_pattern: Optional[str] = field(
         default=None,
         metadata={"help": "each layer's positions and trained window, repeated over the depth: SCHEME/WINDOW[*N],... with "
                           "SCHEME the --pos-emb or none, WINDOW full (global), bca, sliding:W or chunked:C (local, kept at "
                           "evaluation), e.g. 'rope/sliding:128*5,rope/full' (Gemma) or 'xpos/bca*3,none/full'; the "
                           "evaluation's attention flags change the global layers only"},
-    )
-    sink_token: bool = field(
-        default=False,
-        metadata={"help": "StreamingLLM's sink token at pre-training (section 3.3): a learned token placed before every "
-                          "sample, at training and evaluation alike; --sink-tokens 1 keeps it visible under --bca or "
-                          "--sliding-window"},
     )
     # The training length, recorded in the checkpoint for blockwise causal attention at evaluation.
     tokens_per_sample: int = II("task.tokens_per_sample")
@@ -142,8 +131,6 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
         setattr(config, name, safe_getattr(cfg, name, None))
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
-    config.sink_token = bool(safe_getattr(cfg, "sink_token", False))  # not DecoderConfig fields: attributes, as pos_emb
-    config.drope_start = int(safe_getattr(cfg, "drope_start", 0) or 0)
     for name, option in DESIGN_OPTIONS.items():  # every design's options, as given (its default where not)
         value = safe_getattr(cfg, name, None)
         setattr(config, name, option.default if value is None else option.type(value))

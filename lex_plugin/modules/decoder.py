@@ -85,26 +85,11 @@ class DecoderStack:
         self.pos_emb = config.pos_emb
         self.position_kind, self.positions = build_positions(config)
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
-        # the trained designs this model has (modules.designs), each with what it does in a layer
+        # the trained designs this model has (modules.designs), each with what it does in a layer and in the stack
         self.designs = build_designs(config)
-        # DroPE: positions used for the updates before drope_start, dropped (NoPE) from it on; fairseq tells the
-        # update through set_num_updates (each training step, and when it loads a checkpoint)
-        self.drope_start = int(getattr(config, "drope_start", 0) or 0)
-        if self.drope_start < 0:
-            raise ValueError(f"--drope-start is the update from which positions are dropped (0: off); got {self.drope_start}.")
-        if self.drope_start and self.position_kind != "rotary":
-            raise ValueError(f"--drope-start drops rotary positions (DroPE: RoPE has no parameters, so the weights stay "
-                             f"valid without it); --pos-emb {self.pos_emb} is {self.position_kind}. Use rope or xpos.")
-        self._num_updates = 0
-        # StreamingLLM's sink token at pre-training: a learned vector before every sequence (embedding scale as a token's)
-        self.sink_embedding = (nn.Parameter(torch.empty(dim).normal_(0.0, dim**-0.5))
-                               if getattr(config, "sink_token", False) else None)
-        if self.sink_embedding is not None and self.random_positions:
-            raise ValueError("--sink-token places a learned token at position 0 of every sample; --random-positions "
-                             "draws the positions of each sample. Use one of the two.")
-        if self.sink_embedding is not None and self.pos_emb == "learned":
-            raise ValueError("--sink-token takes position 0, which a learned position table of l rows would then lack for "
-                             "the l-th token; use another --pos-emb.")
+        self._num_updates = 0  # fairseq's (set_num_updates: each training step, and when it loads a checkpoint)
+        for _, design in self.designs:
+            design.attach_decoder(self)
         self.layer_pattern = str(getattr(config, "layer_pattern", None) or "") or None
         self.layer_kinds = parse_layer_pattern(self.layer_pattern, self.pos_emb, config.decoder_layers,
                                                getattr(config, "tokens_per_sample", None))
@@ -167,10 +152,14 @@ class DecoderStack:
                 if any(part in name for part in ("fc1", "fc2", "out_proj", "v_proj")):
                     p.mul_(factor)
 
+    def _prefix(self) -> Optional[Tensor]:
+        """(C,) the vector a design places before every sequence (the sink token's), or None."""
+        return next((v for v in (design.prefix(self) for _, design in self.designs) if v is not None), None)
+
     @property
     def sink_positions(self) -> int:
-        """Positions the model places before the tokens: 1 with a sink token (``--sink-token``), else 0."""
-        return 0 if self.sink_embedding is None else 1
+        """Positions the model places before the tokens: 1 with a design's prefix (the sink token), else 0."""
+        return 0 if self._prefix() is None else 1
 
     def past_length(self, incremental_state: Optional[IncrementalState]) -> int:
         """Tokens already run through ``incremental_state`` (0 without one); the positions the caches hold are
@@ -209,8 +198,9 @@ class DecoderStack:
                   padding_mask: Optional[Tensor] = None, prefix: bool = True) -> Tuple[Tensor, List[Tensor]]:
         past = self.past_length(incremental_state)
         tokens = prev_output_tokens[:, past:] if prefix else prev_output_tokens
-        # the sink token goes first, once: in a parallel forward, or in the first call through a cache
-        sink = self.sink_embedding is not None and (
+        # a design's prefix (the sink token) goes first, once: in a parallel forward, or the first call through a cache
+        vector = self._prefix()
+        sink = vector is not None and (
             incremental_state is None or self.layers[0].self_attn.cached_length(incremental_state) == 0)
         if tokens.size(1) == 0:
             raise ValueError(
@@ -226,7 +216,7 @@ class DecoderStack:
 
         x = self.embed_scale * self.embed_tokens(tokens)
         if sink:  # the sink token at position 0, before the first token
-            x = torch.cat([(self.embed_scale * self.sink_embedding).to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)
+            x = torch.cat([(self.embed_scale * vector).to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)
             if padding_mask is not None:
                 padding_mask = torch.cat([padding_mask.new_zeros(x.size(0), 1), padding_mask], dim=1)
         # train()/eval() reach the layers whichever view they were called on (a view's own flag may be stale)
@@ -298,17 +288,17 @@ class DecoderStack:
 
     def set_num_updates(self, num_updates: int) -> None:
         """fairseq's hook, called with the updates done before each training step and when a checkpoint is loaded:
-        under DroPE (``--drope-start N``) the positions are dropped from update N on."""
-        dropped = self.positions_dropped
+        a design may drop the positions from one on (DroPE, ``DesignSpec``'s ``drops_positions``)."""
+        before = self._num_updates
         self._num_updates = int(num_updates)
-        if self.positions_dropped and not dropped:
-            logger.info("DroPE: positions dropped from update %d on (now at update %d): the model runs as NoPE",
-                        self.drope_start, self._num_updates)
+        for _, design in self.designs:
+            if design.drops_positions(self._num_updates) and not design.drops_positions(before):
+                logger.info("%s (now at update %d): the model runs as NoPE", design, self._num_updates)
 
     @property
     def positions_dropped(self) -> bool:
-        """Whether DroPE has dropped the positions: ``--drope-start`` N given and N updates done."""
-        return bool(self.drope_start) and self._num_updates >= self.drope_start
+        """Whether a design has dropped the positions at the updates done (DroPE from its start on)."""
+        return any(design.drops_positions(self._num_updates) for _, design in self.designs)
 
     @property
     def active_position_kind(self) -> str:

@@ -30,8 +30,6 @@ def left_padding_refusal(decoder, spec: AttentionSpec) -> Optional[str]:
     for design, _ in decoder.designs:
         if design.left_padding:
             return design.left_padding
-    if decoder.sink_embedding is not None:
-        return "the sink token (--sink-token: it sits at position 0, before the pads)"
     local = [k.window for k in decoder.layer_kinds or () if k.window is not None
              and (k.window.mode not in ("full", "sliding") or k.window.sinks)]
     if local:

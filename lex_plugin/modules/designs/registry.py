@@ -14,6 +14,14 @@ The points, in the order attention calls them (``LexSelfAttention.forward``):
 4. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
    projected, given the layer's input x (B, T, C) (an output gate).
 
+and of the decoder (``modules.decoder.DecoderStack``):
+
+5. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
+6. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
+   token); at most one design per model;
+7. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
+   updates (DroPE).
+
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
 :class:`LayerDesign` from the model's configuration, or None where it is off; the layer's parameters keep the
 state-dict names the design gives them (``self_attn.<name>``), so checkpoints trained before the registry load.
@@ -68,6 +76,17 @@ class LayerDesign:
         """The attention's output per head ``out`` (B, H, T, d) before the heads are merged and projected, given the
         layer's input ``x`` (B, T, C); out's dtype kept."""
         return out
+
+    def attach_decoder(self, decoder) -> None:
+        """Create this design's parameters on ``decoder`` (a ``DecoderStack`` being built)."""
+
+    def prefix(self, decoder) -> Optional[Tensor]:
+        """(C,) a vector placed before every sequence at position 0 (its output dropped), or None."""
+        return None
+
+    def drops_positions(self, num_updates: int) -> bool:
+        """Whether the layers run without positions after ``num_updates`` training updates."""
+        return False
 
     sinks = False  # whether sink_logits gives logits: at most one design of a model may
 
