@@ -262,3 +262,24 @@ def run_attention(q, k, v, window, scheme=None, key_padding_mask=None, **plan_op
                   padded=key_padding_mask is not None, batch_heads=q.size(0) * q.size(1),
                   local_positions=scheme.translation_invariant, **plan_options)
     return attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=AttentionSpec(window), scheme=scheme)
+
+
+def heads64(x: torch.Tensor, proj: torch.nn.Linear, num_heads: int) -> torch.Tensor:
+    """(B, T, C) ``x`` through ``proj`` in float64, split into heads: (B, H, T, d) (the float64 references' q, k, v)."""
+    B, T, _ = x.shape
+    out = x.double() @ proj.weight.double().T + proj.bias.double()
+    return out.view(B, T, num_heads, -1).transpose(1, 2)
+
+
+def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, params) -> None:
+    """``got`` (the module's output) within 1e-5 of its float64 reference ``expected``, and the gradients of ``params``
+    (the module's own, as a list) through both within float32's reach (rtol 1e-4, atol 1e-5), one random output
+    gradient for both."""
+    assert (got.double() - expected).abs().max() < 1e-5
+    grad_out = torch.randn_like(got)
+    got.backward(grad_out)
+    mine = [p.grad.clone() for p in params]
+    module.zero_grad()
+    expected.backward(grad_out.double())
+    for a, p in zip(mine, params):
+        assert torch.allclose(a.double(), p.grad.double(), rtol=1e-4, atol=1e-5)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens, window_mask, xpos_pair
+from conftest import build_lex_model, check_against_float64, heads64, random_tokens, window_mask, xpos_pair
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.designs import AttentionGate
 from lex_plugin.modules.positions import XPos
@@ -24,12 +24,8 @@ def _reference(attn: LexSelfAttention, x: torch.Tensor, scheme, window: Attentio
     the output projection."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
+    q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     x = x.double()
-
-    def heads(proj):
-        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
-
-    q, k, v = heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj)
     if isinstance(scheme, XPos):
         q, k = xpos_pair(scheme, q, k, 0)
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
@@ -52,14 +48,7 @@ def test_the_gate_equals_its_formula_in_float64_with_its_gradients(kind, scheme,
     x = torch.randn(2, length, 64)
     got = attn(x, scheme=scheme, spec=AttentionSpec(window))
     expected = _reference(attn, x, scheme, window, kind)
-    assert (got.double() - expected).abs().max() < 1e-5
-    grad_out = torch.randn_like(got)
-    got.backward(grad_out)
-    mine = [attn.gate_proj.weight.grad.clone(), attn.gate_proj.bias.grad.clone(), attn.v_proj.weight.grad.clone()]
-    attn.zero_grad()
-    expected.backward(grad_out.double())
-    for a, b in zip(mine, [attn.gate_proj.weight.grad, attn.gate_proj.bias.grad, attn.v_proj.weight.grad]):
-        assert torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+    check_against_float64(attn, got, expected, [attn.gate_proj.weight, attn.gate_proj.bias, attn.v_proj.weight])
     plain = LexSelfAttention(64, 4)
     plain.load_state_dict({n: p for n, p in attn.state_dict().items() if not n.startswith("gate_proj")})
     with torch.no_grad():

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, random_tokens
+from conftest import build_lex_model, heads64, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, HeldKeys, LexSelfAttention, attend, plan
 from lex_plugin.modules.attention.position_map import position_map_from_options
 from lex_plugin.modules.designs import LearnedSinks
@@ -24,12 +24,7 @@ def _reference(attn, x, window):
     """softmax over [q k^T / sqrt(d) under the window's mask, s_h] in float64, the sink's column giving no value."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
-    x = x.double()
-
-    def heads(proj):
-        return (x @ proj.weight.double().T + proj.bias.double()).view(B, T, H, d).transpose(1, 2)
-
-    q, k, v = heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj)
+    q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     i = torch.arange(T)
     logits = ((q @ k.transpose(-1, -2)) / math.sqrt(d)).masked_fill(~window.allowed(i[:, None], i[None, :]), float("-inf"))
     sink = attn.sink_logits.double()[None, :, None, None].expand(B, H, T, 1)
