@@ -42,6 +42,8 @@ RUNS: Dict[str, tuple] = {
               "design"),
     "rope_learned_sinks": (["--pos-emb", "rope", "--learned-sinks"], "design"),
     "xpos_sink_token": (["--pos-emb", "xpos", "--sink-token"], "design"),
+    "rope_gate_headwise": (["--pos-emb", "rope", "--attention-gate", "headwise"], "design"),
+    "rope_gate_elementwise": (["--pos-emb", "rope", "--attention-gate", "elementwise"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 
@@ -154,6 +156,8 @@ LABELS = {
     "irope": "iRoPE (RoPE chunked x3 + NoPE global, temperature tuning)",
     "rope_learned_sinks": "RoPE + learned sink logits (gpt-oss)",
     "xpos_sink_token": "xPos + a sink token at pre-training (StreamingLLM)",
+    "rope_gate_headwise": "RoPE + gated attention, a gate per head (Qiu et al. 2025)",
+    "rope_gate_elementwise": "RoPE + gated attention, a gate per element (Qiu et al. 2025)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
