@@ -89,3 +89,12 @@ def test_the_registry_refuses_what_it_cannot_tell_apart(toy):
 
 def test_the_docs_table_is_the_registry():
     assert design_table() in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_a_switch_given_as_text_is_refused_not_read_as_true():
+    """``bool("False")`` is True: a design's switch read from a config holding text is refused, naming the flag."""
+    from lex_plugin.modules.designs import QK_NORM
+
+    with pytest.raises(ValueError, match="--qk-norm is a switch: give True or False, not the text 'False'"):
+        QK_NORM.options[0].read(type("Config", (), {"qk_norm": "False"})())
+    assert QK_NORM.options[0].read(type("Config", (), {"qk_norm": None})()) is False

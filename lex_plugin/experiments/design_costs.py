@@ -67,7 +67,8 @@ def measure_design_costs(run: str, training_length: int, context: int = 16384, a
     Args:
         run: a run of ``scripts/reproduce.py`` (``catalogue.RUNS``); training_length: l (its windows' spans).
         context: the tokens evaluated and read before the generation steps (the verdict's 16k).
-        repeats: evaluation forwards per model after the warm-up (the best is kept).
+        arch: the model preset (``lex_lm_tiny``, the reproduction's); repeats: evaluation forwards per model after the
+            warm-up (the best is kept).
 
     Returns:
         {"run", "base" (its mode), "context", "training_length", "arch", "threads", "eval_s" (best seconds per forward),

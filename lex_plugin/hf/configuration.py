@@ -37,7 +37,6 @@ HF_NAMES = {
     "share_decoder_input_output_embed": "tie_word_embeddings",
     "tokens_per_sample": "training_length",
 }
-# (every registered design's options keep their names: ``modules.designs.DESIGN_OPTIONS``)
 # the same for the fields whose meaning is inverted: TorchScale says what is off, transformers what is on
 NEGATED_HF_NAMES = {"no_scale_embedding": "scale_embedding"}
 

@@ -132,8 +132,7 @@ def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
     config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
     for name, option in DESIGN_OPTIONS.items():  # every design's options, as given (its default where not)
-        value = safe_getattr(cfg, name, None)
-        setattr(config, name, option.default if value is None else option.type(value))
+        setattr(config, name, option.read(cfg))
     config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 

@@ -288,7 +288,7 @@ class DecoderStack:
 
     def set_num_updates(self, num_updates: int) -> None:
         """fairseq's hook, called with the updates done before each training step and when a checkpoint is loaded:
-        a design may drop the positions from one on (DroPE, ``DesignSpec``'s ``drops_positions``)."""
+        a design may drop the positions from one on (DroPE, ``LayerDesign.drops_positions``)."""
         before = self._num_updates
         self._num_updates = int(num_updates)
         for _, design in self.designs:

@@ -14,7 +14,7 @@ class ModelOption:
 
     Attributes:
         name: the config attribute (``xpos_gamma``; the flag is ``--xpos-gamma``).
-        type: ``float``, ``int`` or ``bool``.
+        type: ``float``, ``int``, ``bool`` or ``str``.
         default: the value when not given (None: the owner computes one, e.g. from the training length).
         help: one line for ``--help``.
     """
@@ -26,9 +26,18 @@ class ModelOption:
 
     @property
     def flag(self) -> str:
+        """The command-line flag: ``--`` and the name with dashes."""
         return "--" + self.name.replace("_", "-")
 
     def read(self, config) -> Any:
-        """This option's value in ``config`` (any object; missing or None: the default), as its type."""
+        """This option's value in ``config`` (any object; missing or None: the default), as its type.
+
+        Raises:
+            ValueError: a text given to a ``bool`` option (``bool("False")`` would be True).
+        """
         value = getattr(config, self.name, None)
-        return self.default if value is None else self.type(value)
+        if value is None:
+            return self.default
+        if self.type is bool and isinstance(value, str):
+            raise ValueError(f"{self.flag} is a switch: give True or False, not the text {value!r}.")
+        return self.type(value)

@@ -75,6 +75,7 @@ class LexSelfAttention(nn.Module):
         self.designs = tuple(designs)
         for design in self.designs:
             design.attach(self)
+        self._sinks = next((design for design in self.designs if design.sinks), None)  # (build_designs: one at most)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -142,11 +143,12 @@ class LexSelfAttention(nn.Module):
         bsz, tgt_len, _ = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         cache = self.cache(incremental_state)
-        for design in self.designs:  # before any rotation (QK-norm)
-            q, k = design.queries_and_keys(self, q, k)
-        at = QueryContext(first=0 if cache is None else cache.end, length=tgt_len, spec=spec, positions=positions)
-        for design in self.designs:  # query factors (SSMax, temperature tuning), before any rotation
-            q = design.queries(self, q, at)
+        if self.designs:  # (a model without designs does nothing here)
+            for design in self.designs:  # before any rotation (QK-norm)
+                q, k = design.queries_and_keys(self, q, k)
+            at = QueryContext(first=0 if cache is None else cache.end, length=tgt_len, spec=spec, positions=positions)
+            for design in self.designs:  # query factors (SSMax, temperature tuning), before any rotation
+                q = design.queries(self, q, at)
         dropout_p = self.dropout if self.training else 0.0
         if positions is not None and (incremental_state is not None or spec.window.bounded or spec.rope_scaling is not None):
             raise ValueError("arbitrary positions (--random-positions) are for training: full attention, no cache.")
@@ -173,10 +175,7 @@ class LexSelfAttention(nn.Module):
 
     def _sink_logits(self) -> Optional[Tensor]:
         """(H,) logits a design adds to every softmax's denominator (learned sinks), or None."""
-        for design in self.designs:
-            if design.sinks:
-                return design.sink_logits(self)
-        return None
+        return None if self._sinks is None else self._sinks.sink_logits(self)
 
     def _plan(self, q: Tensor, *, spec: AttentionSpec, scheme: PositionScheme, q_len: int, q_start: int = 0,
               k_start: int = 0, key_padding_mask: Optional[Tensor] = None, observer=None):
