@@ -70,6 +70,11 @@ def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_give
             steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
             steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
         assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
+    # under bf16 autocast (the gate's product in fp32, the output back in bf16): within bf16's reach of fp32
+    with torch.no_grad():
+        fp32 = model(tokens)[0].log_softmax(-1)
+        bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
+    assert torch.isfinite(bf16).all() and (bf16 - fp32).abs().max() < 0.1
 
     pytest.importorskip("transformers")
     from fairseq.models import ARCH_CONFIG_REGISTRY
