@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import copy
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from lex_plugin.evaluation.length_eval import blockwise_forward  # noqa: E402
 from lex_plugin.experiments import benchmark  # noqa: E402
 from lex_plugin.experiments.recipe import fairseq_train_command  # noqa: E402
 from lex_plugin.models.builder import build_random_lm  # noqa: E402
-from lex_plugin.modules.attention import executor  # noqa: E402
+from lex_plugin.modules.attention.kernels import dense, remapped  # noqa: E402
 from lex_plugin.modules.attention import AttentionOptions  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
 
@@ -260,10 +259,11 @@ def section_long(run: Run, args) -> None:
 
 
 def _sdpa_steps(backends=None):
-    """A context in which one-query generation steps run on SDPA, as they did before ``executor._step_as_products``
+    """A context in which one-query generation steps run on SDPA, as they did before ``kernels.ops.step_as_products``
     sent them on CUDA to two products; with ``backends`` (``SDPBackend`` members) SDPA is limited to those."""
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(executor, "_step_as_products", lambda q: False))
+    for kernel in (dense, remapped):  # the two kernels that run one query as products
+        stack.enter_context(mock.patch.object(kernel, "step_as_products", lambda q: False))
     if backends:
         stack.enter_context(sdpa_kernel(backends))
     return stack

@@ -233,12 +233,13 @@ def test_one_bf16_query_over_a_cache_view_equals_float64_attention(extra, keys, 
     shows: within 8x the error of SDPA's fused kernel (fp32 logits) on the same inputs (measured 6.0x over 3,000 keys:
     2.15e-2 against 3.6e-3; 4.8x over 700, on outputs of magnitude ~1), the price of the 3x faster step over long
     caches. Over fewer keys (fp32 products) the step is within 2x of the fused kernel's error."""
-    from lex_plugin.modules.attention import HeldKeys, attend, executor, plan
+    from lex_plugin.modules.attention import HeldKeys, attend, plan
+    from lex_plugin.modules.attention.kernels import ops
     from lex_plugin.modules.positions import ALiBi, NoPositions, alibi_slopes
 
     per_head = []
-    original = executor._per_head_products
-    monkeypatch.setattr(executor, "_per_head_products", lambda a, b: per_head.append(1) or original(a, b))
+    original = ops.per_head_products
+    monkeypatch.setattr(ops, "per_head_products", lambda a, b: per_head.append(1) or original(a, b))
     torch.manual_seed(2)
     B, H, D, S, cap = 2, 4, 32, keys, keys + 324
     buffer_k, buffer_v = torch.randn(2, B, H, cap, D, dtype=torch.bfloat16)  # a cache's buffers: rows cap apart
@@ -262,7 +263,7 @@ def test_one_bf16_query_over_a_cache_view_equals_float64_attention(extra, keys, 
     else:
         expected = torch.softmax(logits, -1) @ v.double()
     assert got.dtype == torch.bfloat16
-    assert bool(per_head) == (S > executor.HALF_STEP_FP32_KEYS)
+    assert bool(per_head) == (S > ops.HALF_STEP_FP32_KEYS)
     err = (got.double() - expected).abs().max()
     if extra == "peaked":
         fused = torch.nn.functional.scaled_dot_product_attention(q, k, v).double()

@@ -80,9 +80,9 @@ def test_each_method_equals_its_formula_in_float64(method, kind, length, monkeyp
     """Logits from the paper's distance (rotation by it, xPos's decay zeta^(d'/B), ALiBi's slope times it),
     one softmax over every causal key; planned chunks of 3 queries (bias_elements) at 1l and 4l, query blocks
     of 40 inside one chunk at 16l, so that the pieces straddle chunk and DCA-chunk boundaries."""
-    from lex_plugin.modules.attention import executor
+    from lex_plugin.modules.attention.kernels import remapped
 
-    monkeypatch.setattr(executor, "MAP_QUERY_BLOCK", 40)
+    monkeypatch.setattr(remapped, "MAP_QUERY_BLOCK", 40)
     torch.manual_seed(0)
     B, H, D = 1, 2, 16
     q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
@@ -227,13 +227,13 @@ def test_eval_lm_and_lex_commands_take_every_position_map(data_bin, trained, tmp
 def test_the_log_sum_exp_path_is_the_same_fused_or_explicit(padded):
     """The fused CPU kernel and the explicit fp32 path (what other devices run) give the same output and
     log-sum-exp, with a row that sees no key (output 0, log-sum-exp -inf) and a per-sample mask."""
-    from lex_plugin.modules.attention.executor import _attention_lse
+    from lex_plugin.modules.attention.kernels.ops import attention_lse
 
     torch.manual_seed(3)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
     allowed = torch.rand(2, 1, 5, 7) > 0.4 if padded else torch.rand(5, 7) > 0.4
     allowed[..., 0, :] = False
-    fused, explicit = _attention_lse(q, k, v, allowed, fused=True), _attention_lse(q, k, v, allowed, fused=False)
+    fused, explicit = attention_lse(q, k, v, allowed, fused=True), attention_lse(q, k, v, allowed, fused=False)
     assert torch.allclose(fused[0], explicit[0], atol=1e-5) and torch.equal(fused[1].isinf(), explicit[1].isinf())
     finite = explicit[1].isfinite()
     assert torch.allclose(fused[1][finite], explicit[1][finite], atol=1e-5)
@@ -245,22 +245,22 @@ def test_the_log_sum_exp_path_is_the_same_fused_or_explicit(padded):
 def test_a_torch_without_the_private_flash_kernel_takes_the_explicit_path(monkeypatch):
     """The private ATen op is looked up, not assumed: where torch has no op of that name the default path is the
     explicit one (same output), and forcing the fused one says what to do."""
-    from lex_plugin.modules.attention import executor
+    from lex_plugin.modules.attention.kernels import ops
 
     torch.manual_seed(4)
     q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     allowed = torch.rand(5, 7) > 0.3
-    assert executor._FLASH_CPU_KERNEL is not None  # this torch has it: the default is the fused kernel
+    assert ops.FLASH_CPU_KERNEL is not None  # this torch has it: the default is the fused kernel
     calls = []
-    real = executor._FLASH_CPU_KERNEL
-    monkeypatch.setattr(executor, "_FLASH_CPU_KERNEL", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    fused = executor._attention_lse(q, k, v, allowed)
+    real = ops.FLASH_CPU_KERNEL
+    monkeypatch.setattr(ops, "FLASH_CPU_KERNEL", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fused = ops.attention_lse(q, k, v, allowed)
     assert calls == [1]
-    monkeypatch.setattr(executor, "_FLASH_CPU_KERNEL", None)  # a torch that renamed or dropped the op
-    out, lse = executor._attention_lse(q, k, v, allowed)
+    monkeypatch.setattr(ops, "FLASH_CPU_KERNEL", None)  # a torch that renamed or dropped the op
+    out, lse = ops.attention_lse(q, k, v, allowed)
     assert torch.allclose(out, fused[0], atol=1e-5) and torch.allclose(lse, fused[1], atol=1e-5)
     with pytest.raises(RuntimeError, match="explicit path"):
-        executor._attention_lse(q, k, v, allowed, fused=True)
+        ops.attention_lse(q, k, v, allowed, fused=True)
 
 
 @pytest.mark.parametrize("method", [ReRoPE(L_TRAIN // 2), DualChunk(3 * L_TRAIN // 4, L_TRAIN // 16)], ids=str)
@@ -268,9 +268,9 @@ def test_a_torch_without_the_private_flash_kernel_takes_the_explicit_path(monkey
 def test_padded_keys_are_hidden_under_a_position_map(method, kind, monkeypatch):
     """Left padding (a batch of prompts of different lengths): padded keys are seen by no query, under every
     piece; the real rows equal float64 attention with those keys masked."""
-    from lex_plugin.modules.attention import executor
+    from lex_plugin.modules.attention.kernels import remapped
 
-    monkeypatch.setattr(executor, "MAP_QUERY_BLOCK", 40)
+    monkeypatch.setattr(remapped, "MAP_QUERY_BLOCK", 40)
     torch.manual_seed(4)
     B, H, D, length = 2, 2, 16, 4 * L_TRAIN
     q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
@@ -494,11 +494,11 @@ def test_an_observer_of_one_query_gets_the_windows_mask(method):
 def test_bf16_steps_over_a_long_cache_take_per_head_products_and_equal_the_formula(method, monkeypatch):
     """Past HALF_STEP_FP32_KEYS keys a bf16 step under a position map runs its long pieces' products per head in bf16:
     the last queries of 2,600 keys equal float64 attention at the paper's distances within bf16's resolution."""
-    from lex_plugin.modules.attention import executor
+    from lex_plugin.modules.attention.kernels import ops
 
     calls = []
-    original = executor._per_head_products
-    monkeypatch.setattr(executor, "_per_head_products", lambda a, b: calls.append(1) or original(a, b))
+    original = ops.per_head_products
+    monkeypatch.setattr(ops, "per_head_products", lambda a, b: calls.append(1) or original(a, b))
     torch.manual_seed(8)
     B, H, D, length = 1, 2, 16, 2600
     q, k, v = (torch.randn(B, H, length, D).bfloat16() for _ in range(3))

@@ -2,7 +2,8 @@
 temperatures, one planner, one SDPA executor, the key/value cache, and the self-attention layer that puts them
 together."""
 
-from .executor import Observer, attend, see_self
+from .executor import Observer, attend
+from .kernels.ops import see_self
 from .flags import ATTENTION_FLAGS, ATTENTION_MODES
 from .kv_cache import HeldKeys, KeyValueCache
 from .planner import Chunk, dense_query_limit, plan

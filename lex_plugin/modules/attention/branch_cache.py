@@ -15,15 +15,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .kv_cache import HeldKeys, KeyValueCache, RotatedPieces
+from .kv_cache import HeldKeys, KeyValueCache, RotatedPieces, SegmentedAttention
 
 __all__ = ["BranchCache", "branch_incremental_state"]
 
 
-class BranchCache:
+class BranchCache(SegmentedAttention):
     """``rows`` continuations of a batch-1 ``trunk``: the interface of :class:`~.kv_cache.KeyValueCache` that
     self-attention's step uses (``spec``, ``end``, ``segment_length``, ``extend``, ``held``, ``trim``, ``length``,
-    ``sink_length``).
+    ``sink_length``), and its segment loop (``SegmentedAttention.attend``).
 
     Args:
         trunk: the prompt's cache, batch 1; read, never written.

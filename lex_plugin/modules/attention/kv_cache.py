@@ -23,7 +23,7 @@ to fp32 when it goes feature-major, and narrowed back to the model's dtype with 
 product costs about 50 us a call whatever its size, and over long caches PyTorch's batched half products copy the
 cache first, so the widened step runs at fp32's speed where the half one ran at half of it; it holds the cache in
 fp32's bytes meanwhile (examples/lex_lm/BENCHMARKS.md, "bf16 generation at 16k"). A half cache with attention sinks,
-or under ``FEATURE_MAJOR_KEYS`` keys, stays sequence-major in its dtype (``executor._one_query``).
+or under ``FEATURE_MAJOR_KEYS`` keys, stays sequence-major in its dtype (``kernels.ops.one_query``).
 
 Appending writes into a buffer of capacity ``cap`` >= the live length; when the buffer is full the live
 keys move to its front (when they fill at most half of it: a bounded window) or it doubles (full
@@ -35,7 +35,7 @@ virtual place at every use).
 
 import copy
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -127,7 +127,40 @@ class RotatedPieces:
         self._held.clear()
 
 
-class KeyValueCache:
+class SegmentedAttention:
+    """The loop a generation cache runs over new positions, so that attention asks it once (:meth:`attend`). A cache
+    that mixes it in provides ``end``, ``segment_length``, ``extend``, ``held`` and ``trim`` (:class:`KeyValueCache`,
+    ``branch_cache.BranchCache``)."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+               attention: Callable[[Tensor, HeldKeys, int], Tensor]) -> Tensor:
+        """Attention of T new positions after the held ones, in segments the cache can take (xPos's scale stays in
+        range: ``segment_length``): each segment is stored (``extend``: queries rotated as its keys), attended by
+        ``attention(queries (B, H, t, D), held keys, first position)`` over what the cache holds, then the keys no
+        later query sees are dropped (``trim``).
+
+        Args:
+            q, k, v: (B, H, T, D) raw queries, keys and values of positions ``end`` .. ``end`` + T - 1.
+            key_padding_mask: (B, T) bool, True at padding, or None.
+            attention: one segment's attention, (B, H, t, D) out in q's dtype.
+
+        Returns:
+            (B, H, T, D): the segments' outputs in order.
+        """
+        length = q.size(2)
+        segment = self.segment_length(q.dtype) or length
+        outs = []
+        for a in range(0, length, segment):
+            b = min(length, a + segment)
+            first = self.end
+            pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
+            rotated = self.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad)
+            outs.append(attention(rotated, self.held(queries=b - a), first))
+            self.trim()
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+class KeyValueCache(SegmentedAttention):
     """Keys (rotated at ``center``), values and padding of positions start .. end - 1 of one layer.
 
     Args:

@@ -32,7 +32,7 @@ NoPE and absolute schemes have no distance to remap: refused.
 
 Numerics: positions are int64 or float64 (``leaky_rerope``); rotations are formed in float64 and applied in fp32;
 the executor runs each piece on SDPA's fused kernel and merges the pieces in fp32 by their log-sum-exps
-(``executor._Run.remapped``).
+(``kernels.remapped``).
 """
 
 from dataclasses import dataclass, fields

@@ -10,7 +10,6 @@ chunked prefill and generation steps.
 import uuid
 from typing import Dict, Optional, Sequence
 
-import torch
 from torch import Tensor, nn
 
 from ..autocast import autocast_dtype
@@ -184,7 +183,7 @@ class LexSelfAttention(nn.Module):
         bsz, dtype = q.size(0), autocast_dtype(q.device) or q.dtype
         explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
         # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits, where the fused CPU
-        # kernel returns the log-sum-exp (executor._attention_lse); other devices form the logits explicitly
+        # kernel returns the log-sum-exp (kernels.ops.attention_lse); other devices form the logits explicitly
         per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None
                         and q.device.type == "cpu")
         return plan(spec.window, q_start=q_start, q_len=q_len, k_start=k_start, has_bias=explicit,
@@ -194,22 +193,16 @@ class LexSelfAttention(nn.Module):
 
     def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, scheme, dropout_p,
               observer) -> Tensor:
-        """New positions after a filled cache, in segments the cache can take (xPos's scale stays in range)."""
-        tgt_len = q.size(2)
-        segment = cache.segment_length(q.dtype) or tgt_len
-        outs = []
-        for a in range(0, tgt_len, segment):
-            b = min(tgt_len, a + segment)
-            first = cache.end
-            pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
-            qr = cache.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad)
-            held = cache.held(queries=b - a)
-            chunks = self._plan(qr, spec=spec, scheme=scheme, q_len=b - a, q_start=first, k_start=held.start,
-                                key_padding_mask=held.padding, observer=observer)
-            outs.append(attend(qr, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
-                               observer=observer, sink_logits=self._sink_logits()))
-            cache.trim()
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        """New positions after a filled cache: the cache runs its segments (``SegmentedAttention.attend``), each
+        planned and attended here over what it holds."""
+
+        def segment(queries: Tensor, held: HeldKeys, first: int) -> Tensor:
+            chunks = self._plan(queries, spec=spec, scheme=scheme, q_len=queries.size(2), q_start=first,
+                                k_start=held.start, key_padding_mask=held.padding, observer=observer)
+            return attend(queries, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
+                          observer=observer, sink_logits=self._sink_logits())
+
+        return cache.attend(q, k, v, key_padding_mask, segment)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Reorder the cached keys/values along the batch for beam search (fairseq's contract)."""

@@ -31,7 +31,6 @@ training saw:
 from dataclasses import dataclass
 from typing import Optional, Union
 
-import torch
 from torch import Tensor
 
 __all__ = ["AttentionWindow", "selected_mode", "window_from_options"]
