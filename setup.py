@@ -23,7 +23,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="lex_plugin",
-    version="0.1.0",
+    version="0.2.0",
     description="LeX Transformer (xPos, blockwise causal attention) for fairseq",
     packages=find_packages(include=["lex_plugin", "lex_plugin.*"]),
     python_requires=">=3.9",

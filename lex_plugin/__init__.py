@@ -9,7 +9,7 @@ torch (and TorchScale's components) only: where fairseq is not installed, ``impo
 works and the fairseq registrations are skipped.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from . import logs
 

@@ -5,7 +5,9 @@
     lm.continue_text("It was a dark and stormy night", max_len=100, top_p=0.9, seed=1)
     lm.sample("It was a dark and stormy night", beam=4, max_len_b=50)     # fairseq's generator
     lm.score("It was a dark and stormy night.")["positional_scores"]
-    lm.score_document(open("book.txt").read()).ppl                              # a whole document, any length
+
+    from lex_plugin.evaluation.documents import score_document                # a whole document, any length
+    score_document(lm, open("book.txt").read()).ppl
 
 Text goes through exactly what ``lex prepare`` did (Moses normalisation and tokenization, the corpus'
 SentencePiece model from ``lex_prepare.json`` in the data-bin). ``continue_text`` runs the prompt in one
@@ -47,7 +49,7 @@ class LexHubInterface(GeneratorHubInterface):
     @property
     def spec(self) -> AttentionSpec:
         """The attention spec (window, RoPE scaling) every call without one uses: sample, score,
-        generate, continue_text, score_document. Fixed; :meth:`under` gives a hub with another."""
+        generate, continue_text (and ``evaluation.score_document``). Fixed; :meth:`under` gives a hub with another."""
         return self.models[0].decoder.spec
 
     @property
@@ -95,40 +97,6 @@ class LexHubInterface(GeneratorHubInterface):
         """Text -> (n,) int64 token ids as the corpus was prepared, without ``</s>`` and without the checks of
         :meth:`encode`: a piece of a longer prompt (the passkey probe's intro, needle, question and key)."""
         return self.binarize(self.apply_bpe(self.tokenize(text)))[:-1].long()
-
-    def score_document(self, text: str, name: str = "document", spec: Optional[AttentionSpec] = None,
-                       key_token_rule=None, evaluator: Optional["LexHubInterface"] = None):
-        """Score a raw document under ``spec`` (default :attr:`spec`): encoded as ``lex prepare`` encodes a
-        corpus, run whole through the key/value cache (never truncated).
-
-        Args:
-            key_token_rule: an ``evaluation.longppl.KeyTokenRule``: also LongPPL, over the key tokens that
-                ``evaluator`` (default this hub; same dictionary) finds under full attention, the whole
-                document as the long context.
-
-        Returns:
-            ``evaluation.documents.DocumentScore`` (tokens, loss in bits, ppl, buckets at multiples of l; key
-            tokens and LongPPL with a rule).
-
-        Raises:
-            ValueError: no text, more tokens than the model's ``max_positions()``, an evaluator with another
-                dictionary.
-        """
-        from .evaluation.documents import encode_document, score_tokens
-
-        tokens = encode_document(self, text)
-        key = None
-        if key_token_rule is not None:
-            from .evaluation.longppl import document_key_tokens
-
-            evaluator = evaluator or self
-            if evaluator.src_dict.symbols != self.src_dict.symbols:
-                raise ValueError("the LongPPL evaluator has another dictionary than the scored model; key tokens are "
-                                 "the same tokens only with the same data-bin.")
-            rule = key_token_rule.resolve(evaluator.training_length or self.training_length)
-            key = document_key_tokens(evaluator.models[0], tokens, self.src_dict.eos(), self.src_dict.pad(), rule)
-        return score_tokens(self.models[0], tokens, self.spec if spec is None else spec, self.src_dict.eos(), name,
-                            self.training_length, key_tokens=key)
 
     def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
         """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the

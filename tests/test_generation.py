@@ -114,14 +114,11 @@ def test_bca_needs_a_training_length(trained, data_bin, tmp_path):
     assert str(hub.window) == f"bca({TRAIN_LEN // 2})"
 
 
-def test_the_class_method_loader_is_deprecated_and_loads_the_same_hub(trained, data_bin):
-    ckpt, _ = trained
-    with pytest.warns(DeprecationWarning, match="lex_plugin.from_pretrained"):
-        old = LexLanguageModel.from_pretrained(ckpt.parent, ckpt.name, data_bin, window="bca", sink_tokens=2)
-    new = lex_plugin.from_pretrained(ckpt.parent, ckpt.name, data_bin, window="bca", sink_tokens=2)
-    assert old.spec == new.spec and str(new.window) == f"bca({TRAIN_LEN // 2})+sinks(2)"
-    text = "It was a dark and stormy night, and the rain fell in torrents."
-    assert torch.equal(old.score(text)["positional_scores"], new.score(text)["positional_scores"])
+def test_the_class_method_loader_is_removed_with_an_error_that_names_the_loader():
+    """Removed in 0.2: an error naming lex_plugin.from_pretrained, not fairseq's inherited loader (which would drop
+    the attention keywords)."""
+    with pytest.raises(TypeError, match=r"lex_plugin\.from_pretrained\(\.\.\.\) with the same arguments"):
+        LexLanguageModel.from_pretrained("checkpoints", "checkpoint_best.pt", "data-bin", window="bca", sink_tokens=2)
 
 
 def test_lex_generate_cli(trained, data_bin):

@@ -185,7 +185,8 @@ def test_length_report_only_needs_eval_lengths(data_bin, trained):
 def test_lex_score_longppl_on_a_document(data_bin, trained, pg_slice, tmp_path):
     """``lex score --longppl``: the key tokens of the whole document by the library's rule, LongPPL the score's
     loss over them; the same key tokens under BCA, a LongPPL of its own."""
-    from lex_plugin.evaluation.documents import document_nll, encode_document
+    from lex_plugin.evaluation.documents import encode_document
+    from lex_plugin.evaluation.length_eval import document_nll
     from lex_plugin.evaluation.longppl import document_key_tokens
     from lex_plugin.hub_interface import from_pretrained
 

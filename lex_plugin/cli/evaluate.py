@@ -142,7 +142,7 @@ def score_cmd(checkpoint, data_option, paths, json_out, longppl, key_token_model
     if not files or any(f.is_dir() for f in files):
         raise click.UsageError("lex score DATA FILE ...: give at least one text file after the data-bin.")
     from ..analysis.report import write_json
-    from ..evaluation.documents import format_scores
+    from ..evaluation.documents import format_scores, score_document
     from ..evaluation.longppl import key_token_rule
 
     try:
@@ -155,7 +155,7 @@ def score_cmd(checkpoint, data_option, paths, json_out, longppl, key_token_model
                 text = path.read_text(encoding="utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"{path} is not UTF-8; convert it (e.g. iconv -f latin1 -t utf-8).") from None
-            scores.append(hub.score_document(text, name=path.name, key_token_rule=rule, evaluator=evaluator))
+            scores.append(score_document(hub, text, name=path.name, key_token_rule=rule, evaluator=evaluator))
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
     tokens = sum(s.tokens for s in scores)

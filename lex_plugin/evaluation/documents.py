@@ -1,4 +1,4 @@
-"""Scoring raw documents (``lex score``, ``LexHubInterface.score_document``): no data-bin for the text.
+"""Scoring raw documents (``lex score``, :func:`score_document` on a hub): no data-bin for the text.
 
 A document is encoded exactly as ``lex prepare`` encodes a corpus (paragraphs, Moses, the data-bin's
 SentencePiece model, ``</s>`` after each paragraph) and scored whole: source ``</s>`` + tokens[:-1],
@@ -15,16 +15,14 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.text import paragraphs
 from ..modules.attention.spec import AttentionSpec
-from .length_eval import Bucket, _Scored, blockwise_forward, bucket_edges, bucket_table
+from .length_eval import Bucket, _Scored, bucket_edges, bucket_table, document_nll
+from .longppl import document_key_tokens
 
-__all__ = ["DocumentScore", "encode_document", "document_nll", "score_tokens", "format_scores"]
-
-FULL_BLOCK = 1024  # positions per forward under full attention (the cache holds all earlier ones)
+__all__ = ["DocumentScore", "encode_document", "score_document", "score_tokens", "format_scores"]
 
 
 @dataclass
@@ -67,32 +65,35 @@ def encode_document(hub, text: str) -> Tensor:
     return torch.cat(pieces)
 
 
-@torch.no_grad()
-def document_nll(model, tokens: Tensor, spec: AttentionSpec, eos: int, name: str = "") -> Tensor:
-    """(T,) float64 loss in nats of every token of a document (T,) under ``spec``, the whole document as
-    context: fed in blocks (the window's stride, or ``FULL_BLOCK`` under full attention) through the
-    key/value cache, so the logits of one block at a time exist, never T x V.
+def score_document(hub, text: str, name: str = "document", spec: Optional[AttentionSpec] = None,
+                   key_token_rule=None, evaluator=None) -> DocumentScore:
+    """Score a raw document with a hub (``lex_plugin.from_pretrained``) under ``spec`` (default the hub's own):
+    encoded as ``lex prepare`` encodes a corpus (:func:`encode_document`), run whole through the key/value cache
+    (never truncated).
+
+    Args:
+        hub: a ``LexHubInterface``.
+        key_token_rule: a :class:`~.longppl.KeyTokenRule`: also LongPPL, over the key tokens that ``evaluator``
+            (default ``hub``; same dictionary) finds under full attention, the whole document as the long context.
+
+    Returns:
+        A :class:`DocumentScore` (tokens, loss in bits, ppl, buckets at multiples of l; key tokens and LongPPL with a
+        rule).
 
     Raises:
-        ValueError: T exceeds ``model.max_positions()`` (say which model and how long), or T = 0.
+        ValueError: no text, more tokens than the model's ``max_positions()``, an evaluator with another dictionary.
     """
-    length = tokens.numel()
-    if length == 0:
-        raise ValueError(f"document {name!r} is empty.")
-    if length > model.max_positions():
-        raise ValueError(
-            f"document {name!r} has {length:,} tokens, more than this model's max_positions() = {model.max_positions():,} "
-            "(learned absolute positions end there); it would have to be truncated. Score a shorter text or a model "
-            "with relative positions."
-        )
-    device = next(model.parameters()).device
-    target = tokens.to(device)[None]
-    source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
-    block = spec.window.feed_block or FULL_BLOCK
-    return torch.cat([
-        F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
-        for a, b, out in blockwise_forward(model, source, block, spec=spec)
-    ])
+    tokens = encode_document(hub, text)
+    key = None
+    if key_token_rule is not None:
+        evaluator = evaluator or hub
+        if evaluator.src_dict.symbols != hub.src_dict.symbols:
+            raise ValueError("the LongPPL evaluator has another dictionary than the scored model; key tokens are "
+                             "the same tokens only with the same data-bin.")
+        rule = key_token_rule.resolve(evaluator.training_length or hub.training_length)
+        key = document_key_tokens(evaluator.models[0], tokens, hub.src_dict.eos(), hub.src_dict.pad(), rule)
+    return score_tokens(hub.models[0], tokens, hub.spec if spec is None else spec, hub.src_dict.eos(), name,
+                        hub.training_length, key_tokens=key)
 
 
 def score_tokens(
@@ -104,7 +105,7 @@ def score_tokens(
     training_length: Optional[int] = None,
     key_tokens: Optional[Tensor] = None,
 ) -> DocumentScore:
-    """Score a whole document of ``tokens`` (T,) with ``model`` under ``spec`` (:func:`document_nll`).
+    """Score a whole document of ``tokens`` (T,) with ``model`` under ``spec`` (:func:`~.length_eval.document_nll`).
 
     Args:
         key_tokens: (T,) bool, LongPPL's key tokens of the document (:func:`.longppl.document_key_tokens`):
@@ -114,7 +115,7 @@ def score_tokens(
         A :class:`DocumentScore` with T scored tokens and buckets at multiples of ``training_length``.
 
     Raises:
-        ValueError: as :func:`document_nll`; key tokens of another length.
+        ValueError: as :func:`~.length_eval.document_nll`; key tokens of another length.
     """
     nll = document_nll(model, tokens, spec, eos, name)
     length = tokens.numel()

@@ -28,8 +28,10 @@ from tqdm import tqdm
 
 from ..modules.attention.spec import AttentionSpec
 
-__all__ = ["LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "evaluate_lengths", "evaluate_fixed_target",
-           "format_table", "progress_bar"]
+__all__ = ["FULL_BLOCK", "LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "document_nll",
+           "evaluate_lengths", "evaluate_fixed_target", "format_table", "progress_bar"]
+
+FULL_BLOCK = 1024  # positions per forward through the cache under full attention (the cache holds all earlier ones)
 
 
 class _Scored:
@@ -157,6 +159,34 @@ def blockwise_forward(model, tokens: Tensor, block: int, incremental_state: Opti
         end = min(start + block, length)
         out, _ = model(tokens[:, :end], incremental_state=state, **kwargs)
         yield start, end, out
+
+
+@torch.no_grad()
+def document_nll(model, tokens: Tensor, spec: AttentionSpec, eos: int, name: str = "") -> Tensor:
+    """(T,) float64 loss in nats of every token of a document (T,) under ``spec``, the whole document as
+    context: fed in blocks (the window's stride, or ``FULL_BLOCK`` under full attention) through the
+    key/value cache, so the logits of one block at a time exist, never T x V.
+
+    Raises:
+        ValueError: T exceeds ``model.max_positions()`` (say which model and how long), or T = 0.
+    """
+    length = tokens.numel()
+    if length == 0:
+        raise ValueError(f"document {name!r} is empty.")
+    if length > model.max_positions():
+        raise ValueError(
+            f"document {name!r} has {length:,} tokens, more than this model's max_positions() = {model.max_positions():,} "
+            "(learned absolute positions end there); it would have to be truncated. Score a shorter text or a model "
+            "with relative positions."
+        )
+    device = next(model.parameters()).device
+    target = tokens.to(device)[None]
+    source = torch.cat([target.new_full((1, 1), eos), target[:, :-1]], dim=1)
+    block = spec.window.feed_block or FULL_BLOCK
+    return torch.cat([
+        F.cross_entropy(out[0].float(), target[0, a:b], reduction="none").double()
+        for a, b, out in blockwise_forward(model, source, block, spec=spec)
+    ])
 
 
 @torch.no_grad()

@@ -31,8 +31,7 @@ import torch
 from torch import Tensor
 
 from ..modules.attention.spec import FULL_SPEC, AttentionSpec
-from .documents import document_nll
-from .length_eval import _batches, _pad_batch, _token_nll
+from .length_eval import _batches, _pad_batch, _token_nll, document_nll
 
 __all__ = ["KEY_TOKEN_FLAGS", "KeyTokenRule", "key_token_rule", "short_context_nll", "key_token_mask", "find_key_tokens",
            "document_key_tokens"]
@@ -168,7 +167,7 @@ def find_key_tokens(model, stream: Tensor, length: int, spec: AttentionSpec, eos
 
 def document_key_tokens(model, tokens: Tensor, eos: int, pad: int, rule: KeyTokenRule, max_tokens: int = 32768) -> Tensor:
     """The key tokens of one document (T,) (the whole document is the long context, read through the
-    key/value cache as :func:`~.documents.document_nll` reads it), found by the evaluator ``model`` under full
+    key/value cache as :func:`~.length_eval.document_nll` reads it), found by the evaluator ``model`` under full
     attention; the first source token is ``</s>``, as :func:`~.documents.score_tokens` scores it.
 
     Returns:

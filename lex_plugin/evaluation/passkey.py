@@ -33,7 +33,7 @@ from ..data.finetune import FinetuneRow
 from ..modules.attention.branch_cache import branch_incremental_state
 from ..modules.attention.kv_cache import fork_incremental_state
 from ..modules.attention.spec import AttentionSpec
-from .length_eval import blockwise_forward, progress_bar
+from .length_eval import FULL_BLOCK, blockwise_forward, progress_bar
 
 __all__ = ["CandidateScores", "PasskeyPrompt", "PasskeyResult", "ReadPrompt", "build_prompt", "finetune_samples", "format_passkey",
            "passkey_accuracy", "plot_passkey", "read_prompt", "score_candidates", "score_continuations"]
@@ -43,7 +43,6 @@ INTRO = ("There is an important piece of information hidden inside a lot of irre
 NEEDLE = "The pass key is {key} . Remember it . {key} is the pass key ."
 QUESTION = "What is the pass key ? The pass key is"
 DIGITS = 5
-FULL_BLOCK = 1024  # prompt positions per forward under full attention
 
 
 def _spell(key: int) -> str:

@@ -11,7 +11,6 @@ this module is imported gets its flags, and an option given to a scheme that doe
 """
 
 import copy
-import warnings
 from dataclasses import dataclass, field, make_dataclass
 from typing import Optional
 
@@ -191,17 +190,15 @@ class LexLanguageModel(FairseqLanguageModel):
     """LeX Transformer language model (Sun et al., ACL 2023): a pre-LN decoder with xPos attention."""
 
     @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
-                        window="full", **kwargs):
-        """Deprecated, removed in 0.2: use ``lex_plugin.from_pretrained`` (same arguments, same hub). Kept for one
-        release because fairseq's inherited ``from_pretrained`` would otherwise take its place and silently drop
-        the attention keywords; 0.2 replaces it with an error that names ``lex_plugin.from_pretrained``. The one
-        import of the hub from ``models/`` (tests/test_core.py holds every other import to the layering)."""
-        warnings.warn("LexLanguageModel.from_pretrained is deprecated and will be removed in lex_plugin 0.2: call "
-                      "lex_plugin.from_pretrained(...) with the same arguments.", DeprecationWarning, stacklevel=2)
-        from ..hub_interface import from_pretrained  # the deprecated shim's import (models/ sits below the hub)
+    def from_pretrained(cls, *args, **kwargs):
+        """Removed in 0.2 (deprecated in 0.1): load with ``lex_plugin.from_pretrained`` (same arguments, same hub).
 
-        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, window, **kwargs)
+        Raises:
+            TypeError: always. fairseq's inherited ``from_pretrained`` would otherwise take this name's place and
+                silently drop the attention keywords (``window``, ``sink_tokens``...).
+        """
+        raise TypeError("LexLanguageModel.from_pretrained was removed in lex_plugin 0.2: call "
+                        "lex_plugin.from_pretrained(...) with the same arguments (it returns the same hub).")
 
     def under(self, spec) -> "LexLanguageModel":
         """This model with ``spec`` (an ``AttentionSpec``: window, RoPE scaling) as the default of every call that

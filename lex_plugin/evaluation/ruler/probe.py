@@ -21,7 +21,7 @@ the shortest length), and RULER's length-weighted averages (weights rising, ``wA
 import logging
 import zlib
 from dataclasses import asdict, dataclass, field, fields
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
