@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lex_plugin.experiments import table2
-from lex_plugin.experiments.table2 import (PAPER_TABLE2, Table2Error, Table2Options, markdown_table2,
-                                           measured_throughput, plan_budget, run_table2)
+from lex_plugin.experiments.table2 import Table2Error, Table2Options, measured_throughput, plan_budget, run_table2
+from lex_plugin.experiments.table2_report import PAPER_TABLE2, markdown_table2
 
 from conftest import REPO, run_cli
 
