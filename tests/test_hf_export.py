@@ -774,31 +774,56 @@ def test_the_cache_under_either_name(exports, test_tokens):
         model(ids[:, 13:14], cache=cache, past_key_values=cache)
 
 
-@pytest.mark.parametrize("layout", [dict(pos_emb="rope", subln=True, no_scale_embedding=True),
-                                    dict(pos_emb="alibi", post_ln=True, share_decoder_input_output_embed=True,
-                                         layernorm_embedding=True, activation_fn="relu")], ids=str)
-def test_one_name_table_reads_both_ways(layout):
-    """fairseq / TorchScale names -> LexConfig (export) -> TorchScale names (load): every field of the decoder the
-    fairseq model is built from comes back with its value, the negated one (no_scale_embedding) included."""
+@pytest.mark.parametrize("layout", [
+    dict(pos_emb="rope", subln=True, no_scale_embedding=True, layernorm_eps=1e-6, layer_pattern="rope/bca,none/full"),
+    dict(pos_emb="alibi", post_ln=True, share_decoder_input_output_embed=True, layernorm_embedding=True,
+         activation_fn="relu", decoder_embed_dim=96, decoder_ffn_embed_dim=160, decoder_attention_heads=3),
+    dict(pos_emb="xpos", deepnorm=True, activation_fn="swish", qk_norm=True, learned_sinks=True)], ids=str)
+def test_every_model_field_round_trips_fairseq_hf_fairseq(layout):
+    """fairseq options -> decoder config -> LexConfig (export) -> config.json -> LexConfig -> decoder config (load):
+    every field of ``MODEL_FIELDS`` with an HF name comes back with its value (the negated one included), the
+    designs' options too, and the training-only fields at their inference values."""
     import argparse
 
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     from lex_plugin.export.hf import hf_config
-    from lex_plugin.hf.configuration import HF_NAMES, NEGATED_HF_NAMES
+    from lex_plugin.hf.configuration import LexConfig
     from lex_plugin.models.lex_lm import build_decoder_config
+    from lex_plugin.modules.designs import DESIGN_OPTIONS
+    from lex_plugin.modules.model_fields import MODEL_FIELDS
 
     dictionary = Dictionary()
     for i in range(50):
         dictionary.add_symbol(f"w{i}")
-    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=64, decoder_layers=3, **layout)
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=64, decoder_layers=3, dropout=0.3, **layout)
     ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
     built = build_decoder_config(args, len(dictionary))
-    loaded = hf_config(args, dictionary, 64).decoder_config()
-    for name in (*HF_NAMES, *NEGATED_HF_NAMES):
-        assert getattr(loaded, name) == getattr(built, name), name
-    assert (loaded.decoder_layers, loaded.no_scale_embedding, loaded.tokens_per_sample) == (3, layout.get("no_scale_embedding", False), 64)
-    assert loaded.decoder_normalize_before == (not layout.get("post_ln", False))
+    exported = hf_config(args, dictionary, 64)
+    loaded = LexConfig(**json.loads(exported.to_json_string())).decoder_config()
+    fields = [f.name for f in MODEL_FIELDS.values() if f.hf]
+    assert [getattr(loaded, n) for n in fields] == [getattr(built, n) for n in fields]
+    for name, value in layout.items():  # each value given comes back (--post-ln as normalize_before, below)
+        assert name == "post_ln" or getattr(loaded, name) == value, name
+    assert [getattr(loaded, n) for n in DESIGN_OPTIONS] == [getattr(built, n) for n in DESIGN_OPTIONS]
+    assert (loaded.decoder_layers, loaded.tokens_per_sample, loaded.vocab_size) == (3, 64, len(dictionary))
+    assert loaded.decoder_normalize_before == (not (layout.get("post_ln") or layout.get("deepnorm")))
+    assert (built.dropout, loaded.dropout, loaded.random_positions) == (0.3, 0.0, 0)
+
+
+def test_the_fairseq_options_are_the_table_and_the_registries():
+    """fairseq's ``--arch lex_lm`` dataclass holds exactly the options ``model_options()`` lists (the model's
+    fields, each scheme's, each design's) and the training length, with the table's defaults."""
+    import dataclasses
+
+    from lex_plugin.models.lex_lm import LexLanguageModelConfig
+    from lex_plugin.modules.model_fields import MODEL_FIELDS, model_options
+
+    fields = {f.name: f for f in dataclasses.fields(LexLanguageModelConfig)}
+    assert set(fields) - {"tokens_per_sample", "_name"} == {name for name, _, _ in model_options()}
+    for f in MODEL_FIELDS.values():
+        if f.option:
+            assert fields[f.name].default == f.default, f.name
 
 
 def test_lex_export_hf_takes_the_data_bin_first_and_the_old_form_with_a_warning(scheme_checkpoints, data_bin, tmp_path):

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Dict, Optional
 
 from ..data.text import BPE_MODEL, META_FILE
-from ..hf.configuration import HF_NAMES, NEGATED_HF_NAMES, LexConfig
+from ..hf.configuration import LexConfig
 from ..hf.modeling import LexForCausalLM
 from ..hf.tokenization import LexTokenizer
 from ..modules.attention.spec import AttentionOptions
@@ -64,6 +64,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
     from ..models.lex_lm import build_decoder_config
     from ..modules.decoder import symbols_digest
     from ..modules.designs import DESIGN_OPTIONS
+    from ..modules.model_fields import hf_fields
     from ..modules.positions.absolute import _learned_size
     from ..modules.positions.scheme import get_scheme, scheme_option_values
 
@@ -88,8 +89,7 @@ def hf_config(model_cfg, dictionary, training_length: Optional[int], options: Op
                          f"({'the learned table' if table else 'positive'}); got {max_position_embeddings}.")
     decoder.tokens_per_sample = training_length  # the l given (the checkpoint's, or --training-length)
     return LexConfig(
-        **{hf: getattr(decoder, name) for name, hf in HF_NAMES.items()},
-        **{hf: not getattr(decoder, name) for name, hf in NEGATED_HF_NAMES.items()},
+        **hf_fields(decoder),
         **{name: getattr(decoder, name) for name in DESIGN_OPTIONS},
         position_options=position_options, attention=_attention_fields(options), dictionary_digest=bytes(symbols_digest(dictionary.symbols).tolist()).hex(), bos_token_id=dictionary.eos(),
         pad_token_id=dictionary.pad(), eos_token_id=dictionary.eos(), max_position_embeddings=max_position_embeddings,

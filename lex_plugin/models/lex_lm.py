@@ -11,7 +11,7 @@ this module is imported gets its flags, and an option given to a scheme that doe
 """
 
 import copy
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import field, make_dataclass
 from typing import Optional
 
 import torch
@@ -24,56 +24,31 @@ from torchscale.architecture.config import DecoderConfig
 from ..modules.designs import DESIGN_OPTIONS, DESIGNS, DesignOption
 from ..modules.positions import POSITION_SCHEMES, SCHEME_OPTIONS, SchemeOption
 from ..modules.layer_pattern import parse_layer_pattern
+from ..modules.model_fields import MODEL_FIELDS, ModelField
 from ..modules.positions.scheme import get_scheme, scheme_option_values, scheme_owners
 from .lex_decoder import LexDecoder, build_embedding
 
-ACTIVATION_CHOICES = ChoiceEnum(["relu", "gelu", "swish"])
 
 
-@dataclass
-class LexModelOptions(FairseqDataclass):
-    """``--arch lex_lm`` options that every position scheme shares: TorchScale ``DecoderConfig`` names,
-    ``--pos-emb`` (any registered scheme) and ``--random-positions``. ``tokens_per_sample`` records the
-    training length l. The schemes' own options are added from the registry
-    (:data:`LexLanguageModelConfig`)."""
+def _model_field(f: ModelField):
+    """A fairseq dataclass field of ``f`` (``pos_emb``'s help lists the registered schemes)."""
+    kind = ChoiceEnum(list(f.choices)) if f.choices else (Optional[f.type] if f.optional else f.type)
+    text = f.help if f.name != "pos_emb" else "position scheme, any registered one: " + "; ".join(
+        f"{n} ({spec.summary})" for n, spec in POSITION_SCHEMES.items())
+    return f.name, kind, field(default=f.default, metadata={"help": text})
 
-    pos_emb: str = field(
-        default="xpos",
-        metadata={"help": "position scheme, any registered one: " + "; ".join(
-            f"{n} ({spec.summary})" for n, spec in POSITION_SCHEMES.items())},
-    )
-    random_positions: int = field(
-        default=0,
-        metadata={"help": "randomized positions at training (Ruoss et al. 2023): each sample takes sorted position ids "
-                          "drawn from [0, L_MAX); evaluation uses ordinary positions; 0: off"},
-    )
-    decoder_embed_dim: int = field(default=512, metadata={"help": "model dimension C"})
-    decoder_ffn_embed_dim: int = field(default=2048, metadata={"help": "FFN inner dimension"})
-    decoder_layers: int = field(default=6, metadata={"help": "number of decoder layers"})
-    decoder_attention_heads: int = field(default=8, metadata={"help": "number of attention heads"})
-    post_ln: bool = field(default=False, metadata={"help": "post-LN layers (LayerNorm after each residual); default pre-LN"})
-    subln: bool = field(default=False, metadata={"help": "Magneto sub-LayerNorm (TorchScale subln; pre-LN)"})
-    deepnorm: bool = field(default=False, metadata={"help": "DeepNet: post-LN with residual scaling (2N)^(1/4)"})
-    activation_fn: ACTIVATION_CHOICES = field(default="gelu", metadata={"help": "FFN activation"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
-    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention probabilities"})
-    activation_dropout: float = field(default=0.0, metadata={"help": "dropout after the FFN activation"})
-    drop_path_rate: float = field(default=0.0, metadata={"help": "stochastic depth rate of the last layer"})
-    layernorm_embedding: bool = field(default=False, metadata={"help": "LayerNorm after the token embedding"})
-    no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale embeddings by sqrt(C)"})
-    share_decoder_input_output_embed: bool = field(
-        default=False, metadata={"help": "tie the input embedding and the output projection"}
-    )
-    layernorm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
-    layer_pattern: Optional[str] = field(
-        default=None,
-        metadata={"help": "each layer's positions and trained window, repeated over the depth: SCHEME/WINDOW[*N],... with "
-                          "SCHEME the --pos-emb or none, WINDOW full (global), bca, sliding:W or chunked:C (local, kept at "
-                          "evaluation), e.g. 'rope/sliding:128*5,rope/full' (Gemma) or 'xpos/bca*3,none/full'; the "
-                          "evaluation's attention flags change the global layers only"},
-    )
-    # The training length, recorded in the checkpoint for blockwise causal attention at evaluation.
-    tokens_per_sample: int = II("task.tokens_per_sample")
+
+# ``--arch lex_lm``'s options that every position scheme shares (``modules.model_fields.MODEL_FIELDS``: TorchScale
+# ``DecoderConfig`` names, ``--pos-emb``, ``--random-positions``), and ``tokens_per_sample``, the training length l
+# recorded in the checkpoint for BCA at evaluation. The schemes' own options are added from their registry
+# (:data:`LexLanguageModelConfig`).
+LexModelOptions = make_dataclass(
+    "LexModelOptions",
+    [_model_field(f) for f in MODEL_FIELDS.values() if f.option]
+    + [("tokens_per_sample", int, field(default=II("task.tokens_per_sample")))],
+    bases=(FairseqDataclass,),
+)
+LexModelOptions.__module__ = __name__
 
 
 def _scheme_option_field(option: SchemeOption):
@@ -104,35 +79,22 @@ LexLanguageModelConfig.__doc__ = (
 
 def build_decoder_config(cfg, vocab_size: int) -> DecoderConfig:
     """TorchScale ``DecoderConfig`` from the fairseq model config (Namespace or DictConfig)."""
-    config = DecoderConfig(
-        decoder_embed_dim=cfg.decoder_embed_dim,
-        decoder_attention_heads=cfg.decoder_attention_heads,
-        decoder_ffn_embed_dim=cfg.decoder_ffn_embed_dim,
-        decoder_layers=cfg.decoder_layers,
-        decoder_normalize_before=not (cfg.post_ln or cfg.deepnorm),
-        activation_fn=str(cfg.activation_fn),
-        dropout=cfg.dropout,
-        drop_path_rate=cfg.drop_path_rate,
-        attention_dropout=cfg.attention_dropout,
-        activation_dropout=cfg.activation_dropout,
-        no_scale_embedding=cfg.no_scale_embedding,
-        layernorm_embedding=cfg.layernorm_embedding,
-        deepnorm=cfg.deepnorm,
-        subln=cfg.subln,
-        share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
-        layernorm_eps=cfg.layernorm_eps,
-        vocab_size=vocab_size,
-    )
+    # every structural field as given, its default where the checkpoint predates it (the upgrade path)
+    values = {f.name: safe_getattr(cfg, f.name, f.default) for f in MODEL_FIELDS.values() if f.option}
+    values.update(pos_emb=str(values["pos_emb"]), activation_fn=str(values["activation_fn"]), vocab_size=vocab_size,
+                  decoder_normalize_before=not (values["post_ln"] or values["deepnorm"]),
+                  random_positions=values["random_positions"] or 0, layer_pattern=values["layer_pattern"] or None,
+                  tokens_per_sample=safe_getattr(cfg, "tokens_per_sample", None))
+    config = DecoderConfig(**values)  # (it takes the names it knows, and resolves its layout from them)
+    for name, value in values.items():
+        if not hasattr(config, name):
+            setattr(config, name, value)
     # the position scheme and every registered scheme option as given (None: not given); the decoder's
     # ``build_positions`` resolves the chosen scheme's and refuses the others (``scheme_option_values``)
-    config.pos_emb = str(cfg.pos_emb)
     for name in SCHEME_OPTIONS:
         setattr(config, name, safe_getattr(cfg, name, None))
-    config.random_positions = safe_getattr(cfg, "random_positions", 0) or 0
-    config.layer_pattern = safe_getattr(cfg, "layer_pattern", None) or None
     for name, option in DESIGN_OPTIONS.items():  # every design's options, as given (its default where not)
         setattr(config, name, option.read(cfg))
-    config.tokens_per_sample = safe_getattr(cfg, "tokens_per_sample", None)
     return config
 
 
