@@ -16,8 +16,8 @@ Results are recorded in examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
-import json
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,15 +74,12 @@ def main():
                    help="also measure every point with PATH/scripts/bench_attention.py (an older checkout)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "L"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    started = time.perf_counter()
 
     if args.one:
         benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.repeats, args.pos_emb))
         return
-    if args.baseline is not None:
-        try:
-            benchmark.baseline_script(args.baseline, Path(__file__))
-        except FileNotFoundError as e:
-            p.error(str(e))
+    benchmark.check_baseline(p, args.baseline, Path(__file__))
 
     lengths = parse_int_list(args.lengths, "--lengths")
     modes = parse_name_list(args.modes, "--modes")
@@ -103,7 +100,7 @@ def main():
     columns = {m: [(f"{m} tok/s", "tokens_per_s", "{:,.0f}"), (f"{m} peak MB", "peak_mb_above_start", "{:,.0f}")] for m in modes}
     print(benchmark.sweep_table(rows, lengths, modes, columns, compare))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rows, indent=2))
+        benchmark.write_report(args.json_out, rows, started)
 
 
 if __name__ == "__main__":

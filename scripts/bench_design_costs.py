@@ -11,7 +11,6 @@ The report holds one row per run and its provenance (command, commit, device, ve
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,6 @@ def table(rows) -> str:
 
 
 def main():
-    from lex_plugin.provenance import provenance
     from lex_plugin.experiments.reproduce.catalogue import RUNS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,8 +70,7 @@ def main():
           f"{benchmark.thread_count()} threads; each design and its base in one process, measurements alternated\n")
     print(table(rows))
     if args.json_out:
-        report = {"provenance": provenance(wall_s=time.perf_counter() - start, cuda=False), "rows": rows}  # CPU runs
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        benchmark.write_report(args.json_out, rows, start, cuda=False)  # CPU runs
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ this script (its lex_plugin), right after this one's. Results are recorded in ex
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -118,6 +117,7 @@ def main():
                         "drift does not move (ms/token only; no baseline)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    started = time.perf_counter()
     if args.interleaved:
         if args.baseline is not None:
             p.error("--interleaved measures one checkout: drop --baseline.")
@@ -132,16 +132,12 @@ def main():
                                        [[f"{r['context']:,}", r["mode"], f"{r['ms_per_token']:.2f}", f"{r['vs_first']:.2f}"]
                                         for r in rows]))
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(rows, indent=2))
+            benchmark.write_report(args.json_out, rows, started)
         return
     if args.one:
         benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps))
         return
-    if args.baseline is not None:
-        try:
-            benchmark.baseline_script(args.baseline, Path(__file__))
-        except FileNotFoundError as e:
-            p.error(str(e))
+    benchmark.check_baseline(p, args.baseline, Path(__file__))
     contexts = parse_int_list(args.contexts, "--contexts")
     modes = parse_name_list(args.modes, "--modes")
     rows = benchmark.sweep(Path(__file__), [(m, n) for n in contexts for m in modes],
@@ -170,7 +166,7 @@ def main():
           f"{r['ms_per_token'] / r['cache_read_ms']:.2f}", f"{r['attention_ms']:.2f}", f"{r['read_gb_per_s']:.1f}",
           f"{r['cache_mb'] * 2**20 / r['attention_ms'] / 1e6:.1f}"] for r in rows]))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rows, indent=2))
+        benchmark.write_report(args.json_out, rows, started)
 
 
 if __name__ == "__main__":

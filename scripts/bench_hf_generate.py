@@ -22,7 +22,6 @@ examples/lex_lm/BENCHMARKS.md.
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -137,6 +136,7 @@ def main():
     p.add_argument("--json-out", default=None)
     p.add_argument("--one", nargs=2, metavar=("ENGINE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    started = time.perf_counter()
     if args.one:
         benchmark.emit(measure_one(args.one[0], int(args.one[1]), args.arch, args.training_length, args.steps, args.mode,
                                    args.repeats))
@@ -174,7 +174,7 @@ def main():
         table.append(row)
     print(benchmark.markdown_table(header, table))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(rows, indent=2))
+        benchmark.write_report(args.json_out, rows, started)
 
 
 if __name__ == "__main__":

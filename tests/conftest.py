@@ -271,10 +271,10 @@ def heads64(x: torch.Tensor, proj: torch.nn.Linear, num_heads: int) -> torch.Ten
     return out.view(B, T, num_heads, -1).transpose(1, 2)
 
 
-def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, params) -> None:
+def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, params, atol: float = 1e-5) -> list:
     """``got`` (the module's output) within 1e-5 of its float64 reference ``expected``, and the gradients of ``params``
-    (the module's own, as a list) through both within float32's reach (rtol 1e-4, atol 1e-5), one random output
-    gradient for both."""
+    (the module's own, as a list) through both within float32's reach (rtol 1e-4, ``atol``), one random output
+    gradient for both. Returns the module's gradients of ``params``."""
     assert (got.double() - expected).abs().max() < 1e-5
     grad_out = torch.randn_like(got)
     got.backward(grad_out)
@@ -282,4 +282,5 @@ def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, par
     module.zero_grad()
     expected.backward(grad_out.double())
     for a, p in zip(mine, params):
-        assert torch.allclose(a.double(), p.grad.double(), rtol=1e-4, atol=1e-5)
+        assert torch.allclose(a.double(), p.grad.double(), rtol=1e-4, atol=atol)
+    return mine

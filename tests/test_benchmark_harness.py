@@ -93,7 +93,9 @@ def test_bench_generation_against_itself_as_baseline(tmp_path):
                     "--training-length", "16", "--steps", "2", "--baseline", str(REPO), "--json-out", str(out)],
                    env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert "| context | bca ms/token old | bca ms/token new | bca ms/token new/old |" in proc.stdout, proc.stdout
-    row = json.loads(out.read_text())[0]
+    report = json.loads(out.read_text())
+    row = report["rows"][0]
+    assert report["provenance"]["command"] and report["provenance"]["wall_s"] > 0
     # BCA keeps at most l = 16 keys per layer, in both checkouts
     assert 0 < row["cached_positions_per_layer"] <= 16 and row["baseline"]["cached_positions_per_layer"] == row["cached_positions_per_layer"]
 
@@ -105,7 +107,7 @@ def test_bench_attention_one_point_per_mode(tmp_path):
                     "--modes", "bca_blockwise,reference", "--training-length", "16", "--repeats", "1", "--json-out", str(out)],
                    env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert "| L | bca_blockwise tok/s | bca_blockwise peak MB | reference tok/s | reference peak MB |" in proc.stdout
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["bca_blockwise", "reference"]
     assert all("skipped" not in r and r["tokens_per_s"] > 0 for r in rows), rows
 
@@ -126,7 +128,7 @@ def test_bench_hf_generate_times_every_engine(tmp_path):
                     "--json-out", str(out)],
                    env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert "| context | lex ms/token | hf ms/token |" in proc.stdout and "hf speed / lex" in proc.stdout, proc.stdout
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert [r["engine"] for r in rows] == ["lex", "hf"] * 2 and all(r["ms_per_token"] > 0 for r in rows), rows  # engines take turns
 
 

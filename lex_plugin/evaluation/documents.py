@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..data.text import paragraphs
 from ..modules.attention.spec import AttentionSpec
-from .length_eval import Bucket, _Scored, bucket_edges, bucket_table, document_nll
+from .length_eval import Bucket, _Scored, bucket_edges, bucket_table, document_nll, score_lines
 from .longppl import document_key_tokens
 
 __all__ = ["DocumentScore", "encode_document", "score_document", "score_tokens", "format_scores"]
@@ -134,13 +134,7 @@ def format_scores(scores: Sequence[DocumentScore], training_length: Optional[int
     """Markdown tables: one row per document (tokens, loss in bits, ppl; key tokens and LongPPL when scored),
     then the loss per position
     bucket of each document (rows only where a document reaches past l)."""
-    longppl = any(s.key_tokens is not None for s in scores)
-    lines = ["| document | window | tokens | x l | loss (bits) | ppl |" + (" key tokens | LongPPL |" if longppl else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if longppl else "")]
-    for s in scores:
-        ratio = f"{s.tokens / training_length:.3g}" if training_length else "-"
-        line = f"| {s.name} | {s.window} | {s.tokens:,} | {ratio} | {s.loss:.4f} | {s.ppl:.2f} |"
-        if longppl:
-            line += f" {s.key_tokens or 0:,} | {'-' if s.longppl is None else f'{s.longppl:.2f}'} |"
-        lines.append(line)
+    lines = score_lines(("document", "window", "tokens", "x l"), [
+        ((s.name, s.window, f"{s.tokens:,}", f"{s.tokens / training_length:.3g}" if training_length else "-"), s)
+        for s in scores])
     return "\n".join(lines + bucket_table(("document", "window"), [((s.name, s.window), s.buckets) for s in scores]))

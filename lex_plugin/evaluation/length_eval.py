@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ..modules.attention.spec import AttentionSpec
 
 __all__ = ["FULL_BLOCK", "LengthResult", "blockwise_forward", "bucket_edges", "bucket_table", "document_nll",
-           "evaluate_lengths", "evaluate_fixed_target", "format_table", "progress_bar"]
+           "evaluate_lengths", "evaluate_fixed_target", "format_table", "progress_bar", "score_lines"]
 
 FULL_BLOCK = 1024  # positions per forward through the cache under full attention (the cache holds all earlier ones)
 
@@ -322,16 +322,22 @@ def evaluate_fixed_target(
 def format_table(results: Sequence[LengthResult], training_length: Optional[int] = None) -> str:
     """Markdown table: window, length (and its ratio to l), tokens scored, loss (bits), ppl (and the key
     tokens and LongPPL when any result has them); then the position buckets of each stream pass."""
-    longppl = any(r.key_tokens is not None for r in results)
-    lines = ["| protocol | window | length | x l | tokens | loss (bits) | ppl |" + (" key tokens | LongPPL |" if longppl else ""),
-             "|---|---|---|---|---|---|---|" + ("---|---|" if longppl else "")]
-    for r in results:
-        ratio = f"{r.length / training_length:g}" if training_length else "-"
-        line = f"| {r.protocol} | {r.window} | {r.length} | {ratio} | {r.tokens:,} | {r.loss:.4f} | {r.ppl:.2f} |"
-        if longppl:
-            line += f" {'-' if r.key_tokens is None else f'{r.key_tokens:,}'} | {'-' if r.longppl is None else f'{r.longppl:.2f}'} |"
-        lines.append(line)
+    lines = score_lines(("protocol", "window", "length", "x l", "tokens"), [
+        ((r.protocol, r.window, str(r.length), f"{r.length / training_length:g}" if training_length else "-", f"{r.tokens:,}"), r)
+        for r in results])
     return "\n".join(lines + bucket_table(("window", "length"), [((r.window, r.length), r.buckets) for r in results]))
+
+
+def score_lines(columns: Sequence[str], rows: Sequence[Tuple[Sequence[str], _Scored]]) -> List[str]:
+    """Markdown lines of scored rows: ``columns`` and each row's cells, then its loss (bits) and ppl, and the key tokens
+    and LongPPL (``-`` where a row has none) when any row has them."""
+    longppl = any(scored.key_tokens is not None for _, scored in rows)
+    head = [*columns, "loss (bits)", "ppl", *(("key tokens", "LongPPL") if longppl else ())]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cells, s in rows:
+        extra = ["-" if s.key_tokens is None else f"{s.key_tokens:,}", "-" if s.longppl is None else f"{s.longppl:.2f}"]
+        lines.append("| " + " | ".join([*cells, f"{s.loss:.4f}", f"{s.ppl:.2f}", *(extra if longppl else ())]) + " |")
+    return lines
 
 
 def bucket_table(keys: Sequence[str], rows: Sequence[Tuple[tuple, Sequence[Bucket]]]) -> List[str]:

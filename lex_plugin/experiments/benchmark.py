@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
-    "BENCH_VOCAB_SYMBOLS", "Column", "baseline_script", "bench_model", "best_time", "checkout_env", "design_of", "emit",
+    "BENCH_VOCAB_SYMBOLS", "Column", "baseline_script", "bench_model", "best_time", "check_baseline", "checkout_env",
+    "design_of", "emit",
     "markdown_table", "measure", "median_time", "random_model",
     "peak_rss_mb", "ratio", "result_cells", "result_header", "rss_mb", "run_isolated", "sweep", "sweep_table", "thread_count",
-    "time_calls",
+    "time_calls", "write_report",
 ]
 
 # A table column of a result dict: (header label, key in the result, format of the value).
@@ -169,6 +170,26 @@ def baseline_script(checkout: Path, script: Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"baseline checkout {checkout} has no {path.relative_to(checkout)}")
     return path
+
+
+def check_baseline(parser, checkout: Optional[Path], script: Path) -> None:
+    """Stop a bench script through ``parser.error`` (argparse's usage error) when ``--baseline CHECKOUT`` holds no
+    version of ``script``; nothing without ``--baseline``."""
+    if checkout is not None:
+        try:
+            baseline_script(checkout, script)
+        except FileNotFoundError as e:
+            parser.error(str(e))
+
+
+def write_report(path, rows: List[dict], started: float, cuda: Optional[bool] = None) -> None:
+    """A benchmark's ``--json-out`` report at ``path``: ``{"provenance": ..., "rows": rows}``, the provenance (command,
+    commit, device, versions) with the wall time since ``started`` (a ``time.perf_counter()`` value); ``cuda``: whether
+    the rows ran on a GPU (None: whether this process sees one)."""
+    from ..provenance import provenance
+
+    report = {"provenance": provenance(wall_s=time.perf_counter() - started, cuda=cuda), "rows": rows}
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def checkout_env(checkout: Optional[Path]) -> Dict[str, str]:
