@@ -158,3 +158,50 @@ def test_analysis_commands_end_to_end(trained, data_bin, tmp_path):
     bad = subprocess.run([*lex, "resolution", "--path", str(ckpt), str(data_bin), "--lengths", "64,x"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode != 0 and "--lengths takes positive integers" in bad.stderr
+
+
+# ---- the attention on the first token ---------------------------------------------------------------------
+
+def test_first_token_mass_of_uniform_attention_is_the_harmonic_mean():
+    """With q = 0 every logit is 0 (RoPE: no bias): query n attends its n + 1 keys alike, so the mass on key 0 is
+    1 / (n + 1), and its mean over n = 1 .. L - 1 the same in every layer and head."""
+    from lex_plugin.analysis.first_token import first_token_mass
+
+    model = zero_queries(build_lex_model(pos_emb="rope", seed=3).eval())
+    L = 200
+    mass = first_token_mass(model, random_tokens(model.decoder.dictionary, 3, L, seed=1))
+    expected = sum(1.0 / (n + 1) for n in range(1, L)) / (L - 1)
+    assert mass.shape == (len(model.decoder.layers), model.decoder.layers[0].self_attn.num_heads)
+    assert (mass - expected).abs().max() < 1e-6
+
+
+def test_first_token_mass_equals_float64_attention_of_the_first_layer():
+    """A NoPE model: layer 0's queries and keys from its input in float64, softmax, the probability on key 0 averaged
+    over queries 1 .. L - 1 and texts, per head."""
+    from conftest import heads64
+    from lex_plugin.analysis.first_token import first_token_mass
+
+    model = build_lex_model(pos_emb="none", seed=4).eval()
+    attn = model.decoder.layers[0].self_attn
+    seen = []
+    handle = attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    tokens = random_tokens(model.decoder.dictionary, 2, 150, seed=2)
+    mass = first_token_mass(model, tokens)
+    handle.remove()
+    x = torch.cat(seen, dim=1) if len(seen) > 1 else seen[0]
+    q, k = heads64(x, attn.q_proj, attn.num_heads), heads64(x, attn.k_proj, attn.num_heads)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+    T = x.size(1)
+    probs = torch.softmax(logits.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
+    expected = probs[:, :, 1:, 0].mean(dim=(0, 2))
+    assert (mass[0] - expected).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
+                                              ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8,none/full"}, "layer-pattern")])
+def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
+    from lex_plugin.analysis.first_token import first_token_mass
+
+    model = build_lex_model(**overrides).eval()
+    with pytest.raises(ValueError, match=match):
+        first_token_mass(model, random_tokens(model.decoder.dictionary, 1, 16, seed=0))

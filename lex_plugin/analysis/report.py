@@ -10,10 +10,12 @@ import torch
 from ..data.stream import split_stream  # re-exported: callers import it from here
 from ..evaluation.length_eval import progress_bar
 from ..modules.attention.spec import AttentionOptions, AttentionSpec
+from .first_token import first_token_mass
 from .receptive_field import cumulative_gradient, effective_receptive_field, theoretical_receptive_field
 from .resolution import attention_resolution, expectation_curve, score_by_distance
 
-__all__ = ["decay_curve_report", "load_model", "receptive_field_report", "resolution_report", "split_stream"]
+__all__ = ["decay_curve_report", "first_token_report", "format_first_token", "load_model", "receptive_field_report",
+           "resolution_report", "split_stream"]
 
 
 def load_model(checkpoint: Path, data: Path, options: AttentionOptions, evaluation_length: Optional[int] = None,
@@ -50,6 +52,35 @@ def _plot(out: Path, curves: Dict[str, Sequence[float]], xlabel: str, ylabel: st
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+
+
+def first_token_report(model, stream: torch.Tensor, length: int, texts: int = 8, batch_size: int = 4,
+                       progress: bool = True) -> dict:
+    """The attention on position 0 under full attention (:func:`~.first_token.first_token_mass`) over ``texts`` texts
+    of ``length`` tokens of ``stream``: per layer the mean over heads and the heads' range, and the mean over layers.
+
+    Returns:
+        {"length", "texts", "mean", "layers": [{"layer", "mean", "min_head", "max_head"}]}.
+    """
+    device = next(model.parameters()).device
+    segments = _segments(stream, length, texts)
+    total = None
+    for i in progress_bar(range(0, len(segments), batch_size), f"first token L={length}", "batch", progress):
+        batch = torch.stack(segments[i:i + batch_size]).to(device)
+        part = first_token_mass(model, batch) * batch.size(0)
+        total = part if total is None else total + part
+    mass = total / len(segments)  # (layers, H)
+    layers = [{"layer": i, "mean": float(row.mean()), "min_head": float(row.min()), "max_head": float(row.max())}
+              for i, row in enumerate(mass)]
+    return {"length": length, "texts": len(segments), "mean": float(mass.mean()), "layers": layers}
+
+
+def format_first_token(report: dict) -> str:
+    """Markdown: the attention on position 0 per layer (mean over heads, the heads' range), then the mean."""
+    lines = [f"Attention on the first token, full attention, {report['texts']} texts of {report['length']} tokens "
+             "(mean over queries 1 .. L - 1)", "", "| layer | mean | lowest head | highest head |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['layer']} | {r['mean']:.3f} | {r['min_head']:.3f} | {r['max_head']:.3f} |" for r in report["layers"]]
+    return "\n".join(lines + [f"| all | {report['mean']:.3f} | | |"])
 
 
 def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], spec: AttentionSpec, texts: int = 8,

@@ -202,6 +202,27 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, json_out
     write_outputs(report, format_resolution(report), json_out, plot_out, plot_resolution)
 
 
+@main.command("first-token")
+@CKPT
+@DATA
+@click.option("--length", type=click.IntRange(min=2), default=256, show_default=True, help="tokens per text")
+@click.option("--texts", type=click.IntRange(min=1), default=16, show_default=True, help="texts averaged")
+@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
+@SPLIT
+@JSON_OUT
+def first_token_cmd(checkpoint, data, length, texts, batch_size, split, json_out):
+    """The share of attention on the first token (the attention sink) per layer, under full attention: the measure
+    of Qiu et al. 2025 (Gated Attention, section 4.3), on texts of the split."""
+    from ..analysis.report import first_token_report, format_first_token, split_stream
+
+    try:
+        model, dictionary, _ = analysis_model(checkpoint, data, {})
+        report = first_token_report(model, split_stream(data, split, dictionary), length, texts, batch_size)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    write_outputs(report, format_first_token(report), json_out, None, None)
+
+
 @main.command("decay-curve")
 @click.option("--head-dim", type=int, default=64, show_default=True)
 @click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=GAMMA, show_default=True)
