@@ -29,12 +29,13 @@ def main():
     p.add_argument("--training-length", type=int, default=256)
     p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
                    "for every run); default: each run's own WORK/runs/NAME/longppl.json (the reproduction's longppl probe)")
-    p.add_argument("--costs", type=Path, help="scripts/bench_design_costs.py --json-out: each run's evaluation time, "
-                   "generation time and cache against its base model, measured in one process per run")
+    p.add_argument("--costs", type=Path, action="append", default=[],
+                   help="scripts/bench_design_costs.py --json-out: each run's evaluation time, generation time and cache "
+                   "against its base model, measured in one process per run; repeat for several reports (a run in one)")
     p.add_argument("--reference", type=Path, action="append", default=[], help="a JSON list of transcribed rows, first")
     p.add_argument("-o", "--plot", type=Path, help="the PNG")
     args = p.parse_args()
-    for option, path in [("--costs", args.costs), *(("--reference", r) for r in args.reference)]:
+    for option, path in [*(("--costs", c) for c in args.costs), *(("--reference", r) for r in args.reference)]:
         if path is not None and not path.is_file():
             p.error(f"{option}: no file {path}.")
     if args.longppl_dir is not None and not args.longppl_dir.is_dir():

@@ -79,14 +79,22 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
                                                               _row("full", 4096, ppl=1.0, longppl=30.0)]}))
     _costs(tmp_path / "costs.json", {"run": "irope", "eval_time": 0.4, "gen_time": 0.5, "cache_64k": 0.25},
            {"run": "rnope_swa", "eval_time": 0.5, "gen_time": 0.6, "cache_64k": 0.251})
-    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", costs=tmp_path / "costs.json")
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", costs=[tmp_path / "costs.json"])
     assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.75)
     assert (f.passkey_8l, f.greedy_8l, f.greedy_16l) == (0.5, 0.15, 0.8)
     assert (f.eval_time, f.gen_time, f.cache_64k) == (0.5, 0.6, 0.251) and f.ruler_8l is None
     # costs measured at another context or l are refused, naming the command that measures them again
     _costs(tmp_path / "costs.json", {"run": "rnope_swa", "context": 4096, "eval_time": 0.5})
     with pytest.raises(ValueError, match="bench_design_costs.py --context 16384 --training-length 256"):
-        design_figures(tmp_path, "rnope_swa", 256, 300, costs=tmp_path / "costs.json")
+        design_figures(tmp_path, "rnope_swa", 256, 300, costs=[tmp_path / "costs.json"])
+    # several reports: each run's row from the one that holds it; a run in two is refused
+    _costs(tmp_path / "costs.json", {"run": "irope", "eval_time": 0.4, "gen_time": 0.5, "cache_64k": 0.25})
+    _costs(tmp_path / "more.json", {"run": "rnope_swa", "eval_time": 0.7, "gen_time": 0.8, "cache_64k": 0.3})
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, costs=[tmp_path / "costs.json", tmp_path / "more.json"])
+    assert (f.eval_time, f.gen_time, f.cache_64k) == (0.7, 0.8, 0.3)
+    _costs(tmp_path / "costs.json", {"run": "rnope_swa", "eval_time": 0.4, "gen_time": 0.5, "cache_64k": 0.25})
+    with pytest.raises(ValueError, match="has a cost row in .*costs.json and in .*more.json"):
+        design_figures(tmp_path, "rnope_swa", 256, 300, costs=[tmp_path / "costs.json", tmp_path / "more.json"])
     # RULER-lite at 8l: the mean over tasks of each task's mean over depths, as RESULTS prints it for the committed
     # 1,000-update xPos report (full attention 0.32 at 8l); a report without 16l has no ratio
     shutil.copy(REPO / "examples/lex_lm/ruler/ruler_xpos.json", run / "ruler_answers.json")
@@ -122,8 +130,8 @@ def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
             for r in xpos if r["window"] == "full"]
     (rec / "ruler_answers.json").write_text(json.dumps({"results": beta}))
     _costs(tmp_path / "costs.json", {"run": "rope_drope", "eval_time": 1.2, "gen_time": 0.97, "cache_64k": 1.0})
-    f = design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True, costs=tmp_path / "costs.json")
-    plain = design_figures(tmp_path, "rope_drope", 256, 300, costs=tmp_path / "costs.json")
+    f = design_figures(tmp_path, "rope_drope", 256, 300, recalibrated=True, costs=[tmp_path / "costs.json"])
+    plain = design_figures(tmp_path, "rope_drope", 256, 300, costs=[tmp_path / "costs.json"])
     assert f.ratio == pytest.approx(0.95) and plain.ratio == pytest.approx(1.2)
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and plain.ruler_8l is None
     assert f.name == "rope_drope/recalibrated" and f.label.endswith("recalibrated (C = 0.2)")
@@ -180,15 +188,15 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     """RESULTS' "The verdict at 1,000 updates" quotes each design's row from the reports committed in
     examples/lex_lm/designs_1000: reading them again gives the same figures (LongPPL from the run's own report)."""
     work = REPO / "examples/lex_lm/designs_1000"
-    f = design_figures(work, "irope", 256, 1000, costs=work / "costs16k.json")
+    f = design_figures(work, "irope", 256, 1000, costs=[work / "costs16k.json"])
     assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
     assert (round(f.eval_time, 2), round(f.gen_time, 2), round(f.cache_64k, 3)) == (0.44, 0.62, 0.251)
     # the xPos BCA + NoPE pattern: five goals met, RULER-lite missed (the closest row of the 1,000-update table)
-    f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=work / "costs16k.json")
+    f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.92, 0.19)
     # RNoPE-SWA: the same five goals, RULER-lite closer (0.25)
-    f = design_figures(work, "rnope_swa", 256, 1000, costs=work / "costs16k.json")
+    f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)
     assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.41, 0.60)
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
@@ -196,15 +204,15 @@ def test_the_committed_1000_update_reports_give_the_results_row():
                 "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.11), "rope_drope": (1.083, 0.53, 0.0, 0.19, 0.99),
                 "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 1.0)}
     for name, figures in expected.items():
-        f = design_figures(work, name, 256, 1000, costs=work / "costs16k.json")
+        f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
         got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2))
         assert got == figures, name
     # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
     # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
-    f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, costs=work / "costs16k.json")
+    f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, costs=[work / "costs16k.json"])
     assert f.label.endswith("recalibrated (C = 0)")
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == expected["rope_drope"]
-    f = design_figures(work / "gpu", "rope_drope", 256, 1000, costs=work / "costs16k.json")
+    f = design_figures(work / "gpu", "rope_drope", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == (
         1.0842, 0.53, 0.0, 0.21, 0.99)
 

@@ -242,24 +242,29 @@ def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
     return effective_length(full, "full", "ranking")["averages"].get(length)
 
 
-def _costs_row(costs: Optional[Path], name: str, training_length: int, context: int) -> Optional[dict]:
-    """Run ``name``'s row of a cost report (``scripts/bench_design_costs.py --json-out``: the design and its base
-    measured in one process); None without a report or without a row for ``name``.
+def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: int) -> Optional[dict]:
+    """Run ``name``'s row of the cost reports ``costs`` (``scripts/bench_design_costs.py --json-out``: the design and
+    its base measured in one process); None without a row for ``name``.
 
     Raises:
-        ValueError: the row was measured at another context or training length than the verdict reads.
+        ValueError: the row was measured at another context or training length than the verdict reads; ``name`` in
+            two reports (which one holds?).
     """
-    report = _report(costs) if costs else None
-    row = next((r for r in (report or {}).get("rows", []) if r["run"] == name), None)
-    if row is not None and (row["context"], row["training_length"]) != (context, training_length):
-        raise ValueError(f"{costs}: run {name} was measured at context {row['context']} and l = {row['training_length']}; "
+    found = [(path, r) for path in costs for r in _report(path).get("rows", []) if r["run"] == name]
+    if len(found) > 1:
+        raise ValueError(f"run {name} has a cost row in {found[0][0]} and in {found[1][0]}: give one report per run.")
+    if not found:
+        return None
+    path, row = found[0]
+    if (row["context"], row["training_length"]) != (context, training_length):
+        raise ValueError(f"{path}: run {name} was measured at context {row['context']} and l = {row['training_length']}; "
                          f"the verdict reads context {context} and l = {training_length}: measure it again with "
                          f"scripts/bench_design_costs.py --context {context} --training-length {training_length}.")
     return row
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
-                   costs: Optional[Path] = None, context: int = 16384,
+                   costs: Sequence[Path] = (), context: int = 16384,
                    recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
     from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
@@ -267,9 +272,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     the reference rows' are), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
-    at 8l (``ruler_answers.json``, the mean over tasks), and the cost figures of ``costs`` (a
-    ``scripts/bench_design_costs.py`` report: evaluation and generation time at ``context``, the cache at 64k, each over
-    the base model's measured in the same process; None: not measured).
+    at 8l (``ruler_answers.json``, the mean over tasks), and the cost figures of ``costs`` (``scripts/bench_design_costs.py``
+    reports: evaluation and generation time at ``context``, the cache at 64k, each over the base model's measured in the
+    same process; no row for the run: not measured).
     With ``recalibrated``, a DroPE run's figures under its recalibration (the same files in
     WORK/runs/NAME/recalibrated/, ``reproduce.steps._recalibrate``; labelled with its C): the time ratios stay the run's,
     since the temperature is one multiplication of the queries.
