@@ -46,6 +46,7 @@ class LexDecoderLayer(nn.Module):
             subln=config.subln,
             layernorm_eps=config.layernorm_eps,
             designs=designs,
+            depth=depth,
         )
         self.self_attn_layer_norm = nn.LayerNorm(dim, eps=config.layernorm_eps)
         self.ffn = FeedForwardNetwork(

@@ -40,7 +40,10 @@ class LexSelfAttention(nn.Module):
         designs: what the model's trained designs do in this layer (``modules.designs``: QK-norm, SSMax, Llama 4's
             temperature tuning, learned sinks), in the registry's order: each creates its parameters here
             (``attach``) and acts at its points of :meth:`forward` (queries and keys before the position scheme, a
-            query factor, sink logits in the softmax, each head's output before the output projection).
+            query factor, sink logits in the softmax, the attention call itself, each head's output before the output
+            projection).
+        depth: the layer's index in the stack, 0 first (a design may depend on it: differential attention's
+            lambda_init).
 
     Raises:
         ValueError: C not divisible by H.
@@ -54,6 +57,7 @@ class LexSelfAttention(nn.Module):
         subln: bool = False,
         layernorm_eps: float = 1e-5,
         designs: Sequence[LayerDesign] = (),
+        depth: int = 0,
     ):
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -71,10 +75,12 @@ class LexSelfAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
         self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=layernorm_eps) if subln else None
         self.layernorm_eps = layernorm_eps
+        self.depth = depth
         self.designs = tuple(designs)
         for design in self.designs:
             design.attach(self)
         self._sinks = next((design for design in self.designs if design.sinks), None)  # (build_designs: one at most)
+        self._taker = next((design for design in self.designs if design.takes_attention), None)  # (one at most)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -159,8 +165,10 @@ class LexSelfAttention(nn.Module):
         if cache is None or cache.end == 0:
             chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
                                 observer=observer)
-            out = attend(q, HeldKeys(k, v, key_padding_mask), chunks, spec=spec, scheme=scheme, dropout_p=dropout_p,
-                         observer=observer, positions=positions, sink_logits=self._sink_logits())
+            held = HeldKeys(k, v, key_padding_mask)
+            out = self._attention(q, lambda queries: attend(
+                queries, held, chunks, spec=spec, scheme=scheme, dropout_p=dropout_p, observer=observer,
+                positions=positions, sink_logits=self._sink_logits()))
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -171,6 +179,11 @@ class LexSelfAttention(nn.Module):
         if self.inner_attn_ln is not None:
             out = self.inner_attn_ln(out)
         return self.out_proj(out)
+
+    def _attention(self, q: Tensor, run) -> Tensor:
+        """The executor's attention for queries ``q`` (B, H, T, d), ``run(queries)`` one executor call over the layer's
+        keys: through the design that takes the attention call (differential attention), else one call."""
+        return run(q) if self._taker is None else self._taker.attend(self, q, run)
 
     def _sink_logits(self) -> Optional[Tensor]:
         """(H,) logits a design adds to every softmax's denominator (learned sinks), or None."""
@@ -199,8 +212,9 @@ class LexSelfAttention(nn.Module):
         def segment(queries: Tensor, held: HeldKeys, first: int) -> Tensor:
             chunks = self._plan(queries, spec=spec, scheme=scheme, q_len=queries.size(2), q_start=first,
                                 k_start=held.start, key_padding_mask=held.padding, observer=observer)
-            return attend(queries, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p,
-                          observer=observer, sink_logits=self._sink_logits())
+            return self._attention(queries, lambda rotated: attend(
+                rotated, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p, observer=observer,
+                sink_logits=self._sink_logits()))
 
         return cache.attend(q, k, v, key_padding_mask, segment)
 

@@ -11,15 +11,20 @@ The points, in the order attention calls them (``LexSelfAttention.forward``):
    positions and window (:class:`QueryContext`; SSMax, Llama 4's temperature tuning);
 3. ``sink_logits(attention)``: (H,) logits that join every softmax's denominator with no value (learned sinks), at
    most one design per model;
-4. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
+4. ``attend(attention, q, run)``: the attention itself, ``run(queries)`` the executor over the layer's keys and values
+   (the cache's included) for queries (B, H, T, d) as it takes them (raw in a parallel pass, where it rotates them with
+   the keys; rotated as the cache's keys in a generation step): one call by default, more where a design combines
+   several maps over the same keys (differential attention), changing the queries only in ways the position scheme's
+   rotation commutes with (a factor per pair of dimensions); at most one design per model;
+5. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
    projected, given the layer's input x (B, T, C) (an output gate).
 
 and of the decoder (``modules.decoder.DecoderStack``):
 
-5. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
-6. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
+6. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
+7. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
    token); at most one design per model;
-7. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
+8. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
    updates (DroPE).
 
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
@@ -71,6 +76,14 @@ class LayerDesign:
     def queries(self, attention, q: Tensor, at: QueryContext) -> Tensor:
         """q (B, H, T, d) times this design's factor, before the position scheme; q's dtype kept."""
         return q
+
+    takes_attention = False  # whether attend replaces the one executor call: at most one design of a model may
+
+    def attend(self, attention, q: Tensor, run: Callable[[Tensor], Tensor]) -> Tensor:
+        """The attention's output (B, H, T, d) for queries q (B, H, T, d), ``run(queries)`` being the executor over the
+        layer's keys and values (what it returns: (B, H, T, d) in q's dtype); the queries may only change by a factor
+        per pair of dimensions (module docstring, point 4)."""
+        return run(q)
 
     def output(self, attention, out: Tensor, x: Tensor) -> Tensor:
         """The attention's output per head ``out`` (B, H, T, d) before the heads are merged and projected, given the
@@ -159,12 +172,15 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     """The designs ``config`` turns on, in registration order, each with its layer object.
 
     Raises:
-        ValueError: as a design's ``build``; two designs with sink logits.
+        ValueError: as a design's ``build``; two designs with sink logits, or two that replace the attention call.
     """
     built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
     sinks = [spec.name for spec, layer in built if layer.sinks]
     if len(sinks) > 1:
         raise ValueError(f"{' and '.join(sinks)} both add a logit to every softmax's denominator; use one of them.")
+    takers = [spec.name for spec, layer in built if layer.takes_attention]
+    if len(takers) > 1:
+        raise ValueError(f"{' and '.join(takers)} both replace how attention is taken; use one of them.")
     return built
 
 
