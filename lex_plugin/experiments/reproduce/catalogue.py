@@ -44,6 +44,7 @@ RUNS: Dict[str, tuple] = {
     "xpos_sink_token": (["--pos-emb", "xpos", "--sink-token"], "design"),
     "rope_gate_headwise": (["--pos-emb", "rope", "--attention-gate", "headwise"], "design"),
     "rope_gate_elementwise": (["--pos-emb", "rope", "--attention-gate", "elementwise"], "design"),
+    "rope_diff": (["--pos-emb", "rope", "--differential-attention"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 
@@ -158,6 +159,7 @@ LABELS = {
     "xpos_sink_token": "xPos + a sink token at pre-training (StreamingLLM)",
     "rope_gate_headwise": "RoPE + gated attention, a gate per head (Qiu et al. 2025)",
     "rope_gate_elementwise": "RoPE + gated attention, a gate per element (Qiu et al. 2025)",
+    "rope_diff": "RoPE + differential attention (Ye et al. 2025)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",
