@@ -117,6 +117,16 @@ def command_provenance() -> dict:
                       cuda=command_device(ctx.params).type == "cuda")
 
 
+def analysis_outputs(make_report, table, json_out, plot_out=None, plotter=None) -> None:
+    """An analysis command's run: ``make_report()`` (a ValueError or FileNotFoundError becomes the command's error
+    message, what to change), then :func:`write_outputs` of the report and its markdown ``table(report)``."""
+    try:
+        report = make_report()
+    except (ValueError, FileNotFoundError) as err:
+        raise click.ClickException(str(err)) from None
+    write_outputs(report, table(report), json_out, plot_out, plotter)
+
+
 def write_outputs(report, table, json_out, plot_out, plotter):
     """An analysis command's results: ``table`` (markdown) echoed, ``report`` written as JSON to ``json_out`` (with its
     :func:`command_provenance`) and

@@ -10,8 +10,8 @@ import click
 
 from ..modules.positions.xpos import GAMMA, SCALE_BASE
 from ..options import given_flags, parse_int_list
-from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, command_provenance,
-                     data_and_rest, key_token_options, load_hub, window_options, write_outputs)
+from .common import (CKPT, DATA, DEPRECATED_DATA, JSON_OUT, PLOT_OUT, SPLIT, analysis_model, analysis_outputs,
+                     command_provenance, data_and_rest, key_token_options, load_hub, window_options)
 from .group import main
 
 
@@ -191,15 +191,14 @@ def resolution_cmd(checkpoint, data, lengths, texts, batch_size, split, json_out
     averaged over texts and heads; R(s) per layer and averaged over layers."""
     from ..analysis.report import format_resolution, plot_resolution, resolution_report, split_stream
 
-    try:
+    def report():
         sizes = parse_int_list(lengths, "--lengths")
         if not sizes or min(sizes) < 2:
             raise ValueError(f"--lengths takes integers >= 2 separated by commas, got {lengths!r}.")
         model, dictionary, spec = analysis_model(checkpoint, data, window)
-        report = resolution_report(model, split_stream(data, split, dictionary), sizes, spec, texts, batch_size)
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
-    write_outputs(report, format_resolution(report), json_out, plot_out, plot_resolution)
+        return resolution_report(model, split_stream(data, split, dictionary), sizes, spec, texts, batch_size)
+
+    analysis_outputs(report, format_resolution, json_out, plot_out, plot_resolution)
 
 
 @main.command("first-token")
@@ -215,12 +214,11 @@ def first_token_cmd(checkpoint, data, length, texts, batch_size, split, json_out
     of Qiu et al. 2025 (Gated Attention, section 4.3), on texts of the split."""
     from ..analysis.report import first_token_report, format_first_token, split_stream
 
-    try:
+    def report():
         model, dictionary, _ = analysis_model(checkpoint, data, {})
-        report = first_token_report(model, split_stream(data, split, dictionary), length, texts, batch_size)
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
-    write_outputs(report, format_first_token(report), json_out, None, None)
+        return first_token_report(model, split_stream(data, split, dictionary), length, texts, batch_size)
+
+    analysis_outputs(report, format_first_token, json_out)
 
 
 @main.command("decay-curve")
@@ -234,11 +232,8 @@ def decay_curve_cmd(head_dim, gamma, scale_base, max_distance, json_out, plot_ou
     """The expectation g[n] of the logit by distance (LeX Eq. 10, Figure 2) for RoPE and xPos, with R(g)."""
     from ..analysis.report import decay_curve_report, format_decay_curve, plot_decay_curve
 
-    try:
-        report = decay_curve_report(head_dim, gamma, scale_base, max_distance)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
-    write_outputs(report, format_decay_curve(report), json_out, plot_out, plot_decay_curve)
+    analysis_outputs(lambda: decay_curve_report(head_dim, gamma, scale_base, max_distance), format_decay_curve, json_out,
+                     plot_out, plot_decay_curve)
 
 
 @main.command("receptive-field")
@@ -255,9 +250,8 @@ def receptive_field_cmd(checkpoint, data, length, segments, split, json_out, plo
     with respect to the input embeddings, ERF = min{m : c_m > 0.99}, and the window's theoretical bound."""
     from ..analysis.report import format_receptive_field, plot_receptive_field, receptive_field_report, split_stream
 
-    try:
+    def report():
         model, dictionary, spec = analysis_model(checkpoint, data, window, evaluation_length=length)
-        report = receptive_field_report(model, split_stream(data, split, dictionary), length, spec, segments)
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
-    write_outputs(report, format_receptive_field(report), json_out, plot_out, plot_receptive_field)
+        return receptive_field_report(model, split_stream(data, split, dictionary), length, spec, segments)
+
+    analysis_outputs(report, format_receptive_field, json_out, plot_out, plot_receptive_field)

@@ -21,12 +21,12 @@ paper's code) and ``diff_norm`` (RMSNorm over d, learned weight). lambda, the di
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from .registry import DesignOption, DesignSpec, LayerDesign, register_design
+from .registry import LayerDesign, switch_design
 
 __all__ = ["DIFFERENTIAL_ATTENTION", "DifferentialAttention", "lambda_init"]
 
@@ -72,16 +72,11 @@ def _first_map(dim: int, device) -> Tensor:
     return ((torch.arange(dim, device=device) // 2) % 2 == 0).float()
 
 
-def _build(config) -> Optional[DifferentialAttention]:
-    return DifferentialAttention() if DIFFERENTIAL_ATTENTION.options[0].read(config) else None
-
-
-DIFFERENTIAL_ATTENTION = register_design(DesignSpec(
-    name="differential_attention",
+DIFFERENTIAL_ATTENTION = switch_design(
+    "differential_attention",
     summary="each head takes the difference of two softmax maps over the same keys, lambda learned, then a head norm",
     source="Ye et al., ICLR 2025, Differential Transformer (arXiv 2410.05258), Eq. 1-3",
-    options=(DesignOption("differential_attention", bool, False, "differential attention (Ye et al. 2025): each head "
-                          "is softmax(Q1 K1^T) V - lambda softmax(Q2 K2^T) V over two halves of its pairs of dimensions, "
-                          "lambda learned, then an RMSNorm per head times 1 - lambda_init"),),
-    build=_build,
-))
+    help="differential attention (Ye et al. 2025): each head is softmax(Q1 K1^T) V - lambda softmax(Q2 K2^T) V over two "
+         "halves of its pairs of dimensions, lambda learned, then an RMSNorm per head times 1 - lambda_init",
+    layer=lambda config: DifferentialAttention(),
+)

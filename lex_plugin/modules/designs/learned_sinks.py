@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .registry import DesignOption, DesignSpec, LayerDesign, register_design
+from .registry import LayerDesign, switch_design
 
 __all__ = ["LEARNED_SINKS", "LearnedSinks"]
 
@@ -27,16 +27,11 @@ class LearnedSinks(LayerDesign):
         return attention.sink_logits
 
 
-def _build(config) -> Optional[LearnedSinks]:
-    return LearnedSinks() if LEARNED_SINKS.options[0].read(config) else None
-
-
-LEARNED_SINKS = register_design(DesignSpec(
-    name="learned_sinks",
+LEARNED_SINKS = switch_design(
+    "learned_sinks",
     summary="a learned logit per layer and head in every softmax's denominator, with no value",
     source="OpenAI gpt-oss (2025): attention sinks, transformers modeling_gpt_oss",
-    options=(DesignOption("learned_sinks", bool, False, "gpt-oss's attention sinks: a learned logit per layer and head "
-                          "that joins every softmax's denominator with no value (the sink takes a share of the attention "
-                          "and gives nothing back)"),),
-    build=_build,
-))
+    help="gpt-oss's attention sinks: a learned logit per layer and head that joins every softmax's denominator with no "
+         "value (the sink takes a share of the attention and gives nothing back)",
+    layer=lambda config: LearnedSinks(),
+)

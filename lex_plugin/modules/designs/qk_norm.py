@@ -4,12 +4,12 @@ one learned (d,) weight for queries and one for keys shared by the heads (``self
 eps the layer's LayerNorm epsilon; the statistics in fp32 whatever the model's dtype."""
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .registry import DesignOption, DesignSpec, LayerDesign, register_design
+from .registry import LayerDesign, switch_design
 
 __all__ = ["QK_NORM", "QKNorm"]
 
@@ -31,15 +31,11 @@ class QKNorm(LayerDesign):
         return _rms_norm(attention.q_norm, q), _rms_norm(attention.k_norm, k)
 
 
-def _build(config) -> Optional[QKNorm]:
-    return QKNorm() if QK_NORM.options[0].read(config) else None
-
-
-QK_NORM = register_design(DesignSpec(
-    name="qk_norm",
+QK_NORM = switch_design(
+    "qk_norm",
     summary="an RMSNorm of each head's queries and keys before the position scheme",
     source="OLMo 2 (Team OLMo 2024), Gemma 3 (2025): QK-norm",
-    options=(DesignOption("qk_norm", bool, False, "QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and "
-                          "keys before the position scheme, one learned weight of the head dimension for each"),),
-    build=_build,
-))
+    help="QK-norm (OLMo 2, Gemma 3): an RMSNorm over each head's queries and keys before the position scheme, one "
+         "learned weight of the head dimension for each",
+    layer=lambda config: QKNorm(),
+)

@@ -41,7 +41,7 @@ from ..attention.spec import AttentionSpec
 from ..model_option import ModelOption
 
 __all__ = ["DESIGN_OPTIONS", "DESIGNS", "DesignOption", "DesignSpec", "LayerDesign", "QueryContext", "build_designs",
-           "design_table", "register_design", "unregister_design"]
+           "design_table", "register_design", "switch_design", "unregister_design"]
 
 
 DesignOption = ModelOption  # a design's option, a flag of ``--arch lex_lm`` and a ``LexConfig`` field (same name)
@@ -154,6 +154,21 @@ def register_design(spec: DesignSpec) -> DesignSpec:
     DESIGNS[spec.name] = spec
     DESIGN_OPTIONS.update((option.name, option) for option in spec.options)
     return spec
+
+
+def switch_design(name: str, *, summary: str, source: str, help: str, layer: Callable[[object], LayerDesign],
+                  **fields) -> DesignSpec:
+    """Register a design turned on by one switch, ``--name`` (its one option, named as the design): off, it builds
+    nothing; on, ``layer(config)`` builds its :class:`LayerDesign` (raising ValueError for what it refuses).
+    ``summary``, ``source``: as :class:`DesignSpec`'s; ``help``: the switch's help; ``fields``: the spec's other fields
+    (``refuses_logn``, ``left_padding``, ``global_only``, ``record``).
+
+    Raises:
+        ValueError: as :func:`register_design`.
+    """
+    switch = DesignOption(name, bool, False, help)
+    return register_design(DesignSpec(name=name, summary=summary, source=source, options=(switch,),
+                                      build=lambda config: layer(config) if switch.read(config) else None, **fields))
 
 
 def unregister_design(name: str) -> DesignSpec:

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .registry import DesignOption, DesignSpec, LayerDesign, register_design
+from .registry import LayerDesign, switch_design
 
 __all__ = ["SINK_TOKEN", "SinkToken"]
 
@@ -28,9 +28,7 @@ class SinkToken(LayerDesign):
         return decoder.sink_embedding
 
 
-def _build(config) -> Optional[SinkToken]:
-    if not SINK_TOKEN.options[0].read(config):
-        return None
+def _layer(config) -> SinkToken:
     if int(getattr(config, "random_positions", 0) or 0):
         raise ValueError("--sink-token places a learned token at position 0 of every sample; --random-positions "
                          "draws the positions of each sample. Use one of the two.")
@@ -40,13 +38,12 @@ def _build(config) -> Optional[SinkToken]:
     return SinkToken(int(config.decoder_embed_dim))
 
 
-SINK_TOKEN = register_design(DesignSpec(
-    name="sink_token",
+SINK_TOKEN = switch_design(
+    "sink_token",
     summary="a learned token before every sequence, at position 0, its output dropped",
     source="Xiao et al. 2024, Efficient Streaming Language Models with Attention Sinks, section 3.3",
-    options=(DesignOption("sink_token", bool, False, "StreamingLLM's sink token at pre-training (section 3.3): a learned "
-                          "token placed before every sample, at training and evaluation alike; --sink-tokens 1 keeps it "
-                          "visible under --bca or --sliding-window"),),
-    build=_build,
+    help="StreamingLLM's sink token at pre-training (section 3.3): a learned token placed before every sample, at "
+         "training and evaluation alike; --sink-tokens 1 keeps it visible under --bca or --sliding-window",
+    layer=_layer,
     left_padding="the sink token (--sink-token: it sits at position 0, before the pads)",
-))
+)

@@ -5,12 +5,11 @@ training length); the factor formed in fp32, its log in float64."""
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from .registry import DesignOption, DesignSpec, LayerDesign, QueryContext, register_design
+from .registry import LayerDesign, QueryContext, switch_design
 
 __all__ = ["SSMAX", "SSMax", "ssmax_scale"]
 
@@ -43,22 +42,20 @@ class SSMax(LayerDesign):
         return (q.float() * ssmax_scale(attention.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
 
 
-def _build(config) -> Optional[SSMax]:
-    if not SSMAX.options[0].read(config):
-        return None
+def _layer(config) -> SSMax:
     if not getattr(config, "tokens_per_sample", None):
         raise ValueError("--ssmax starts each head's s at 1 / log(l): it needs the training length (--tokens-per-sample).")
     return SSMax(int(config.tokens_per_sample))
 
 
-SSMAX = register_design(DesignSpec(
-    name="ssmax",
+SSMAX = switch_design(
+    "ssmax",
     summary="queries of head h times a learned s_h log(n), n the keys a query sees",
     source="Nakanishi 2025, Scalable-Softmax Is Superior for Attention (arXiv 2501.19399)",
-    options=(DesignOption("ssmax", bool, False, "Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), "
-                          "n the keys a query sees, s_h learned, starting at 1 / log(l)"),),
-    build=_build,
+    help="Scalable-Softmax (Nakanishi 2025): queries of head h times s_h log(n), n the keys a query sees, s_h learned, "
+         "starting at 1 / log(l)",
+    layer=_layer,
     refuses_logn="--logn on an SSMax model (--ssmax): its queries already carry a learned s log(n); a second log-n "
                  "factor would scale them twice. Evaluate it without --logn.",
     left_padding="SSMax (--ssmax: each query's factor counts the keys from the first position)",
-))
+)
