@@ -198,7 +198,8 @@ def test_first_token_mass_equals_float64_attention_of_the_first_layer():
 
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
-                                              ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8,none/full"}, "layer-pattern")])
+                                              ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8,none/full"}, "layer-pattern"),
+                                              ({"differential_attention": True}, "several maps")])
 def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     from lex_plugin.analysis.first_token import first_token_mass
 

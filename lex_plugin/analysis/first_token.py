@@ -32,8 +32,8 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
 
     Raises:
         ValueError: L < 2; a model with learned sink logits (their share of the softmax is not observed, so the
-            text's would be overstated), a sink token (position 0 is the sink, ahead of the text) or a layer pattern
-            (its local layers' chunks start past position 0).
+            text's would be overstated), a sink token (position 0 is the sink, ahead of the text), differential
+            attention (two maps per head) or a layer pattern (its local layers' chunks start past position 0).
     """
     decoder = model.decoder
     bsz, length = tokens.shape
@@ -46,6 +46,9 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     if getattr(attention, "sink_logits", None) is not None:
         raise ValueError("this checkpoint has learned sink logits (--learned-sinks): the sink's share of each softmax is "
                          "not observed, so the first token's would be overstated. Measure models without them.")
+    if any(design.takes_attention for design in attention.designs):
+        raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
+                         "each map's probabilities would be counted as one head's. Measure models with one softmax.")
     if any(decoder.layer_spec(i, FULL_SPEC).window.bounded for i in range(len(decoder.layers))):
         raise ValueError("this checkpoint has a --layer-pattern with local layers, whose chunks start past position 0; "
                          "measure models whose every layer is global.")
