@@ -98,6 +98,16 @@ class LexHubInterface(GeneratorHubInterface):
         :meth:`encode`: a piece of a longer prompt (the passkey probe's intro, needle, question and key)."""
         return self.binarize(self.apply_bpe(self.tokenize(text)))[:-1].long()
 
+    def score_document(self, *args, **kwargs):
+        """Moved in 0.2 to ``lex_plugin.evaluation.documents.score_document(hub, text, ...)`` (the hub stands below
+        evaluation).
+
+        Raises:
+            AttributeError: always, naming the function that scores a document.
+        """
+        raise AttributeError("LexHubInterface.score_document moved in lex_plugin 0.2: call "
+                             "lex_plugin.evaluation.documents.score_document(hub, text, ...) with the same arguments.")
+
     def continue_text(self, prompt: str, max_len: int = 50, **kwargs) -> str:
         """Sample a continuation of ``prompt``; arguments as :meth:`continue_tokens`. Returns the
         continuation only, detokenized (paragraph ends ``</s>`` dropped)."""

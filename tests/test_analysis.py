@@ -206,3 +206,12 @@ def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     model = build_lex_model(**overrides).eval()
     with pytest.raises(ValueError, match=match):
         first_token_mass(model, random_tokens(model.decoder.dictionary, 1, 16, seed=0))
+
+
+def test_resolution_refuses_differential_attention():
+    """Two maps per head would be averaged into one curve the layer never uses."""
+    from lex_plugin.analysis.resolution import score_by_distance
+
+    model = build_lex_model(differential_attention=True).eval()
+    with pytest.raises(ValueError, match="several maps over the same keys"):
+        score_by_distance(model, random_tokens(model.decoder.dictionary, 1, 16, seed=0), AttentionSpec())

@@ -1,6 +1,7 @@
 """Differential attention (modules/designs/differential_attention.py; Ye et al., ICLR 2025, Eq. 1-3): against the
-paper's formula written out in float64 (two d/2-dimensional maps, each with its own RoPE, lambda re-parameterised,
-the head norm, 1 - lambda_init), gradients included; token by token through the cache against the parallel forward,
+paper's formula written out in float64 (two d/2-dimensional maps; RoPE as the module splits it: the first map at the
+paper's d/2-dimensional angles, the second 1/base^(2/d) lower; lambda re-parameterised, the head norm,
+1 - lambda_init), gradients included; token by token through the cache against the parallel forward,
 under full attention, BCA and inside a layer pattern; bf16 autocast; exported to Hugging Face with the same logits;
 a head dimension it cannot split refused."""
 
@@ -112,6 +113,8 @@ def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_give
         assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
 
 
-def test_a_head_dimension_it_cannot_split_is_refused():
+def test_a_head_dimension_it_cannot_split_and_attention_dropout_are_refused():
     with pytest.raises(ValueError, match="head dimension \\(6\\) must be a multiple of 4"):
         build_lex_model(tokens_per_sample=L, differential_attention=True, decoder_embed_dim=24, decoder_attention_heads=4)
+    with pytest.raises(ValueError, match="--attention-dropout 0.1: each map would drop"):
+        build_lex_model(tokens_per_sample=L, differential_attention=True, attention_dropout=0.1)

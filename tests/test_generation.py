@@ -121,6 +121,13 @@ def test_the_class_method_loader_is_removed_with_an_error_that_names_the_loader(
         LexLanguageModel.from_pretrained("checkpoints", "checkpoint_best.pt", "data-bin", window="bca", sink_tokens=2)
 
 
+def test_the_hubs_score_document_names_where_it_moved():
+    from lex_plugin.hub_interface import LexHubInterface
+
+    with pytest.raises(AttributeError, match=r"evaluation\.documents\.score_document\(hub, text, \.\.\.\)"):
+        LexHubInterface.score_document(object(), "It was a dark and stormy night.")
+
+
 def test_lex_generate_cli(trained, data_bin):
     ckpt, _ = trained
     base = [sys.executable, "-m", "lex_plugin.cli", "generate", str(data_bin), "--path", str(ckpt)]

@@ -94,9 +94,15 @@ class _Run:
 
 
 def _has_sink_token(run_args) -> bool:
-    """Whether a run's training flags place a sink token (``--sink-token``): no resolution steps, ``--sink-tokens 1``
-    under its bounded windows."""
+    """Whether a run's training flags place a sink token (``--sink-token``): ``--sink-tokens 1`` under its bounded
+    windows."""
     return "--sink-token" in map(str, run_args)
+
+
+def _resolution_refused(run_args) -> bool:
+    """Whether the resolution analysis refuses a run's checkpoint (``analysis.resolution``): a sink token ahead of the
+    text, or differential attention's two maps per head."""
+    return _has_sink_token(run_args) or "--differential-attention" in map(str, run_args)
 
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
@@ -134,7 +140,7 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
-            + sum(2 + (0 if _has_sink_token(RUNS[n][0]) else 2) + 2 * len(budgets)
+            + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else 2) + 2 * len(budgets)
                   + sum(_steps_of(m, is_design(RUNS[n][1])) for m in run_methods[n])
                   + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
@@ -162,7 +168,7 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
               r.dir / "train.done", ckpt, o.max_update)
     run(f"eval {r.name}", eval_command(data, ckpt, run_lengths, windows, r.dir / "length_report.json", o, r.window_flags(windows)),
         r.dir / "eval.log", r.dir / "length_report.json")
-    if r.sink_token:  # the resolution analysis refuses a sink token (analysis.resolution)
+    if _resolution_refused(r.args):  # (analysis.resolution refuses the checkpoint)
         return
     for w in ("full", "bca"):
         out = r.dir / f"resolution_{w}.json"

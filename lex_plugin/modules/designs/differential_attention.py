@@ -44,6 +44,10 @@ class DifferentialAttention(LayerDesign):
     takes_attention = True
 
     def attach(self, attention) -> None:
+        if attention.dropout:
+            raise ValueError(f"--differential-attention with --attention-dropout {attention.dropout}: each map would drop "
+                             "its own probabilities, and the dropped mass would not cancel in the difference. Train it "
+                             "with --attention-dropout 0.")
         if attention.head_dim % 4:
             raise ValueError(f"--differential-attention splits each head's pairs of dimensions between two maps: the head "
                              f"dimension ({attention.head_dim}) must be a multiple of 4; change --decoder-embed-dim or "

@@ -3,8 +3,8 @@
 =============  =====================================================================  =====================
 kind           chunk                                                                   module
 =============  =====================================================================  =====================
-dense          queries against their keys at true positions (full, causal, chunked,    :mod:`.dense`
-               LM-Infinite, a window too short to batch, a generation step)
+dense          queries against their keys at true positions (full, causal, chunked, a  :mod:`.dense`
+               window too short to batch, a generation step)
 windows        BCA's blocks / a sliding window's strides: n windows of c queries        :mod:`.windows`
                against 2c keys each, at window-local positions, in one SDPA call
 sinks          any chunk with sink tokens: their keys at virtual positions, one        :mod:`.sinks`

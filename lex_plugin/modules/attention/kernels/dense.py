@@ -11,7 +11,7 @@ __all__ = ["attend_dense"]
 
 
 def attend_dense(run: ChunkRun, chunk: Chunk) -> Tensor:
-    """A dense chunk (full, causal, chunked, LM-Infinite or a window too short to batch) at true positions: one SDPA
+    """A dense chunk (full, causal, chunked or a window too short to batch) at true positions: one SDPA
     call with the cheapest exact mask (none, ``is_causal``, ``causal_lower_right``, or an explicit boolean / additive
     one); one query over a feature-major cache, or on CUDA, or in half precision on CPU, as two products
     (:func:`~.ops.one_query`). Returns (B, H, Tq, D) in q's dtype."""
