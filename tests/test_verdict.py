@@ -250,12 +250,14 @@ def test_results_prints_the_table_the_verdict_command_writes_from_the_committed_
     from conftest import _script
 
     work = REPO / "examples/lex_lm/designs_1000"
-    runs = "irope,xpos_bca_nope,rnope_swa,gemma_5to1,rope_ssmax,rope_learned_sinks,rope_drope,rope_drope/recalibrated,xpos_sink_token"
+    runs = ("irope,xpos_bca_nope,rnope_swa,gemma_5to1,rope_ssmax,rope_learned_sinks,rope_drope,rope_drope/recalibrated,"
+            "xpos_sink_token,rope_gate_elementwise,rope_diff")
     monkeypatch.setattr(sys, "argv", ["verdict.py", "--work", str(work), "--updates", "1000", "--runs", runs,
-                                      "--costs", str(work / "costs16k.json"),
+                                      "--costs", str(work / "costs16k.json"), "--costs", str(work / "costs16k_gate_diff.json"),
                                       "--reference", str(REPO / "examples/lex_lm/verdict_reference.json")])
     _script("verdict.py").main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     results = (REPO / "examples/lex_lm/RESULTS.md").read_text()
-    assert len(rows) == 14 and f"--runs {runs} \\\n  --costs examples/lex_lm/designs_1000/costs16k.json" in results
+    assert len(rows) == 16 and (f"--runs {runs} \\\n  --costs examples/lex_lm/designs_1000/costs16k.json --costs "
+                                "examples/lex_lm/designs_1000/costs16k_gate_diff.json") in results
     assert [row for row in rows if row not in results] == []
