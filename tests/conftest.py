@@ -284,3 +284,42 @@ def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, par
     for a, p in zip(mine, params):
         assert torch.allclose(a.double(), p.grad.double(), rtol=1e-4, atol=atol)
     return mine
+
+
+def check_design_model(model, options: dict, training_length: int) -> None:
+    """A trained design's model (random weights) as users run it: token by token through the cache equal to the
+    parallel forward (1e-4) under full attention and BCA (the first l positions as one prefill), bf16 autocast within
+    bf16's reach of fp32 (0.1 in log-probabilities), and the Hugging Face export of ``options`` (the model's
+    ``--arch lex_lm_tiny`` options) recording each of them and giving the same logits (1e-5)."""
+    import argparse
+
+    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
+
+    L = training_length
+    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
+    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))):
+        view = model.under(spec)
+        with torch.no_grad():
+            parallel, _ = view(tokens)
+            state: dict = {}
+            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
+            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
+        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
+    with torch.no_grad():
+        fp32 = model(tokens)[0].log_softmax(-1)
+        bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
+    assert torch.isfinite(bf16).all() and (bf16 - fp32).abs().max() < 0.1
+
+    pytest.importorskip("transformers")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from lex_plugin.export.hf import from_fairseq, hf_config
+
+    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, **options)
+    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
+    config = hf_config(args, model.decoder.dictionary, L)
+    for name, value in options.items():
+        assert getattr(config.decoder_config(), name) == value, name
+    hf = from_fairseq(model, config)
+    with torch.no_grad():
+        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5

@@ -5,13 +5,12 @@ paper's d/2-dimensional angles, the second 1/base^(2/d) lower; lambda re-paramet
 under full attention, BCA and inside a layer pattern; bf16 autocast; exported to Hugging Face with the same logits;
 a head dimension it cannot split refused."""
 
-import argparse
 import math
 
 import pytest
 import torch
 
-from conftest import build_lex_model, check_against_float64, heads64, random_tokens, window_mask
+from conftest import build_lex_model, check_against_float64, check_design_model, heads64, window_mask
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.designs.differential_attention import DifferentialAttention, lambda_init
 from lex_plugin.modules.positions import XPos
@@ -84,33 +83,7 @@ def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_give
                             layer_pattern="rope/sliding:6,rope/full")
     names = {n for n, _ in model.named_parameters() if "lambda" in n or "diff_norm" in n}
     assert len(names) == 4 * 5 and [m.self_attn.depth for m in model.decoder.layers] == [0, 1, 2, 3]
-    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
-    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))):
-        view = model.under(spec)
-        with torch.no_grad():
-            parallel, _ = view(tokens)
-            state: dict = {}
-            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
-            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
-        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
-    with torch.no_grad():  # under bf16 autocast (lambda, the difference and the norm in fp32): within bf16's reach
-        fp32 = model(tokens)[0].log_softmax(-1)
-        bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
-    assert torch.isfinite(bf16).all() and (bf16 - fp32).abs().max() < 0.1
-
-    pytest.importorskip("transformers")
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    from lex_plugin.export.hf import from_fairseq, hf_config
-
-    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="rope", differential_attention=True,
-                              layer_pattern="rope/sliding:6,rope/full")
-    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
-    config = hf_config(args, model.decoder.dictionary, L)
-    assert config.differential_attention is True and config.decoder_config().differential_attention is True
-    hf = from_fairseq(model, config)
-    with torch.no_grad():
-        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+    check_design_model(model, dict(pos_emb="rope", differential_attention=True, layer_pattern="rope/sliding:6,rope/full"), L)
 
 
 def test_a_head_dimension_it_cannot_split_and_attention_dropout_are_refused():

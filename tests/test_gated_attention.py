@@ -3,13 +3,12 @@ written out in float64, gradients included; token by token through the cache aga
 full attention, BCA and inside a layer pattern; recorded and exported to Hugging Face with the same logits; a kind
 it does not know refused."""
 
-import argparse
 import math
 
 import pytest
 import torch
 
-from conftest import build_lex_model, check_against_float64, heads64, random_tokens, window_mask, xpos_pair
+from conftest import build_lex_model, check_against_float64, check_design_model, heads64, window_mask, xpos_pair
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.designs import AttentionGate
 from lex_plugin.modules.positions import XPos
@@ -61,34 +60,7 @@ def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_give
                             layer_pattern="rope/sliding:6,rope/full")
     names = {n for n, _ in model.named_parameters() if "gate" in n}
     assert names == {f"decoder.layers.{i}.self_attn.gate_proj.{w}" for i in range(4) for w in ("weight", "bias")}
-    tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
-    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))):
-        view = model.under(spec)
-        with torch.no_grad():
-            parallel, _ = view(tokens)
-            state: dict = {}
-            steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
-            steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
-        assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
-    # under bf16 autocast (the gate's product in fp32, the output back in bf16): within bf16's reach of fp32
-    with torch.no_grad():
-        fp32 = model(tokens)[0].log_softmax(-1)
-        bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
-    assert torch.isfinite(bf16).all() and (bf16 - fp32).abs().max() < 0.1
-
-    pytest.importorskip("transformers")
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    from lex_plugin.export.hf import from_fairseq, hf_config
-
-    args = argparse.Namespace(arch="lex_lm_tiny", tokens_per_sample=L, pos_emb="rope", attention_gate=kind,
-                              layer_pattern="rope/sliding:6,rope/full")
-    ARCH_CONFIG_REGISTRY["lex_lm_tiny"](args)
-    config = hf_config(args, model.decoder.dictionary, L)
-    assert config.attention_gate == kind and config.decoder_config().attention_gate == kind
-    hf = from_fairseq(model, config)
-    with torch.no_grad():
-        assert (hf(tokens).logits - model(tokens)[0]).abs().max() <= 1e-5
+    check_design_model(model, dict(pos_emb="rope", attention_gate=kind, layer_pattern="rope/sliding:6,rope/full"), L)
 
 
 def test_a_kind_it_does_not_know_is_refused():
