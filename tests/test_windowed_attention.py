@@ -443,3 +443,27 @@ def test_a_segment_longer_than_the_cache_takes_is_refused():
     with pytest.raises(ValueError, match="exceed the cache's segment"):
         cache.extend(x, x, x)
     assert KeyValueCache.after_prefill(AttentionSpec(), XPos(16, use_scale=False), x, x, None).segment_length(x.dtype) is None
+
+
+@pytest.mark.parametrize("window", [AttentionWindow.full(), AttentionWindow.bca(16)], ids=str)
+def test_new_positions_past_the_caches_segment_run_in_segments_equal_to_the_parallel_forward(window):
+    """xPos with scale base 6 lets a cache take 31 positions per segment in fp32 (its scale stays in range about one
+    centre): 100 new positions after a prefill of 20 run in 4 segments, each at its own positions and centre, and
+    equal the parallel forward."""
+    from lex_plugin.modules.attention import KeyValueCache
+
+    torch.manual_seed(6)
+    attn = LexSelfAttention(64, 4).eval()
+    xpos = XPos(16, scale_base=6)
+    x = torch.randn(2, 120, 64)
+    spec = AttentionSpec(window)
+    probe = KeyValueCache.after_prefill(spec, xpos, x.new_zeros(1, 1, 4, 16), x.new_zeros(1, 1, 4, 16), None)
+    assert probe.segment_length(torch.float32) == 31
+    with torch.no_grad():
+        parallel = attn(x, xpos, spec=spec)
+        state: dict = {}
+        steps = torch.cat([attn(x[:, :20], xpos, incremental_state=state, spec=spec),
+                           attn(x[:, 20:], xpos, incremental_state=state, spec=spec)], dim=1)
+    assert attn.cached_length(state) == 120
+    assert attn.cached_keys(state) <= (16 if window.bounded else 120)  # each segment trimmed to what BCA still sees
+    assert (steps - parallel).abs().max() <= 1e-4 * parallel.abs().max()
