@@ -288,16 +288,18 @@ def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, par
 
 def check_design_model(model, options: dict, training_length: int) -> None:
     """A trained design's model (random weights) as users run it: token by token through the cache equal to the
-    parallel forward (1e-4) under full attention and BCA (the first l positions as one prefill), bf16 autocast within
+    parallel forward (1e-4) under full attention, BCA, BCA with 2 sink tokens and ReRoPE (the first l positions as one
+    prefill), bf16 autocast within
     bf16's reach of fp32 (0.1 in log-probabilities), and the Hugging Face export of ``options`` (the model's
     ``--arch lex_lm_tiny`` options) recording each of them and giving the same logits (1e-5)."""
     import argparse
 
-    from lex_plugin.modules.attention import AttentionSpec, AttentionWindow
+    from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow
 
     L = training_length
     tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
-    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))):
+    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L)), AttentionSpec(AttentionWindow.bca(L).with_sinks(2)),
+                 AttentionOptions("rerope").spec(L)):
         view = model.under(spec)
         with torch.no_grad():
             parallel, _ = view(tokens)
