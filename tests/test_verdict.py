@@ -261,3 +261,38 @@ def test_results_prints_the_table_the_verdict_command_writes_from_the_committed_
     assert len(rows) == 16 and (f"--runs {runs} \\\n  --costs examples/lex_lm/designs_1000/costs16k.json --costs "
                                 "examples/lex_lm/designs_1000/costs16k_gate_diff.json") in results
     assert [row for row in rows if row not in results] == []
+
+
+def test_results_gate_and_differential_attention_figures_are_the_committed_reports():
+    """The tables of RESULTS' "Gated and differential attention: passkey, first-token share, cost" are the committed
+    reports' figures, row by row: the length reports (ppl at l .. 16l, ratio), the passkey reports (ranked fraction
+    per length), the first-token reports (per layer and mean) and the cost report."""
+    work = REPO / "examples/lex_lm/designs_1000"
+    results = (REPO / "examples/lex_lm/RESULTS.md").read_text()
+    load = lambda path: json.loads((work / path).read_text())  # noqa: E731
+    for run, label, windows in [("rope", "RoPE (base, this recipe)", ["full"]),
+                                ("rope_diff", "RoPE + differential attention", ["full", "sliding", "bca"])]:
+        rows = load(f"runs/{run}/length_report.json")["results"]
+        for window in windows:
+            ppl = {r["length"]: r["ppl"] for r in rows if r["window"].split("(")[0] == window}
+            lengths = sorted(ppl)
+            name = {"full": "full attention", "sliding": "sliding window (W = l)", "bca": "BCA"}[window]
+            cells = " | ".join(f"{ppl[n]:.2f}" for n in lengths)
+            ratio = ppl[lengths[-1]] / ppl[lengths[0]]
+            assert f"| {label} | {name} | {cells} | {ratio:.4f} |" in results, (run, window)
+    ranked = []
+    for path in ("passkey_finetuned.json", "passkey_finetuned_16l.json"):
+        by_length = {}
+        for r in load(f"runs/rope_gate_elementwise/{path}")["results"]:
+            hits, trials = by_length.get(r["length"], (0, 0))
+            by_length[r["length"]] = (hits + r["retrieved"], trials + r["trials"])
+        ranked += [f"{h / t:.2f}" for _, (h, t) in sorted(by_length.items())]
+    assert "| RoPE + gate (elementwise) | " + " | ".join(ranked) + " |" in results
+    for run, label in [("rope", "RoPE"), ("rope_gate_elementwise", "RoPE + gate (elementwise)")]:
+        report = load(f"runs/{run}/first_token.json")
+        cells = " | ".join(f"{layer['mean']:.3f}" for layer in report["layers"])
+        assert f"| {label} | {cells} | {report['mean']:.3f} |" in results, run
+    costs = {r["run"]: r for r in load("costs16k_gate_diff.json")["rows"]}
+    for run, label in [("rope_gate_elementwise", "gate"), ("rope_diff", "differential attention")]:
+        c = costs[run]
+        assert f"| {label} | {c['eval_time']:.2f}x | {c['gen_time']:.2f}x | {c['cache_64k']:.3f}x |" in results, run
