@@ -85,6 +85,9 @@ def pg_slice(tmp_path_factory) -> Path:
 # lex commands run_cli starts as processes: prepare's pool of workers, and train, which replaces its process with
 # fairseq-train (os.execvp); every other `python -m lex_plugin.cli CMD` runs in this process
 LEX_SUBPROCESS = {"prepare", "train"}
+# fairseq commands run_cli runs in this process (through reproduce's in-process steps), unless they start workers or
+# set the thread count (a bitwise comparison with a process of that many threads)
+FAIRSEQ_IN_PROCESS = ("fairseq-train", "fairseq-eval-lm")
 # scripts whose click command run_cli runs in this process (their steps still start their own processes)
 IN_PROCESS_SCRIPTS = ("reproduce.py",)
 
@@ -96,12 +99,16 @@ def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
     ``python -m lex_plugin.cli CMD ...`` (CMD not in :data:`LEX_SUBPROCESS`) and ``python scripts/NAME ...`` (NAME in
     :data:`IN_PROCESS_SCRIPTS`) run in this process through click's CliRunner (``timeout`` then unused): the same
     command and options, its stdout and stderr (the log) kept apart, without the ~7 s of a new interpreter importing
-    torch and fairseq. The data-bin fixture's prepare and the tests that expect a failure still start real
-    processes."""
+    torch and fairseq. ``fairseq-train`` and ``fairseq-eval-lm`` run in this process too (:func:`_invoke_fairseq`)
+    unless they are distributed or ``env`` sets the thread count. The data-bin fixture's prepare and the tests that
+    expect a failure still start real processes."""
     args = [str(a) for a in args]
     command = _in_process_command(args) if set(kwargs) <= {"timeout"} else None
     if command is not None:
         return _invoke(*command, args, env)
+    if (args[0] in FAIRSEQ_IN_PROCESS and set(kwargs) <= {"timeout"} and "OMP_NUM_THREADS" not in (env or {})
+            and not any(a.startswith("--distributed") for a in args)):
+        return _invoke_fairseq(args, env)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **(env or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
@@ -158,6 +165,29 @@ def _invoke(command, arguments, name, args, env) -> subprocess.CompletedProcess:
         raise AssertionError(f"{name} {' '.join(arguments)} failed ({result.exit_code}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}\n{trace[-3000:]}")
     return subprocess.CompletedProcess(args, 0, result.stdout, result.stderr)
+
+
+def _invoke_fairseq(args, env) -> subprocess.CompletedProcess:
+    """fairseq-train / fairseq-eval-lm ``args`` in this process (``lex_plugin.experiments.reproduce.in_process``), from
+    the repository root, with ``env`` set for its duration: stdout holds its whole output (its log included), stderr
+    is empty."""
+    import io
+
+    from lex_plugin.experiments.reproduce.in_process import run_in_process
+
+    out, saved = io.StringIO(), {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        rc = run_in_process(args, out, REPO)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if rc != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({rc}):\n{out.getvalue()[-8000:]}")
+    return subprocess.CompletedProcess(args, 0, out.getvalue(), "")
 
 
 def make_dictionary(size: int = 100) -> Dictionary:

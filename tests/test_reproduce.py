@@ -259,7 +259,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
             "--runs", "xpos,xpos_scalar_zeta,xpos_random", "--max-update", "3", "--batch-size", "4", "--training-length", str(L),
             "--lengths", f"{L},{2 * L},{8 * L}", "--eval-tokens", "512", "--resolution-texts", "2",
-            "--methods", "bca_sinks,yarn"]
+            "--methods", "bca_sinks,yarn", "--in-process"]
     proc = run_cli(args, timeout=600)
     tables = (work / "tables.md").read_text()
     for needle in ("LeX (xPos) | full attention", "LeX (xPos) | BCA", "LeX (xPos) | sliding window",
@@ -292,7 +292,7 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
     assert "fairseq-train" not in again.stdout
 
     with pytest.raises(AssertionError, match="other options"):
-        run_cli([*args[:-2], "--resolution-texts", "3"])
+        run_cli([*args[:-3], "--resolution-texts", "3"])
     with pytest.raises(AssertionError, match="unknown runs"):
         run_cli([*args[:6], "--runs", "xpos,rotary"])
 
@@ -369,7 +369,7 @@ def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path
     args = [sys.executable, str(REPO / "scripts" / "reproduce.py"), "--work", str(work), "--data-bin", str(data_bin),
             "--runs", "rope", "--max-update", "4", "--budgets", "2", "--bf16-autocast", "--batch-size", "4",
             "--training-length", str(L), "--lengths", f"{L},{4 * L}", "--eval-tokens", "512", "--resolution-texts", "1",
-            "--methods", ""]
+            "--methods", "", "--in-process"]  # each step in this process; the uninterrupted run below in its own
     proc = run_cli(args, env=env, timeout=600)
     assert "[1/6] train rope to 2" in proc.stdout and "[2/6] eval rope at 2 updates" in proc.stdout, proc.stdout
     ckpts = work / "runs" / "rope" / "checkpoints"
@@ -416,17 +416,47 @@ def test_budgets_are_snapshots_of_one_run_under_bf16_autocast(data_bin, tmp_path
         run_cli([a if a != "2" else "2,3" for a in args], env=env)
 
 
-@pytest.mark.e2e  # starts a process
-def test_a_profile_fills_the_options_not_given(tmp_path):
-    """--profile magnitudes stands for its flags; what the command line gives wins (recorded in options.json
-    before the first step, which fails here on a corpus that does not exist)."""
+def test_in_process_steps_run_fairseq_and_lex_and_report_failures_like_a_process(tmp_path):
+    """--in-process: fairseq-train, fairseq-eval-lm and lex commands (not prepare) have an entry point here; a failing
+    one returns a non-zero code with its traceback or usage error in the step's output, as its process would; the
+    working directory, sys.argv and the root logger are put back."""
+    import io
+    import logging
+
+    from lex_plugin.experiments.reproduce.in_process import entry_point, run_in_process
+
+    assert entry_point(["fairseq-train", "x"]) and entry_point(["fairseq-eval-lm", "x"])
+    assert entry_point([sys.executable, "-m", "lex_plugin.cli", "passkey", "x"])
+    assert entry_point([sys.executable, "-m", "lex_plugin.cli", "prepare", "x"]) is None
+    assert entry_point(["fairseq-preprocess", "x"]) is None and entry_point(["bash", "x.sh"]) is None
+    cwd, argv, handlers = os.getcwd(), sys.argv[:], logging.getLogger().handlers[:]
+    out = io.StringIO()
+    missing = tmp_path / "no-data-bin"
+    assert run_in_process(["fairseq-eval-lm", missing, "--user-dir", REPO / "lex_plugin", "--task", "lex_language_modeling",
+                           "--path", tmp_path / "none.pt"], out, tmp_path) == 1
+    assert "Traceback" in out.getvalue() and str(missing) in out.getvalue(), out.getvalue()[-2000:]
+    out = io.StringIO()
+    assert run_in_process([sys.executable, "-m", "lex_plugin.cli", "passkey", "--no-such-option"], out, tmp_path) == 2
+    assert "no-such-option" in out.getvalue()
+    assert (os.getcwd(), sys.argv, logging.getLogger().handlers) == (cwd, argv, handlers)
+
+
+def test_a_profile_fills_the_options_not_given(tmp_path, monkeypatch):
+    """--profile magnitudes stands for its flags; what the command line gives wins (the options reproduce() is called
+    with; reproduce() is replaced by a recorder)."""
+    from click.testing import CliRunner
+
+    from conftest import _script
+
+    script = _script("reproduce.py")
+    calls = []
+    monkeypatch.setattr(script, "reproduce", lambda work, o, runs, *rest, **kw: calls.append(o.as_json()) or "")
+    monkeypatch.setenv("LEX_EMULATED_BF16", "1")
+
     def options(*extra):
-        work = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
-        proc = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce.py"), "--profile", "magnitudes",
-                               "--work", str(work), "--corpus", str(tmp_path / "no-corpus"), *extra],
-                              capture_output=True, text=True, cwd=REPO, env={**os.environ, "LEX_EMULATED_BF16": "1"})
-        assert proc.returncode != 0
-        return json.loads((work / "options.json").read_text()) if (work / "options.json").exists() else proc.stderr
+        result = CliRunner().invoke(script.main, ["--profile", "magnitudes", "--work", str(tmp_path / "w"),
+                                                  "--corpus", str(tmp_path / "no-corpus"), *extra])
+        return calls.pop() if result.exit_code == 0 else result.output
 
     o = options()
     assert (o["training_length"], o["batch_size"], o["max_update"], o["budgets"], o["bf16_autocast"], o["methods"]) == (
@@ -525,7 +555,7 @@ def _recorded_steps(tmp_path, monkeypatch, methods, record):
     announced = []
 
     class RecordingRunner:
-        def __init__(self, work, steps):
+        def __init__(self, work, steps, in_process=False):
             announced.append(steps)
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
@@ -549,7 +579,7 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, [], lambda key, done: None)
 
     class Recording:
-        def __init__(self, work, steps):
+        def __init__(self, work, steps, in_process=False):
             pass
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
@@ -608,7 +638,7 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl"], lambda k, d: None)
 
     class Recording:
-        def __init__(self, work, steps):
+        def __init__(self, work, steps, in_process=False):
             announced.append(steps)
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
@@ -692,7 +722,7 @@ def _sink_token_steps(tmp_path, monkeypatch, probe_windows=()):
     announced = []
 
     class Recording:
-        def __init__(self, work, steps):
+        def __init__(self, work, steps, in_process=False):
             announced.append(steps)
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
@@ -782,7 +812,7 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
 
     script = _script("reproduce.py")
     calls = []
-    monkeypatch.setattr(script, "reproduce", lambda work, o, runs, *rest: calls.append((runs, o.methods)) or "")
+    monkeypatch.setattr(script, "reproduce", lambda work, o, runs, *rest, **kw: calls.append((runs, o.methods)) or "")
     base = ["--work", str(tmp_path / "w"), "--corpus", str(tmp_path)]
     refused = [(["--runs", "sinusoidal", "--methods", "yarn"], "yarn runs on none of --runs sinusoidal"),
                (["--runs", "alibi", "--methods", "rerope,yarn"], "yarn runs on none of --runs alibi"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..recipe import PLUGIN_DIR
+from .in_process import run_in_process
 from .options import ReproduceOptions
 
 __all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time"]
@@ -34,10 +35,12 @@ class Runner:
     Args:
         work: the work directory (progress.json lives there).
         steps: the number of steps, for the ``[i/steps]`` prefix of what it prints.
+        in_process: run the commands that have an entry point here in this process (:mod:`.in_process`), not in
+            a new one.
     """
 
-    def __init__(self, work: Path, steps: int):
-        self.work, self.steps, self.step = work, steps, 0
+    def __init__(self, work: Path, steps: int, in_process: bool = False):
+        self.work, self.steps, self.step, self.in_process = work, steps, 0, in_process
         self.start = time.time()
         self.progress_path = work / "progress.json"
         self.progress = json.loads(self.progress_path.read_text()) if self.progress_path.exists() else {}
@@ -66,7 +69,9 @@ class Runner:
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
         env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
         with open(log, "a") as f:
-            rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
+            rc = run_in_process(cmd, f, REPO) if self.in_process else None
+            if rc is None:
+                rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
         if rc != 0:
             tail = "".join(log.read_text().splitlines(True)[-30:])
             raise ReproduceError(f"{key} failed (exit {rc}); last lines of {log}:\n{tail}\nFix it and re-run: finished steps are skipped.")

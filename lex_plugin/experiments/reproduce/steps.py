@@ -331,7 +331,8 @@ def _make_run(name: str, work: Path, o: ReproduceOptions) -> _Run:
                 _has_positions(run_args, pos_emb, o.training_length))
 
 
-def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None) -> str:
+def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path, data_bin: Optional[Path] = None,
+              in_process: bool = False) -> str:
     """Every step of the reproduction, skipping the finished ones: check and record the options
     (:func:`check_options`), prepare the data-bin from ``corpus`` unless it exists, then per run train,
     evaluate (main and random-position runs at every length under full / sliding / BCA; ablations at l and
@@ -346,6 +347,7 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
         runs: names from :data:`RUNS`, in order.
         corpus: CORPUS/{train,valid,test}/*.txt, prepared only when the data-bin has no dict.txt.
         data_bin: the data-bin (default WORK/data-bin).
+        in_process: run fairseq's and lex's commands in this process (:class:`Runner`), not each in a new one.
 
     Returns:
         The text of WORK/tables.md.
@@ -368,7 +370,7 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
                     raise ReproduceError(f"{r.name}, {method}: {e}") from None
     check_options(work, o)
     data = data_bin or work / "data-bin"
-    run = Runner(work, _step_count(work, data, runs, run_methods, budgets))
+    run = Runner(work, _step_count(work, data, runs, run_methods, budgets), in_process=in_process)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for r in made:
