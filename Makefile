@@ -15,13 +15,13 @@ $(STAMP): setup.py scripts/install.sh
 # Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
 # The tests run `lex` commands and scripts/reproduce.py inside the test process (conftest.run_cli): no new interpreter.
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal tests $(PYTEST_ARGS)
 
 # The fast tier: the tests that prepare no data, train nothing and start no process (863 tests: 1 min 56 s on 2 cores).
 # tests/conftest.py marks a test that asks for a trained fixture e2e; any other that starts a process fails here,
 # naming the marker it needs.
 test-fast: install
-	LEX_TEST_TIER=fast OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not e2e" tests $(PYTEST_ARGS)
+	LEX_TEST_TIER=fast OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal -m "not e2e" tests $(PYTEST_ARGS)
 
 # README command 1: prepare the books, train lex_lm_tiny, evaluate (22 min 17 s on 2 cores, examples/lex_lm/README.md).
 demo: install

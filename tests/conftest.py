@@ -89,7 +89,7 @@ LEX_SUBPROCESS = {"prepare", "train"}
 # set the thread count (a bitwise comparison with a process of that many threads)
 FAIRSEQ_IN_PROCESS = ("fairseq-train", "fairseq-eval-lm")
 # scripts whose click command run_cli runs in this process (their steps still start their own processes)
-IN_PROCESS_SCRIPTS = ("reproduce.py",)
+IN_PROCESS_SCRIPTS = ("reproduce.py", "paper_table2.py")
 
 
 def run_cli(args, env=None, **kwargs) -> subprocess.CompletedProcess:
