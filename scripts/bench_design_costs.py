@@ -19,17 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lex_plugin.experiments import benchmark  # noqa: E402
+from lex_plugin.experiments.benchmark_tables import design_costs_markdown  # noqa: E402
 from lex_plugin.options import parse_name_list  # noqa: E402
-
-
-def table(rows) -> str:
-    """The markdown table of a report's rows."""
-    return benchmark.markdown_table(
-        ["run", "eval s (design / base)", "eval time", "gen ms/token (design / base)", "gen time",
-         "cache 64k (positions, design / base)", "cache"],
-        [[r["run"], f"{r['eval_s']['design']:.2f} / {r['eval_s']['base']:.2f}", f"{r['eval_time']:.2f}x",
-          f"{r['ms_per_token']['design']:.2f} / {r['ms_per_token']['base']:.2f}", f"{r['gen_time']:.2f}x",
-          f"{sum(r['kept']['design']):,} / {sum(r['kept']['base']):,}", f"{r['cache_64k']:.3f}x"] for r in rows])
 
 
 def main():
@@ -68,7 +59,7 @@ def main():
         rows.append(row)
     print(f"{args.arch}, l = {args.training_length}, {args.context:,} tokens, batch 1, fp32, "
           f"{benchmark.thread_count()} threads; each design and its base in one process, measurements alternated\n")
-    print(table(rows))
+    print(design_costs_markdown(rows))
     if args.json_out:
         benchmark.write_report(args.json_out, rows, start, cuda=False)  # CPU runs
 

@@ -32,7 +32,6 @@ is also timed alone (its four projections, 8 C^2 FLOPs a token, and the attended
 import argparse
 import contextlib
 import json
-import math
 import statistics
 import sys
 import time
@@ -45,6 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lex_plugin.experiments import benchmark  # noqa: E402
+from lex_plugin.experiments.benchmark_tables import limits_markdown  # noqa: E402
 from lex_plugin.options import parse_int_list, parse_name_list  # noqa: E402
 
 LEX_MODES = ("full", "bca", "dca", "full+bf16", "bca+bf16", "dca+bf16")
@@ -196,35 +196,6 @@ def against_best_mm(rows: list) -> list:
                  attention_fraction_of_best_mm=r["attention_fraction_of_mm"] * r["mm_gflops"] / best) for r in rows]
 
 
-def markdown(report: dict) -> str:
-    """BENCHMARKS.md's tables of a report (``--json-out``'s): generation, then prefill, then the provenance line."""
-    rows, prov = report["rows"], report["provenance"]
-    out = []
-    gen = [r for r in rows if r["section"] == "generation"]
-    if gen:
-        out += ["| context | lex full | eager full | lex / eager | lex BCA | eager BCA | lex / eager | "
-                "bf16 / fp32: full | BCA | DCA |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in gen:
-            ms = r["ms"]
-            out.append(f"| {r['context']:,} | {ms['lex full']:.2f} ms | {ms['eager full']:.2f} ms | "
-                       f"{r['lex_full_vs_eager_full']:.2f} | {ms['lex bca']:.2f} ms | {ms['eager bca']:.2f} ms | "
-                       f"{r['lex_bca_vs_eager_bca']:.2f} | {r['bf16_vs_fp32_full']:.2f} | {r['bf16_vs_fp32_bca']:.2f} | "
-                       f"{r['bf16_vs_fp32_dca']:.2f} |")
-    pre = [r for r in rows if r["section"] == "prefill"]
-    if pre:
-        out += ["", f"Prefill, % of the run's best fp32 matmul ({pre[0]['best_mm_gflops']:.0f} GFLOP/s); in brackets "
-                "against the matmul timed right after the point:", "",
-                "| mode | length | model GFLOP/s | model | one layer's attention alone | attention's share of the FLOPs |",
-                "|---|---:|---:|---:|---:|---:|"]
-        for r in pre:
-            out.append(f"| {r['mode']} | {r['length']:,} | {r['gflops']:.1f} | {100 * r['fraction_of_best_mm']:.1f}% "
-                       f"({100 * r['fraction_of_mm']:.1f}%) | {100 * r['attention_fraction_of_best_mm']:.1f}% "
-                       f"({100 * r['attention_fraction_of_mm']:.1f}%) | {100 * r['attention_share_of_flops']:.0f}% |")
-    out += ["", f"Measured {prov['date']} on {prov['device']}, torch {prov['torch']}, commit {prov['commit'][:10]}"
-                f"{' (uncommitted changes)' if prov['dirty'] is True else ''}, {prov['wall_s']} s: `{prov['command']}`."]
-    return "\n".join(out)
-
-
 def main():
     from lex_plugin.provenance import provenance
 
@@ -239,7 +210,7 @@ def main():
     p.add_argument("--markdown", default=None, metavar="REPORT", help="print the tables of a report and exit")
     args = p.parse_args()
     if args.markdown:
-        print(markdown(json.loads(Path(args.markdown).read_text())))
+        print(limits_markdown(json.loads(Path(args.markdown).read_text())))
         return
     sections = parse_name_list(args.sections, "--sections")
     unknown = sorted(set(sections) - {"generation", "prefill"})
@@ -255,7 +226,7 @@ def main():
         rows += prefill(parse_int_list(args.lengths, "--lengths"), args.training_length, args.repeats)
     report = {"provenance": provenance(seed=0, wall_s=time.perf_counter() - start, cuda=False), "rows": rows}
     print(f"\nlex_lm_tiny (xPos), l = {args.training_length}, batch 1, {benchmark.thread_count()} threads\n")
-    print(markdown(report))
+    print(limits_markdown(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
 

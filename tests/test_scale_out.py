@@ -155,12 +155,14 @@ def small_ckpt(data_bin, tmp_path_factory):
     return save / "checkpoint_last.pt"
 
 
+def eval_lm_command(data_bin, ckpt) -> list:
+    return ["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
+            "--path", str(ckpt), "--gen-subset", "test", "--tokens-per-sample", "64", "--batch-size", "4", "--num-workers", "0"]
+
+
 def eval_lm(data_bin, ckpt):
-    return subprocess.run(
-        ["fairseq-eval-lm", str(data_bin), "--user-dir", str(REPO / "lex_plugin"), "--task", "lex_language_modeling",
-         "--path", str(ckpt), "--gen-subset", "test", "--tokens-per-sample", "64", "--batch-size", "4", "--num-workers", "0"],
-        capture_output=True, text=True, env=env_with_venv(), cwd=REPO,
-    )
+    """fairseq-eval-lm in its own process (what a user sees: the exit code and stderr)."""
+    return subprocess.run(eval_lm_command(data_bin, ckpt), capture_output=True, text=True, env=env_with_venv(), cwd=REPO)
 
 
 def test_truncated_checkpoint_is_a_clear_error(data_bin, small_ckpt, tmp_path):
@@ -172,10 +174,9 @@ def test_truncated_checkpoint_is_a_clear_error(data_bin, small_ckpt, tmp_path):
     # fairseq-train resuming from it says the same
     (tmp_path / "resume").mkdir()
     shutil.copy(cut, tmp_path / "resume" / "checkpoint_last.pt")
-    train = subprocess.run(["fairseq-train", *train_args(data_bin, tmp_path / "resume", "--batch-size", "8", "--max-update", "4")],
-                           capture_output=True, text=True, env=env_with_venv(), cwd=REPO)
-    assert train.returncode != 0 and "truncated or corrupt" in train.stdout + train.stderr
-    assert eval_lm(data_bin, small_ckpt).returncode == 0  # the intact file still loads
+    with pytest.raises(AssertionError, match="truncated or corrupt"):  # (in this process: run_cli)
+        run_cli(["fairseq-train", *train_args(data_bin, tmp_path / "resume", "--batch-size", "8", "--max-update", "4")])
+    run_cli(eval_lm_command(data_bin, small_ckpt))  # the intact file still loads
 
 
 def test_checkpoint_with_another_dictionary_is_refused(data_bin, small_ckpt, tmp_path):

@@ -53,7 +53,7 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
     checkpoint. Rows ranked by accuracy, then by flatness: every label has a line of its own, however many
     methods. Returns False (and writes nothing) when no row has a passkey result."""
     from ...plotting import figure
-    from .probe_tables import FLAT_RATIO, RETRIEVAL
+    from ..definitions import FLAT, RETRIEVES_RANKED
 
     points = sorted((r for r in rows if r["passkey"] is not None), key=lambda r: (r["passkey"], -r["ratio"]))
     if not points:
@@ -78,8 +78,8 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
         flat.xaxis.set_major_locator(MaxNLocator(4))  # ratios differ in the third decimal: few, wide tick labels
         flat.set_yticks(list(ys), labels, fontsize=8)
         flat.set_ylim(-0.7, len(points) - 0.3)
-        flat.axvline(FLAT_RATIO, color="grey", linestyle=":", linewidth=1)
-        found.axvline(RETRIEVAL, color="grey", linestyle=":", linewidth=1)
+        flat.axvline(FLAT.edge, color="grey", linestyle=":", linewidth=1)
+        found.axvline(RETRIEVES_RANKED.edge, color="grey", linestyle=":", linewidth=1)
         flat.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
         found.set_xlabel("passkey accuracy at 8l, 95% interval  (retrieves: right of the line)")
         found.set_xlim(-0.03, 1.03)

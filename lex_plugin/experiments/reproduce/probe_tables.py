@@ -3,16 +3,15 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
+from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES_RANKED
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 from .tables import LEGACY_MODES, _num
 
-__all__ = ["BABILONG_KEPT", "BABILONG_RETRIEVAL", "FLAT_RATIO", "RETRIEVAL", "far_context", "flat_and_retrieving",
+__all__ = ["BABILONG_KEPT", "BABILONG_RETRIEVAL", "far_context", "flat_and_retrieving",
            "flat_and_retrieving_row", "markdown_babilong", "markdown_far_context", "markdown_flat_and_retrieving",
            "markdown_longppl", "markdown_ruler", "wilson_interval"]
 
 
-FLAT_RATIO = 1.02  # "flat": ppl(16l) / ppl(l) at most this
-RETRIEVAL = 0.9  # "retrieves": passkey accuracy at 8l at least this (after fine-tuning on the probe's format)
 # "retrieves" in the far-context verdict: BABILong-lite's greedy accuracy at 8l (mean over its tasks) at least this,
 # and at least BABILONG_KEPT times the same window's at l (a window that answers at 8l as well as it does at l)
 BABILONG_RETRIEVAL, BABILONG_KEPT = 0.5, 0.9
@@ -84,7 +83,8 @@ def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: i
 def flat_and_retrieving_row(run: str, method: str, ratio: float, retrieved: Optional[int] = None,
                             trials: Optional[int] = None) -> dict:
     """One row of :func:`flat_and_retrieving`: {run, method, ratio, passkey (retrieved / trials, or None where not
-    probed), flat (ratio <= :data:`FLAT_RATIO`), retrieves (passkey >= :data:`RETRIEVAL`, or None), retrieved,
+    probed), flat (``definitions.FLAT``), retrieves (ranked passkey at 8l, ``definitions.RETRIEVES_RANKED``, or None),
+    retrieved,
     trials, interval (95% Wilson, or None)}.
 
     Raises:
@@ -94,16 +94,16 @@ def flat_and_retrieving_row(run: str, method: str, ratio: float, retrieved: Opti
         raise ValueError(f"{run}, {method}: give retrieved and trials (>= 1) together, or neither (not probed); got "
                          f"{retrieved} of {trials}.")
     score = None if trials is None else retrieved / trials
-    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": ratio <= FLAT_RATIO,
-            "retrieves": None if score is None else score >= RETRIEVAL, "retrieved": retrieved, "trials": trials,
+    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": FLAT.meets(ratio),
+            "retrieves": None if score is None else RETRIEVES_RANKED.meets(score), "retrieved": retrieved, "trials": trials,
             "interval": None if trials is None else wilson_interval(retrieved, trials)}
 
 
 def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
     """The "Flat and retrieving" table: each window or method's ppl ratio and passkey accuracy at 8l, its
     verdicts, and a last line naming those that are both (or saying that none is)."""
-    head = [f"| model | window / method | ppl({top // l}l) / ppl(l) | passkey at 8l (hits/trials; 95% Wilson) | flat (<= {FLAT_RATIO}) | "
-            f"retrieves (>= {RETRIEVAL}) |", "|---|---|---:|---:|---|---|"]
+    head = [f"| model | window / method | ppl({top // l}l) / ppl(l) | passkey at 8l (hits/trials; 95% Wilson) | flat (<= "
+            f"{FLAT.bar:.{FLAT.decimals}f}) | retrieves (>= {RETRIEVES_RANKED.bar:.{RETRIEVES_RANKED.decimals}f}) |", "|---|---|---:|---:|---|---|"]
 
     def cell(value, text):
         return "-" if value is None else text
@@ -112,7 +112,7 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
         low, high = r["interval"]
         return f"{r['passkey']:.2f} ({r['retrieved']}/{r['trials']}; {low:.2f}-{high:.2f})"
 
-    # the ratio to 3 decimals: the verdict compares it unrounded with FLAT_RATIO (1.024 is not flat)
+    # the ratio to 3 decimals; flat reads it at FLAT's 2 decimals, rounded half up
     body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {r['ratio']:.3f} | "
             f"{cell(r['passkey'], accuracy(r) if r['passkey'] is not None else '')} | "
             f"{cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
@@ -200,7 +200,7 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
 
 def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> List[dict]:
     """The far-context verdict of each run and window that has a LongPPL report: flat (ppl at the longest length over
-    ppl at l at most :data:`FLAT_RATIO`), reads the far context (LongPPL there below LongPPL at l), and, where the run
+    ppl at l, ``definitions.FLAT``), reads the far context (LongPPL there below LongPPL at l), and, where the run
     has a BABILong-lite report, retrieves (greedy accuracy at 8l at least :data:`BABILONG_RETRIEVAL` and at least
     :data:`BABILONG_KEPT` times the window's own at l; None where either length is missing).
 
@@ -223,8 +223,8 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
             g1, g8 = g.get(l), g.get(8 * l)
             retrieves = None if g1 is None or g8 is None else (g8 >= BABILONG_RETRIEVAL and g8 >= BABILONG_KEPT * g1)
             out.append({"run": name, "method": mode, "top": top, "ratio": ratio, "longppl_ratio": lratio,
-                        "greedy_l": g1, "greedy_8l": g8, "flat": ratio <= FLAT_RATIO,
-                        "far": None if lratio is None else lratio < 1.0, "retrieves": retrieves})
+                        "greedy_l": g1, "greedy_8l": g8, "flat": FLAT.meets(ratio),
+                        "far": None if lratio is None else FAR_CONTEXT.meets(lratio), "retrieves": retrieves})
     return out
 
 
@@ -235,8 +235,8 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
         return text if value is None else f"{'yes' if value else 'no'} ({text})"
 
     top = max(r["top"] for r in rows)
-    lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT_RATIO} | reads the far context: LongPPL "
-             f"{top // l}l / l < 1 | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
+    lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT.bar:.{FLAT.decimals}f} | reads the far "
+             f"context: LongPPL {top // l}l / l < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
              "|---|---|---|---|---|"]
     passing = []
     for r in rows:

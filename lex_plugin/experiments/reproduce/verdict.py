@@ -1,11 +1,10 @@
 """The verdict of the trained designs (issue "Trained to extrapolate"): one row per design or reference method, one
 column per goal, each cell met, missed or not measured.
 
-The goal, from the issue: a trained design that is flat (ppl(16l) / ppl(l) <= 1.00 under its full attention), uses the
-far context (LongPPL at 16l below LongPPL at l), retrieves (greedy passkey >= 0.9 at 16l after fine-tuning), beats
-ReRoPE's RULER-lite mean at 8l (0.54), evaluates in at most 1.1x full attention's time at 16k and keeps at most half
-of full attention's key/value cache at 64k. The flatness goal is read at its stated precision, rounding half up (a ratio
-below 1.005 is 1.00 and meets it; 1.005 does not). Where no row meets every goal, the closest is the row with the most goals
+The goal, from the issue: a trained design that is flat, reads the far context, retrieves and reaches ReRoPE's
+RULER-lite mean at 8l (each as ``experiments.definitions`` states it, read at its rounding: a ratio of 1.0049 is flat,
+1.0050 is not), evaluates in at most 1.1x full attention's time at 16k and keeps at most half of full attention's
+key/value cache at 64k. Where no row meets every goal, the closest is the row with the most goals
 met (then the fewest missed, then the fewest unmeasured), and its shortfalls say by how much.
 
 A row's figures (:class:`Figures`) come from a reproduction's work directory (:func:`design_figures`: the run's length
@@ -18,9 +17,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
-__all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict",
+__all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
            "plot_verdict", "reference_figures"]
 
 
@@ -73,11 +73,16 @@ class Goal:
     fmt: str
 
 
+def _defined(key: str, definition: Definition, fmt: str) -> Goal:
+    """The goal a definition of ``experiments.definitions`` states (its heading, test and bar)."""
+    return Goal(key, f"{definition.name}: {definition.rule}", definition.meets, definition.bar, fmt)
+
+
 GOALS = (
-    Goal("ratio", "flat: ppl(16l)/ppl(l) <= 1.00", lambda v: v < 1.005, 1.0, "{:.4f}"),
-    Goal("longppl_ratio", "far context: LongPPL 16l/l < 1", lambda v: v < 1.0, 1.0, "{:.2f}"),
-    Goal("greedy_16l", "retrieves: greedy passkey 16l >= 0.9", lambda v: v >= 0.9, 0.9, "{:.2f}"),
-    Goal("ruler_8l", "RULER-lite 8l > 0.54", lambda v: v > 0.54, 0.54, "{:.2f}"),
+    _defined("ratio", FLAT, "{:.4f}"),
+    _defined("longppl_ratio", FAR_CONTEXT, "{:.2f}"),
+    _defined("greedy_16l", RETRIEVES, "{:.2f}"),
+    _defined("ruler_8l", RULER, "{:.2f}"),
     Goal("eval_time", "eval time 16k <= 1.1x full", lambda v: v <= 1.1, 1.1, "{:.2f}x"),
     Goal("cache_64k", "cache 64k <= 0.5x full", lambda v: v <= 0.5, 0.5, "{:.3f}x"),
 )
@@ -172,31 +177,65 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
 
 
 def reference_figures(path: Path) -> List[Figures]:
-    """The rows of a transcribed JSON list (each an object with :class:`Figures`' fields, ``source`` naming the section
-    the figures come from).
+    """The rows of a JSON list of reference methods (each an object with :class:`Figures`' fields, ``source`` naming
+    where the figures come from). Figures with a committed report are read from it, not transcribed, each from
+    ``{"report": PATH, "mode": MODE}`` (PATH relative to the list's folder; MODE the attention mode whose rows are read:
+    ``full``, ``bca``, ``rerope`` ...), as a design's are read (:func:`design_figures`):
+
+    - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_ratio``;
+    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`).
 
     Raises:
-        ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates.
+        ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
+            transcribed and read; a report without that mode at l and 16l (8l for RULER-lite).
+        FileNotFoundError: a named report that does not exist.
     """
     known = {f.name for f in fields(Figures)} - {"reference"}
     rows = []
     for raw in json.loads(Path(path).read_text()):
+        raw = dict(raw)
+        read = {key: raw.pop(key) for key in ("length", "ruler") if key in raw}
         unknown = sorted(set(raw) - known)
         if unknown or not {"name", "label", "updates"} <= set(raw):
-            raise ValueError(f"{path}: a verdict row takes {sorted(known)} (name, label and updates required); got "
-                             f"{sorted(raw)}.")
+            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length and ruler (name, label and updates "
+                             f"required); got {sorted(raw)}.")
+        for key, given in read.items():
+            raw.update(_read_figures(Path(path), raw, key, given))
         rows.append(Figures(**raw, reference=True))
     return rows
+
+
+def _read_figures(path: Path, raw: dict, key: str, given: dict) -> dict:
+    """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length or
+    ruler; :func:`reference_figures`)."""
+    report = json.loads((path.parent / given["report"]).read_text())
+    l, mode = int(report["training_length"]), given["mode"]
+    if key == "ruler":
+        figures = {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
+    else:
+        by = mode_rows(report, mode)
+        at = {n: by[n][0] for n in (l, 16 * l) if n in by}
+        both = len(at) == 2
+        figures = {"ratio": at[16 * l]["ppl"] / at[l]["ppl"] if both else None,
+                   "longppl_ratio": (at[16 * l]["longppl"] / at[l]["longppl"]
+                                     if both and at[l].get("longppl") and at[16 * l].get("longppl") else None)}
+    twice = sorted(set(figures) & set(raw))
+    if twice:
+        raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {given['report']}; give one.")
+    if any(value is None for value in figures.values()):
+        raise ValueError(f"{path}: {given['report']} lacks the {mode} rows {raw['name']} reads ({', '.join(figures)}).")
+    return figures
 
 
 def _report(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
-    """{length: rows} of a report's full-attention rows without log-n or a RoPE scaling (a length report's, or a
-    probe's), the mode read as every table of the reproduction reads it (``tables._passkey_mode``); with or without an
-    attention temperature (its beta, ``logit_scale``), but one setting per length.
+def mode_rows(report: Optional[dict], mode: str = "full") -> Dict[int, List[dict]]:
+    """{length: rows} of a report's rows under attention ``mode`` (default full attention) without log-n or a RoPE
+    scaling (a length report's, or a probe's), the mode read as every table of the reproduction reads it
+    (``tables._passkey_mode``); with or without an attention temperature (its beta, ``logit_scale``), but one setting
+    per length.
 
     Raises:
         ValueError: rows of one length under different temperatures (the verdict would add them up).
@@ -205,12 +244,12 @@ def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
 
     out: Dict[int, List[dict]] = {}
     for r in (report or {}).get("results", []):
-        if _passkey_mode(r) == "full":
+        if _passkey_mode(r) == mode:
             out.setdefault(int(r["length"]), []).append(r)
     for length, rows in out.items():
         scales = {(r.get("attention") or {}).get("logit_scale") for r in rows}
         if len(scales) > 1:
-            raise ValueError(f"the full-attention rows at length {length} hold {len(scales)} attention temperatures "
+            raise ValueError(f"the {mode} rows at length {length} hold {len(scales)} attention temperatures "
                              f"(beta {', '.join(str(b) for b in sorted(scales, key=lambda b: b or 0))}): the verdict "
                              "reads one setting; write each into its own report.")
     return out
@@ -219,27 +258,28 @@ def _full_rows(report: Optional[dict]) -> Dict[int, List[dict]]:
 def _passkey(reports: Sequence[Optional[dict]], length: int) -> tuple:
     """(ranked accuracy, greedy fraction) of the full-attention prompts at ``length`` in the passkey reports, or
     (None, None) where none was probed there."""
-    rows = [r for report in reports for r in _full_rows(report).get(length, [])]
+    rows = [r for report in reports for r in mode_rows(report).get(length, [])]
     trials = sum(r["trials"] for r in rows)
     if not trials:
         return None, None
     return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
 
 
-def _ruler_mean(report: Optional[dict], length: int) -> Optional[float]:
-    """RULER-lite's mean over its tasks (each the mean over its depths, ranking) under full attention at ``length``, as
-    ``lex ruler`` and the RESULTS tables average it (``ruler.effective_length``); None without a report or that length."""
+def _ruler_mean(report: Optional[dict], length: int, mode: str = "full") -> Optional[float]:
+    """RULER-lite's mean over its tasks (each the mean over its depths, ranking) under attention ``mode`` (default full
+    attention) at ``length``, as ``lex ruler`` and the RESULTS tables average it (``ruler.effective_length``); None
+    without a report, that mode or that length."""
     if report is None:
         return None
     from ...evaluation.ruler import RulerResult
     from ...evaluation.ruler.probe import effective_length
 
-    # the full-attention rows, one setting per length (_full_rows); a probe under an attention temperature labels them
+    # the mode's rows, one setting per length (mode_rows); a probe under an attention temperature labels them
     # "full+beta(...)", so they are read under one label
-    full = [RulerResult.from_dict(dict(r, window="full")) for rows in _full_rows(report).values() for r in rows]
-    if not full:
+    rows = [RulerResult.from_dict(dict(r, window=mode)) for by in mode_rows(report, mode).values() for r in by]
+    if not rows:
         return None
-    return effective_length(full, "full", "ranking")["averages"].get(length)
+    return effective_length(rows, mode, "ranking")["averages"].get(length)
 
 
 def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: int) -> Optional[dict]:
@@ -292,12 +332,12 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                                 f"scripts/reproduce.py --work {work} --runs {name} first, or leave it out of --runs.")
     report = json.loads((run / "length_report.json").read_text())
     l = training_length
-    ppl = {L: rows[0]["ppl"] for L, rows in _full_rows(report).items()}
+    ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
     longppl_ratio = None
     longppl = run / LONGPPL_REPORT if longppl is None else longppl
     if longppl.is_file():
-        lp = {L: rows[0].get("longppl") for L, rows in _full_rows(json.loads(longppl.read_text())).items()}
+        lp = {L: rows[0].get("longppl") for L, rows in mode_rows(json.loads(longppl.read_text())).items()}
         if lp.get(l) and lp.get(16 * l):
             longppl_ratio = lp[16 * l] / lp[l]
     passkeys = [_report(run / "passkey_finetuned.json"), _report(run / "passkey_finetuned_16l.json")]

@@ -1,0 +1,298 @@
+"""The published tables, generated from committed reports: each a :class:`Block` of a document, written between two
+markers by ``python scripts/results.py`` and compared by ``python scripts/results.py --check`` (a test runs it), so a
+table in RESULTS.md or the README is what its reports give, never typed.
+
+A block in a document::
+
+    <!-- generated: NAME (python scripts/results.py) -->
+    ...the table...
+    <!-- end: NAME -->
+
+The blocks (:data:`BLOCKS`) read the definitions of ``experiments.definitions`` and the verdict's rows
+(``experiments.reproduce.verdict``) built from ``examples/lex_lm/designs_1000`` and the transcribed references.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Sequence, Tuple
+
+from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
+from .definitions import DEFINITIONS, FLAT, RETRIEVES, RULER
+from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
+from .reproduce.verdict import Figures, design_figures, markdown_verdict, mode_rows, reference_figures
+
+__all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
+           "generate", "replace_block", "verdict_1000_rows"]
+
+
+@dataclass(frozen=True)
+class VerdictRun:
+    """The verdict at 1,000 updates as committed: the reproduction's work directory (relative to the repository),
+    its runs in the table's order, its budget and l, the cost reports and the transcribed references."""
+
+    work: str
+    runs: Tuple[str, ...]
+    updates: int
+    training_length: int
+    costs: Tuple[str, ...]
+    references: Tuple[str, ...]
+
+    def command(self) -> str:
+        """The ``scripts/verdict.py`` command that prints the same table."""
+        costs = " ".join(f"--costs {c}" for c in self.costs)
+        refs = " ".join(f"--reference {r}" for r in self.references)
+        return (f"python scripts/verdict.py --work {self.work} --updates {self.updates} --runs {','.join(self.runs)} \\\n"
+                f"  {costs} \\\n  {refs} -o examples/lex_lm/verdict_1000.png")
+
+
+VERDICT_1000 = VerdictRun(
+    work="examples/lex_lm/designs_1000",
+    runs=("irope", "xpos_bca_nope", "rnope_swa", "gemma_5to1", "rope_ssmax", "rope_learned_sinks", "rope_drope",
+          "rope_drope/recalibrated", "xpos_sink_token", "rope_gate_elementwise", "rope_diff"),
+    updates=1000, training_length=256,
+    costs=("examples/lex_lm/designs_1000/costs16k.json", "examples/lex_lm/designs_1000/costs16k_gate_diff.json"),
+    references=("examples/lex_lm/verdict_reference.json",))
+
+
+def verdict_1000_rows(root: Path, run: VerdictRun = VERDICT_1000) -> List[Figures]:
+    """The verdict's rows (references first, then each run) from the committed reports under ``root``.
+
+    Raises:
+        FileNotFoundError, ValueError: as ``design_figures`` and ``reference_figures``.
+    """
+    rows = [row for path in run.references for row in reference_figures(root / path)]
+    for given in run.runs:
+        name, _, variant = given.partition("/")
+        rows.append(design_figures(root / run.work, name, run.training_length, run.updates,
+                                   costs=[root / c for c in run.costs], recalibrated=bool(variant)))
+    return rows
+
+
+def definitions_table() -> str:
+    """Markdown: each definition, its rule and how it is read (the rounding)."""
+    lines = ["| word | means | read at |", "|---|---|---|"]
+    for d in DEFINITIONS:
+        lines.append(f"| {d.name} | {d.rule} | {d.decimals} decimals, rounded half up |")
+    return "\n".join(lines)
+
+
+def _figures(f: Figures) -> str:
+    parts = []
+    for key, text in (("ratio", "ppl 16l/l {:.4f}"), ("greedy_16l", "greedy passkey 16l {:.2f}"),
+                      ("ruler_8l", "RULER-lite 8l {:.2f}")):
+        value = getattr(f, key)
+        if value is not None:
+            parts.append(text.format(value))
+    return ", ".join(parts) or "-"
+
+
+def _cost(f: Figures) -> str:
+    parts = [f"eval {f.eval_time:.2f}x" if f.eval_time is not None else "eval not measured",
+             f"cache {f.cache_64k:.3f}x" if f.cache_64k is not None else "cache not measured"]
+    return ", ".join(parts)
+
+
+def _meets(f: Figures, definition, key: str) -> bool:
+    value = getattr(f, key)
+    return value is not None and definition.meets(value)
+
+
+# each need: its words, which rows answer it, which of those is used (the cheapest), and the caveat
+NEEDS: Tuple[Tuple[str, Callable[[Figures], bool], str], ...] = (
+    ("flat perplexity at any length, on an existing checkpoint",
+     lambda f: f.reference and _meets(f, FLAT, "ratio"),
+     "flat ignores the far context under a window (LongPPL, RULER-lite)"),
+    ("flat perplexity, training a new model",
+     lambda f: not f.reference and _meets(f, FLAT, "ratio"),
+     "one seed of training"),
+    ("one passkey, written by greedy decoding at 16l",
+     lambda f: _meets(f, RETRIEVES, "greedy_16l"),
+     "one fine-tuning seed: a second run of the same command wrote fewer (RESULTS, what one seed does not show)"),
+    ("several needles (RULER-lite)",
+     lambda f: _meets(f, RULER, "ruler_8l"),
+     "the mean over 11 tasks; the multi-needle tasks are lower"),
+    ("the lowest cost that stays flat",
+     lambda f: _meets(f, FLAT, "ratio") and f.eval_time is not None,
+     "evaluation time at 16k over full attention's, random weights"),
+)
+
+
+def decision_table(rows: Sequence[Figures]) -> str:
+    """Markdown: for each need (:data:`NEEDS`), the row to use (of those that meet it, the one with the lowest
+    evaluation time; unmeasured times last), its figures, its cost and the caveat; "none at this scale" where no row
+    meets it."""
+    lines = ["| need | use | figures | cost | rows that meet it | caveat |", "|---|---|---|---|---:|---|"]
+    for need, meets, caveat in NEEDS:
+        answering = [f for f in rows if meets(f)]
+        if not answering:
+            lines.append(f"| {need} | none at this scale | - | - | 0 | {caveat} |")
+            continue
+        best = min(answering, key=lambda f: (f.eval_time is None, f.eval_time or 0.0))
+        lines.append(f"| {need} | {best.label} | {_figures(best)} | {_cost(best)} | {len(answering)} | {caveat} |")
+    return "\n".join(lines)
+
+
+def _results_json(root: Path, name: str) -> dict:
+    """A committed ``reproduce_*results.json`` (``scripts/reproduce.py``'s results.json) with integer lengths."""
+    raw = json.loads((root / "examples/lex_lm" / name).read_text())
+    ppl = {run: {mode: {int(n): v for n, v in by.items()} for mode, by in modes.items()} for run, modes in raw["ppl"].items()}
+    # results.json keeps R by window and length; the table reads lex resolution's report form
+    resolution = {run: {mode: {"lengths": {str(n): {"R": v} for n, v in by.items()}} for mode, by in modes.items()}
+                  for run, modes in raw.get("resolution", {}).items()}
+    return {**raw, "ppl": ppl, "resolution": resolution}
+
+
+WINDOWS = ["full", "sliding", "bca"]
+PAPER_RUNS = ["xpos", "rope", "alibi", "sinusoidal", "sandwich", "none"]  # LeX Table 2's schemes and NoPE
+ABLATIONS = ["xpos", "xpos_no_rotation", "xpos_scalar_zeta", "rope"]  # LeX Table 4's rows
+
+
+def _paper_table(root: Path, name: str, table: int) -> str:
+    """LeX Table ``table`` (2-5) in shape from the committed results ``name``, as the reproduction writes it."""
+    r = _results_json(root, name)
+    l, lengths = int(r["options"]["train_length"]), [int(n) for n in r["options"]["lengths"]]
+    runs = [n for n in PAPER_RUNS if n in r["ppl"]]
+    if table == 2:
+        return markdown_ppl(r["ppl"], runs, WINDOWS, lengths, l)
+    if table == 3:
+        return markdown_resolution(r["resolution"], [n for n in r["ppl"] if n in r["resolution"]], [l, 2 * l])
+    if table == 4:
+        return markdown_ppl(r["ppl"], ABLATIONS, ["full", "bca"], [l, 8 * l], l)
+    return markdown_ppl(r["ppl"], runs, WINDOWS, [l, 4 * l, 16 * l], l)
+
+
+def _claims(root: Path, name: str) -> str:
+    return markdown_claims(_results_json(root, name)["claims"])
+
+
+def _wall_times(root: Path, name: str) -> str:
+    """The reproduction's wall time per step (its progress record) and the total."""
+    from .reproduce.runner import fmt_time
+
+    wall = json.loads((root / "examples/lex_lm" / name).read_text())["wall_seconds"]
+    return "\n".join(["| step | wall time |", "|---|---:|", *(f"| {k} | {fmt_time(v)} |" for k, v in wall.items()),
+                      f"| **total** | **{fmt_time(sum(wall.values()))}** |"])
+
+
+SCHEME_LABELS = {"xpos": "LeX (xPos)", "rope": "RoPE", "alibi": "ALiBi"}
+MODE_LABELS = {"full": "full attention", "bca": "BCA", "rerope": "ReRoPE (w = l/2)"}
+
+
+def schemes_1000(root: Path) -> str:
+    """The 1,000-update xPos, RoPE and ALiBi checkpoints under full attention, BCA and ReRoPE: ppl at l and 16l and
+    their ratio, LongPPL's ratio (``longppl_SCHEME.json``, the checkpoint's own key tokens) and the passkey at 8l after
+    fine-tuning, ranked (``flat_and_retrieving.json``)."""
+    passkey = json.loads((root / "examples/lex_lm/flat_and_retrieving.json").read_text())["rows"]
+    found = {(r["run"], r["method"]): r for r in passkey}
+    lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | LongPPL(16l) / LongPPL(l) | "
+             "passkey at 8l (ranked) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for scheme, label in SCHEME_LABELS.items():
+        report = json.loads((root / f"examples/lex_lm/longppl_{scheme}.json").read_text())
+        l = int(report["training_length"])
+        for mode, name in MODE_LABELS.items():
+            by = mode_rows(report, mode)
+            low, high = by[l][0], by[16 * l][0]
+            hit = found.get((scheme, mode))
+            cell = f"{hit['retrieved'] / hit['trials']:.2f}" if hit else "-"
+            lines.append(f"| {label} | {name} | {low['ppl']:.2f} | {high['ppl']:.2f} | {high['ppl'] / low['ppl']:.4f} | "
+                         f"{high['longppl'] / low['longppl']:.2f} | {cell} |")
+    return "\n".join(lines)
+
+
+def designs_ppl(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """Each trained design's perplexity by length under full attention, the sliding window and BCA (its length
+    report), as the reproduction's "Trained designs" table."""
+    names = [n for n in run.runs if "/" not in n]
+    reports = {n: json.loads((root / run.work / "runs" / n / "length_report.json").read_text()) for n in names}
+    ppl = ppl_table(reports)
+    lengths = sorted({n for modes in ppl.values() for by in modes.values() for n in by})
+    return markdown_ppl(ppl, names, WINDOWS, lengths, run.training_length)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated table: ``document`` (relative to the repository root), the marker ``name`` and ``make(root)``,
+    its markdown from the committed reports under ``root``."""
+
+    document: str
+    name: str
+    make: Callable[[Path], str]
+
+
+RESULTS, README, BENCHMARKS = "examples/lex_lm/RESULTS.md", "README.md", "examples/lex_lm/BENCHMARKS.md"
+
+
+def _bench_report(root: Path, path: str) -> dict:
+    return json.loads((root / path).read_text())
+
+
+def design_costs_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """The cost reports the verdict reads, each its table and its provenance line."""
+    parts = []
+    for path in run.costs:
+        report = _bench_report(root, path)
+        parts += [f"[`{Path(path).name}`]({Path(path).relative_to('examples/lex_lm')}):", "",
+                  design_costs_markdown(report["rows"]), "", provenance_line(report["provenance"]), ""]
+    return "\n".join(parts)
+SHORT, LONG = "reproduce_results.json", "reproduce_long_results.json"  # 300 and 1,000 updates
+BLOCKS: Tuple[Block, ...] = (
+    Block(RESULTS, "definitions", lambda root: definitions_table()),
+    Block(RESULTS, "decision", lambda root: decision_table(verdict_1000_rows(root))),
+    Block(RESULTS, "verdict_1000", lambda root: f"```bash\n{VERDICT_1000.command()}\n```\n\n"
+                                                 + markdown_verdict(verdict_1000_rows(root))),
+    Block(RESULTS, "designs_1000_ppl", designs_ppl),
+    Block(RESULTS, "table2_1000", lambda root: _paper_table(root, LONG, 2)),
+    Block(RESULTS, "table3_1000", lambda root: _paper_table(root, LONG, 3)),
+    Block(RESULTS, "table2_300", lambda root: _paper_table(root, SHORT, 2)),
+    Block(RESULTS, "table3_300", lambda root: _paper_table(root, SHORT, 3)),
+    Block(RESULTS, "table4_300", lambda root: _paper_table(root, SHORT, 4)),
+    Block(RESULTS, "table5_300", lambda root: _paper_table(root, SHORT, 5)),
+    Block(RESULTS, "claims_300", lambda root: _claims(root, SHORT)),
+    Block(RESULTS, "wall_300", lambda root: _wall_times(root, SHORT)),
+    Block(BENCHMARKS, "design_costs", design_costs_tables),
+    Block(BENCHMARKS, "limits", lambda root: limits_markdown(_bench_report(root, "examples/lex_lm/limits.json"))),
+    Block(README, "decision", lambda root: decision_table(verdict_1000_rows(root))),
+    Block(README, "schemes_1000", schemes_1000),
+)
+
+
+def _markers(name: str) -> Tuple[str, str]:
+    return f"<!-- generated: {name} (python scripts/results.py) -->", f"<!-- end: {name} -->"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """``text`` with the block ``name`` holding ``body``.
+
+    Raises:
+        ValueError: the document lacks the block's markers (or holds them twice, or out of order).
+    """
+    start, end = _markers(name)
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"no block {name!r}: the document needs the lines {start!r} and {end!r} once each, in order.")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def generate(root: Path, check: bool = False, blocks: Sequence[Block] = BLOCKS) -> List[str]:
+    """Write every block into its document under ``root`` (``check``: write nothing); returns ``DOCUMENT: NAME`` for
+    each block whose document differed from what its reports give.
+
+    Raises:
+        ValueError: a document without a block's markers; FileNotFoundError: a report a block reads is missing.
+    """
+    texts, changed = {}, []
+    for block in blocks:
+        path = root / block.document
+        text = texts.get(block.document) or path.read_text()
+        new = replace_block(text, block.name, block.make(root))
+        if new != text:
+            changed.append(f"{block.document}: {block.name}")
+        texts[block.document] = new
+    if not check:
+        for document, text in texts.items():
+            path = root / document
+            if path.read_text() != text:
+                path.write_text(text)
+    return changed

@@ -1,0 +1,83 @@
+"""The published tables and the definitions they read: `python scripts/results.py --check` holds every generated table
+of the documents to the committed reports; a definition reads a figure at its rounding."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lex_plugin.experiments.definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
+from lex_plugin.experiments.published import BLOCKS, decision_table, generate, replace_block, verdict_1000_rows
+from lex_plugin.experiments.reproduce.verdict import Figures
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_documents_tables_are_what_the_committed_reports_give():
+    """The drift check: every block of RESULTS.md and the README regenerates from the reports with no difference."""
+    assert generate(REPO, check=True) == []
+    documents = {block.document for block in BLOCKS}
+    assert documents == {"examples/lex_lm/RESULTS.md", "examples/lex_lm/BENCHMARKS.md", "README.md"}
+
+
+def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_path):
+    """A cell typed over in a copy of the repository's documents is found by --check (exit 1, naming the table) and
+    rewritten by the plain command; a document without a block's markers is refused by name."""
+    root = tmp_path / "repo"
+    for block in BLOCKS:
+        (root / block.document).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / block.document, root / block.document)
+    for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler"):
+        shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
+    for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
+                 "longppl_rope.json", "longppl_alibi.json", "flat_and_retrieving.json", "limits.json"):
+        shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
+    results = root / "examples/lex_lm/RESULTS.md"
+    text = results.read_text()
+    assert "| LeX (xPos) | BCA | 169.34 | 168.89 |" in text
+    results.write_text(text.replace("| LeX (xPos) | BCA | 169.34 | 168.89 |", "| LeX (xPos) | BCA | 169.34 | 160.00 |"))
+    assert generate(root, check=True) == ["examples/lex_lm/RESULTS.md: table2_300"]
+    assert "160.00" in results.read_text()  # --check writes nothing
+    assert generate(root) == ["examples/lex_lm/RESULTS.md: table2_300"] and results.read_text() == text
+    with pytest.raises(ValueError, match="no block 'decision'"):
+        replace_block("no markers here", "decision", "| a |")
+
+
+def test_the_script_checks_the_repository():
+    """scripts/results.py --check on the repository passes and counts the tables it checked."""
+    from click.testing import CliRunner
+
+    from conftest import _script
+
+    result = CliRunner().invoke(_script("results.py").main, ["--check"])
+    assert result.exit_code == 0 and f"{len(BLOCKS)} tables checked; 0 changed." in result.output, result.output
+
+
+def test_a_definition_reads_its_figure_rounded_half_up():
+    assert FLAT.meets(1.0049) and not FLAT.meets(1.005) and FLAT.meets(0.5)
+    assert FAR_CONTEXT.meets(0.9949) and not FAR_CONTEXT.meets(0.995)
+    assert RETRIEVES.meets(0.895) and not RETRIEVES.meets(0.8949) and RULER.meets(0.535) and not RULER.meets(0.5349)
+    assert FLAT.rule == "ppl(16l) / ppl(l) <= 1.00" and FLAT.edge == pytest.approx(1.005)
+    assert RETRIEVES.edge == pytest.approx(0.895)
+    for definition in DEFINITIONS:  # the edge is where the verdict flips
+        below, above = definition.edge - 1e-9, definition.edge + 1e-9
+        assert definition.meets(below) != definition.meets(above), definition.name
+    with pytest.raises(ValueError, match="not a measured figure"):
+        FLAT.meets(float("nan"))
+    with pytest.raises(ValueError, match="op '=='"):
+        Definition("x", "y", "==", 1.0, 2)
+
+
+def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
+    """Of the rows meeting a need, the one with the lowest evaluation time (unmeasured last); none: said so. The
+    committed verdict's answers: xPos + BCA for an existing checkpoint, the NoPE-global patterns for one passkey."""
+    cheap = Figures("a", "cheap flat", 1000, ratio=0.99, eval_time=0.3)
+    dear = Figures("b", "dear flat", 1000, ratio=0.98, eval_time=0.9, greedy_16l=0.95)
+    table = decision_table([dear, cheap])
+    assert "| flat perplexity, training a new model | cheap flat |" in table
+    assert "| one passkey, written by greedy decoding at 16l | dear flat |" in table
+    assert "| several needles (RULER-lite) | none at this scale | - | - | 0 |" in table
+    rows = verdict_1000_rows(REPO)
+    table = decision_table(rows)
+    assert "| flat perplexity at any length, on an existing checkpoint | LeX: xPos + BCA (reference) |" in table
+    assert "| one passkey, written by greedy decoding at 16l | RNoPE-SWA (RoPE sliding x3 + NoPE global) |" in table
