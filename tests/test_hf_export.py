@@ -709,6 +709,15 @@ def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp
     assert f"| training length l | {L} tokens |" in card and "sliding(48)" in card
     assert f"| window | {L} (1l) | {4 * L} (4l) |" in card and "| full | 50.00 | 80.50 |" in card and "| bca | - | 48.25 |" in card
     assert "61.00" not in card and "Moses + SentencePiece" in card
+    # the Hub's evaluation metadata: the same figures, one perplexity metric per window and length
+    import yaml
+
+    meta = yaml.safe_load(card.split("---\n")[1])
+    [result] = meta["model-index"][0]["results"]
+    assert result["dataset"]["split"] == "test" and result["task"]["type"] == "text-generation"
+    assert [(m["type"], m["value"], m["name"]) for m in result["metrics"]] == [
+        ("perplexity", 50.0, f"perplexity at {L} tokens (1l), full"), ("perplexity", 80.5, f"perplexity at {4 * L} tokens (4l), full"),
+        ("perplexity", 48.25, f"perplexity at {4 * L} tokens (4l), bca")]
     with pytest.raises(ValueError, match="max-position-embeddings"):
         export_hf(scheme_checkpoints["learned"], data_bin, tmp_path / "learned", max_position_embeddings=L + 1)
 

@@ -31,8 +31,6 @@ class DocumentScore(_Scored):
 
     name: str
     window: str
-    tokens: int = 0
-    nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
     key_tokens: Optional[int] = None  # LongPPL's key tokens (None: not asked for)
     key_nll: float = 0.0
@@ -120,8 +118,8 @@ def score_tokens(
     nll = document_nll(model, tokens, spec, eos, name)
     length = tokens.numel()
     edges = bucket_edges(length, training_length)
-    buckets = [Bucket(a, b, b - a, float(nll[a:b].sum())) for a, b in zip(edges[:-1], edges[1:])]
-    score = DocumentScore(name, str(spec), length, float(nll.sum()), buckets)
+    buckets = [Bucket(a, b, tokens=b - a, nll=float(nll[a:b].sum())) for a, b in zip(edges[:-1], edges[1:])]
+    score = DocumentScore(name, str(spec), buckets=buckets, tokens=length, nll=float(nll.sum()))
     if key_tokens is not None:
         if key_tokens.shape != tokens.shape:
             raise ValueError(f"key_tokens must mark the document's {length} tokens, got shape {tuple(key_tokens.shape)}.")

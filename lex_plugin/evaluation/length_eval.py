@@ -34,11 +34,13 @@ __all__ = ["FULL_BLOCK", "LengthResult", "blockwise_forward", "bucket_edges", "b
 FULL_BLOCK = 1024  # positions per forward through the cache under full attention (the cache holds all earlier ones)
 
 
+@dataclass
 class _Scored:
-    """``tokens`` scored with summed negative log-likelihood ``nll`` (nats) -> loss in bits, ppl."""
+    """``tokens`` scored with summed negative log-likelihood ``nll`` (nats) -> loss in bits, ppl; both keyword-only
+    fields of every subclass, after its own."""
 
-    tokens: int
-    nll: float
+    tokens: int = field(default=0, kw_only=True)
+    nll: float = field(default=0.0, kw_only=True)
 
     @property
     def loss(self) -> float:
@@ -64,8 +66,6 @@ class Bucket(_Scored):
 
     start: int
     end: int
-    tokens: int = 0
-    nll: float = 0.0
 
 
 @dataclass
@@ -77,8 +77,6 @@ class LengthResult(_Scored):
     window: str
     length: int
     protocol: str = "stream"  # or "fixed_target"
-    tokens: int = 0
-    nll: float = 0.0
     buckets: List[Bucket] = field(default_factory=list)
     attention: dict = field(default_factory=dict)
     key_tokens: Optional[int] = None  # LongPPL's key tokens scored (None: not asked for)

@@ -3,9 +3,9 @@ the attention it runs and how to change it, and its perplexity by length where a
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
-__all__ = ["model_card", "perplexity_table"]
+__all__ = ["model_card", "model_index", "perplexity_table"]
 
 
 def perplexity_table(report: dict) -> str:
@@ -35,6 +35,36 @@ def perplexity_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _stream_rows(report: dict) -> list:
+    """The report's stream-protocol rows (window, length, ppl), checked as :func:`perplexity_table` checks them."""
+    perplexity_table(report)  # raises ValueError on a report without stream rows
+    return [r for r in report["results"] if r.get("protocol", "stream") == "stream"]
+
+
+def model_index(name: str, report: dict) -> List[str]:
+    """The Hub's machine-readable evaluation results (the card's ``model-index`` metadata, YAML lines) of an
+    ``--eval-lengths`` report: one perplexity metric per window and length of its stream rows, the same figures as
+    :func:`perplexity_table`, on the report's split of its data-bin.
+
+    Raises:
+        ValueError: as :func:`perplexity_table`.
+    """
+    rows = _stream_rows(report)
+    l = report.get("training_length")
+    data = Path(str(report.get("data", "data-bin"))).name or "data-bin"
+    split, tokens = report.get("split", "test"), report.get("split_tokens", "?")
+    dataset = f"{data} ({split} split, {tokens} tokens)"
+    lines = ["model-index:", f"- name: {json.dumps(name)}", "  results:", "  - task:", "      type: text-generation",
+             "      name: Language modeling by evaluation length", "    dataset:", f"      type: {json.dumps(data)}",
+             f"      name: {json.dumps(dataset)}", f"      split: {json.dumps(split)}", "    metrics:"]
+    for r in rows:
+        at = f"{r['length']} tokens ({r['length'] / l:g}l)" if l else f"{r['length']} tokens"
+        metric = f"perplexity at {at}, {r['window']}"
+        lines += ["    - type: perplexity", f"      value: {round(float(r['ppl']), 4)}", f"      name: {json.dumps(metric)}",
+                  "      verified: false"]
+    return lines
+
+
 def model_card(config, spec: str, checkpoint: Path, report: Optional[Path], bpe: Optional[str] = "sentencepiece") -> str:
     """The text of ``README.md`` for an export of ``config`` (a ``LexConfig``) running ``spec`` by default,
     from ``checkpoint``; ``report``: an ``--eval-lengths`` JSON whose table the card shows, or None; ``bpe``: the
@@ -46,10 +76,11 @@ def model_card(config, spec: str, checkpoint: Path, report: Optional[Path], bpe:
     l = config.training_length
     options = ", ".join(f"{k} = {v}" for k, v in sorted(config.position_options.items())) or "none"
     tags = ["lex_plugin", "fairseq", "length-extrapolation", config.pos_emb, "custom_code", "text-generation"]
+    data = json.loads(Path(report).read_text(encoding="utf-8")) if report is not None else None
+    name = Path(checkpoint).parent.name or "lex_lm"
     meta = "\n".join(["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:",
-                      *[f"- {t}" for t in dict.fromkeys(tags)], "---"])
-    if report is not None:
-        data = json.loads(Path(report).read_text(encoding="utf-8"))
+                      *[f"- {t}" for t in dict.fromkeys(tags)], *(model_index(name, data) if data else []), "---"])
+    if data is not None:
         measured = (f"Test perplexity by evaluation length ({data.get('split', 'test')} split, "
                     f"{data.get('split_tokens', '?')} tokens, measured with fairseq-eval-lm --eval-lengths):\n\n"
                     + perplexity_table(data))
@@ -59,7 +90,7 @@ def model_card(config, spec: str, checkpoint: Path, report: Optional[Path], bpe:
                     "full,bca --report-json report.json`, then re-export with `--length-report report.json`.")
     return f"""{meta}
 
-# {Path(checkpoint).parent.name or 'lex_lm'}: a length-extrapolating language model (lex_plugin)
+# {name}: a length-extrapolating language model (lex_plugin)
 
 A decoder-only Transformer trained with lex_plugin (a fairseq plugin; TorchScale's layer layout),
 exported from `{Path(checkpoint).name}` by `lex export-hf`. It loads with transformers alone: the attention code
