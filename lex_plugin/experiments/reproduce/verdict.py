@@ -21,7 +21,7 @@ from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
-           "plot_verdict", "reference_figures"]
+           "plot_verdict", "provenance_cell", "reference_figures"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class Figures:
             over full attention's of the same model in the same benchmark run.
         cache_64k: key/value cache positions kept at 64k over the base model's under full attention (every layer keeps
             64k), as ``scripts/bench_design_costs.py`` measured them (``experiments.design_costs``).
-        source: where the figures were measured (a RESULTS / BENCHMARKS section).
+        source: where the figures were measured (a RESULTS / BENCHMARKS section, or the reports read).
+        measured_on: the device, code commit and wall time of the row's length report (its provenance,
+            :func:`provenance_cell`), "unknown" where a report predates provenance.
         reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
     """
 
@@ -58,6 +60,7 @@ class Figures:
     gen_time: Optional[float] = None
     cache_64k: Optional[float] = None
     source: str = ""
+    measured_on: str = "unknown"
     reference: bool = False
 
 
@@ -118,8 +121,8 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
     """The verdict table (one row per design or reference, the goals then the context columns; **bold** a met goal,
     ``-`` not measured) and the closing line: the rows that meet every goal, or the closest and its shortfalls."""
     head = ["| design | updates | " + " | ".join(g.heading for g in GOALS) + " | goals met | "
-            + " | ".join(c[1] for c in CONTEXT_COLUMNS) + " |",
-            "|---|---:|" + "---:|" * len(GOALS) + "---:|" + "---:|" * len(CONTEXT_COLUMNS)]
+            + " | ".join(c[1] for c in CONTEXT_COLUMNS) + " | measured on (commit, wall time) |",
+            "|---|---:|" + "---:|" * len(GOALS) + "---:|" + "---:|" * len(CONTEXT_COLUMNS) + "---|"]
     body = []
     for f in rows:
         cells = []
@@ -130,7 +133,7 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
         measured = sum(_met(f, g) is not None for g in GOALS)
         context = ["-" if getattr(f, key) is None else fmt.format(getattr(f, key)) for key, _, fmt in CONTEXT_COLUMNS]
         body.append(f"| {f.label} | {f.updates:,} | " + " | ".join(cells) + f" | {met} of {measured} measured | "
-                    + " | ".join(context) + " |")
+                    + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
     lines = ["**Every goal met:** " + "; ".join(winners) if winners else "**No row meets every goal.**"]
     for kind, group in (("row", rows), ("trained design", [f for f in rows if not f.reference])):
@@ -201,6 +204,8 @@ def reference_figures(path: Path) -> List[Figures]:
                              f"required); got {sorted(raw)}.")
         for key, given in read.items():
             raw.update(_read_figures(Path(path), raw, key, given))
+        if "length" in read:
+            raw["measured_on"] = provenance_cell(json.loads((Path(path).parent / read["length"]["report"]).read_text()))
         rows.append(Figures(**raw, reference=True))
     return rows
 
@@ -225,6 +230,17 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict) -> dict:
     if any(value is None for value in figures.values()):
         raise ValueError(f"{path}: {given['report']} lacks the {mode} rows {raw['name']} reads ({', '.join(figures)}).")
     return figures
+
+
+def provenance_cell(report: Optional[dict]) -> str:
+    """Where and from what a report was measured, in one cell: its device, its code commit (10 characters, "+" when
+    the tree was dirty) and its wall time; "unknown" for each part it does not record."""
+    prov = (report or {}).get("provenance") or {}
+    commit = str(prov.get("commit", "unknown"))
+    commit = commit if commit == "unknown" else commit[:10] + ("+" if prov.get("dirty") is True else "")
+    wall = prov.get("wall_s", "unknown")
+    wall = f"{wall:.0f} s" if isinstance(wall, (int, float)) else "unknown"
+    return f"{prov.get('device', 'unknown')} ({commit}, {wall})"
 
 
 def _report(path: Path) -> Optional[dict]:
@@ -352,5 +368,5 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
                    eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
-                   source=str(run))
+                   source=str(run), measured_on=provenance_cell(report))
 
