@@ -66,6 +66,9 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
               help="a named setting: its values replace the defaults of the options not given on the command line. "
                    + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
+@click.option("--finetune-seeds", default="", show_default=True,
+              help="comma-separated seeds of the passkey probe's fine-tuning (passkey_finetuned), each fine-tuned and "
+                   "probed apart, for the spread of its figures; '' for --seed alone")
 @click.option("--in-process", is_flag=True, default=False,
               help="run each fairseq-train, fairseq-eval-lm and lex step in this process instead of a new one (saves "
                    "~5 s of imports a step: small runs; one process's threads, no isolation between steps)")
@@ -96,9 +99,11 @@ def main(**params):
         raise click.BadParameter("--lengths names every length; --longest only sets the default ones. Give one.",
                                  param_hint="--longest")
     probed = [m for m in methods if m in PROBES and any(methods_of(r, [m]) for r in runs)]
-    for option, takers in (("probe_windows", probed), ("passkey_trials", [m for m in probed if m.startswith("passkey")])):
+    for option, takers in (("probe_windows", probed), ("passkey_trials", [m for m in probed if m.startswith("passkey")]),
+                           ("finetune_seeds", [m for m in probed if m == "passkey_finetuned"])):
         if option in given and not takers:
-            raise click.BadParameter(f"no {'passkey probe' if option == 'passkey_trials' else 'probe'} in --methods runs "
+            what = {"passkey_trials": "passkey probe", "finetune_seeds": "passkey_finetuned probe"}.get(option, "probe")
+            raise click.BadParameter(f"no {what} in --methods runs "
                                      "on these runs, so it would change nothing; drop it or add the probe",
                                      param_hint=f"--{option.replace('_', '-')}")
     named = parse_name_list(p["probe_windows"], "--probe-windows")
@@ -111,6 +116,7 @@ def main(**params):
         lengths = (sorted(set(parse_int_list(p["lengths"], "--lengths"))) if p["lengths"]
                    else [l * 2 ** i for i in range(p["longest"].bit_length()) if 2 ** i <= p["longest"]])
         budgets = sorted(set(parse_int_list(str(p["budgets"]), "--budgets")))
+        seeds = parse_int_list(str(p["finetune_seeds"]), "--finetune-seeds") if p["finetune_seeds"] else []
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     if p["bf16_autocast"]:
@@ -127,7 +133,8 @@ def main(**params):
         o = ReproduceOptions(arch=p["arch"], training_length=l, max_update=max_update, batch_size=p["batch_size"], lr=p["lr"],
                              seed=p["seed"], lengths=lengths, eval_tokens=p["eval_tokens"],
                              resolution_texts=p["resolution_texts"], methods=methods, passkey_trials=p["passkey_trials"],
-                             budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=windows)
+                             budgets=budgets, bf16_autocast=p["bf16_autocast"], probe_windows=windows,
+                             finetune_seeds=seeds)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     try:

@@ -547,6 +547,39 @@ def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypat
     assert done["babilong xpos"] == work / "runs" / "xpos" / "babilong.json"
 
 
+def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypatch):
+    """--finetune-seeds 1,2,3 on a design: the run's seed under the plain names, seeds 2 and 3 each fine-tuned with its
+    own --seed into passkey_ft_seedN/ and probed at l..8l and 16l into their own reports; the count announced equals
+    the steps taken; a seed given twice is refused."""
+    import dataclasses
+
+    calls, commands = [], {}
+    work, data, o, announced = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned"],
+                                               lambda key, done: calls.append((key, done)))
+    record = reproduce.steps.Runner.__call__
+
+    def recording(self, key, cmd, log, done, stamp=False, then=None):
+        commands[key] = [str(c) for c in cmd]
+        record(self, key, cmd, log, done, stamp, then)
+
+    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    o = dataclasses.replace(o, finetune_seeds=(1, 2, 3))
+    reproduce.reproduce(work, o, ["rnope_swa"], tmp_path, data)
+    done = dict(calls)
+    assert announced == [len(calls)]
+    run = work / "runs" / "rnope_swa"
+    for seed in (2, 3):
+        cmd = commands[f"finetune rnope_swa seed {seed}"]
+        assert cmd[cmd.index("--seed") + 1] == str(seed) and cmd[cmd.index("--save-dir") + 1] == str(run / f"passkey_ft_seed{seed}")
+        assert done[f"passkey_finetuned rnope_swa_seed{seed}"] == run / f"passkey_finetuned_seed{seed}.json"
+        assert done[f"passkey_finetuned rnope_swa 16l_seed{seed}"] == run / f"passkey_finetuned_16l_seed{seed}.json"
+        probe = commands[f"passkey_finetuned rnope_swa_seed{seed}"]
+        assert probe[probe.index("--path") + 1] == str(run / f"passkey_ft_seed{seed}" / "checkpoint_last.pt")
+    assert commands["finetune rnope_swa"][commands["finetune rnope_swa"].index("--seed") + 1] == "1"
+    with pytest.raises(ValueError, match="a seed given twice"):
+        dataclasses.replace(o, finetune_seeds=(2, 2))
+
+
 def _recorded_steps(tmp_path, monkeypatch, methods, record):
     """reproduce() with its steps recorded, not run: ``record(key, done)`` is called for each step and its ``done``
     file touched. Returns (work, data-bin, options with ``methods``, the step counts the runner was told)."""
@@ -817,7 +850,8 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
                (["--runs", "alibi", "--methods", "rerope,yarn"], "yarn runs on none of --runs alibi"),
                (["--runs", "rope", "--lengths", "256,512", "--longest", "2"], "--longest"),
                (["--runs", "rope", "--methods", "rerope", "--probe-windows", "full"], "--probe-windows"),
-               (["--runs", "rope", "--methods", "ruler", "--passkey-trials", "5"], "--passkey-trials")]
+               (["--runs", "rope", "--methods", "ruler", "--passkey-trials", "5"], "--passkey-trials"),
+               (["--runs", "rope", "--methods", "passkey,ruler", "--finetune-seeds", "2,3"], "--finetune-seeds")]
     for args, message in refused:
         result = CliRunner().invoke(script.main, base + args)
         assert result.exit_code == 2 and message in result.output, (args, result.output)

@@ -114,6 +114,29 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
         design_figures(tmp_path, "irope", 256, 300)
 
 
+def test_fine_tuning_seeds_give_a_mean_and_a_range_and_a_goal_holds_only_over_every_seed(tmp_path):
+    """passkey_finetuned_seedN.json beside the run's own: each figure the mean over the seeds, its (lowest, highest,
+    seeds) in spread, the cell "mean (low-high, n seeds)", and "retrieves" met only when every seed retrieves."""
+    run = tmp_path / "runs" / "rnope_swa"
+    run.mkdir(parents=True)
+    (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 4096, ppl=99.0)]}))
+    for sfx, greedy_16l in (("", 46), ("_seed2", 32), ("_seed10", 45)):
+        (run / f"passkey_finetuned{sfx}.json").write_text(json.dumps({"results": [
+            _row("full", 2048, retrieved=50, greedy=40, trials=50)]}))
+        (run / f"passkey_finetuned_16l{sfx}.json").write_text(json.dumps({"results": [
+            _row("full", 4096, retrieved=50, greedy=greedy_16l, trials=50)]}))
+    f = design_figures(tmp_path, "rnope_swa", 256, 1000)
+    assert f.greedy_16l == pytest.approx((46 + 32 + 45) / 150) and f.spread["greedy_16l"] == (0.64, 0.92, 3)
+    assert f.passkey_8l == 1.0 and f.spread["passkey_8l"] == (1.0, 1.0, 3)
+    text = markdown_verdict([f])
+    assert "| 0.82 (0.64-0.92, 3 seeds) |" in text  # not bold: one seed of three misses 0.90
+    assert "greedy_16l 0.82 (0.64-0.92, 3 seeds) against 0.90" in text
+    (run / "passkey_finetuned_16l_seed2.json").write_text(json.dumps({"results": [
+        _row("full", 4096, retrieved=50, greedy=47, trials=50)]}))
+    text = markdown_verdict([design_figures(tmp_path, "rnope_swa", 256, 1000)])
+    assert "| **0.92 (0.90-0.94, 3 seeds)** |" in text  # every seed retrieves
+
+
 def test_a_recalibrated_drope_row_reads_its_own_reports(tmp_path):
     """rope_drope/recalibrated: the figures from runs/rope_drope/recalibrated (a RULER-lite report whose full-attention
     rows are labelled with their beta is read by its structured mode), labelled with the chosen C; the time ratios are

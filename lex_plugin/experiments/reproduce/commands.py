@@ -102,15 +102,17 @@ def passkey_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions
             "--samples", PASSKEY_FINETUNE["samples"], "--max-length", o.training_length // 2 - 8]
 
 
-def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions) -> List:
+def finetune_command(passkey_data: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions,
+                     seed: Optional[int] = None) -> List:
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on the passkey data-bin, one prompt per
-    row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation)."""
+    row at l (:data:`PASSKEY_FINETUNE`: updates, batch, peak lr; polynomial decay, no validation), under ``seed``
+    (default ``o.seed``: the order of the prompts and the dropout)."""
     f = PASSKEY_FINETUNE
     return fairseq_train_command(passkey_data, save_dir, arch=o.arch, model_args=run_args,
                                  tokens_per_sample=o.training_length, batch_size=f["batch_size"], lr=f["lr"],
                                  updates=f["updates"], warmup=max(1, f["updates"] // 20), break_mode="eos",
-                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50, seed=o.seed,
-                                 extra=["--finetune-from-model", ckpt])
+                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50,
+                                 seed=o.seed if seed is None else seed, extra=["--finetune-from-model", ckpt])
 
 
 def passkey_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, extra: Sequence = (),

@@ -29,6 +29,9 @@ class ReproduceOptions:
         probe_windows: the attention modes the probes (passkey, RULER-lite, BABILong-lite, LongPPL) compare, among
             ``catalogue.PROBE_WINDOWS`` and ``leaky_rerope``; each run takes those that apply to it
             (``commands.probe_windows``). Empty: all of them.
+        finetune_seeds: the seeds of the passkey probe's fine-tuning (``passkey_finetuned``), each fine-tuned and
+            probed apart (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``; ``seed``'s own under the plain
+            names). Empty: ``seed`` alone.
 
     Raises:
         ValueError: an odd or non-positive l (BCA's blocks are l/2); lengths without l or with one below it;
@@ -51,9 +54,10 @@ class ReproduceOptions:
     budgets: Tuple[int, ...] = ()
     bf16_autocast: bool = False
     probe_windows: Tuple[str, ...] = ()
+    finetune_seeds: Tuple[int, ...] = ()
 
     def __post_init__(self):  # lists given by callers become tuples: the value stays frozen
-        for name in ("lengths", "methods", "budgets", "probe_windows"):
+        for name in ("lengths", "methods", "budgets", "probe_windows", "finetune_seeds"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         from .catalogue import METHODS, PROBE_WINDOWS, PROBES
 
@@ -75,10 +79,17 @@ class ReproduceOptions:
         unknown = [m for m in self.methods if m not in METHODS and m not in PROBES]
         if unknown:
             raise ValueError(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join([*METHODS, *PROBES])}.")
+        if len(set(self.finetune_seeds)) != len(self.finetune_seeds):
+            raise ValueError(f"--finetune-seeds {','.join(map(str, self.finetune_seeds))}: a seed given twice.")
         unknown = [w for w in self.probe_windows if w not in (*PROBE_WINDOWS, "leaky_rerope")]
         if unknown:
             raise ValueError(f"--probe-windows: unknown {', '.join(unknown)}; choose from "
                              f"{', '.join((*PROBE_WINDOWS, 'leaky_rerope'))}.")
+
+    @property
+    def extra_seeds(self) -> Tuple[int, ...]:
+        """The fine-tuning seeds other than ``seed``, in the order given."""
+        return tuple(s for s in self.finetune_seeds if s != self.seed)
 
     def as_json(self) -> dict:
         """The options as WORK/options.json and results.json record them (lists for the tuples)."""

@@ -88,12 +88,13 @@ class Runner:
 
 
 # options the reproduction gained after work directories were made, with the value those directories ran with
-OPTIONS_ADDED_LATER = {"bf16_autocast": False, "probe_windows": []}
+OPTIONS_ADDED_LATER = {"bf16_autocast": False, "probe_windows": [], "finetune_seeds": []}
 
 
-# options a work directory may be re-run with other values of: each method's report stands alone, and a budget is
-# a snapshot of the same run (one the run has trained past is refused when it is taken)
-MAY_DIFFER = ("methods", "budgets")
+# options a work directory may be re-run with other values of: each method's report stands alone, a budget is
+# a snapshot of the same run (one the run has trained past is refused when it is taken), and each fine-tuning seed
+# writes its own reports
+MAY_DIFFER = ("methods", "budgets", "finetune_seeds")
 
 
 def check_options(work: Path, o: ReproduceOptions) -> None:

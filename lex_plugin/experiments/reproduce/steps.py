@@ -133,15 +133,18 @@ def _recalibration_steps(methods: Sequence[str]) -> int:
             + ("longppl" in methods))
 
 
-def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int]) -> int:
+def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int],
+                extra_seeds: int = 0) -> int:
     """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4; 2 with a
     sink token), two per budget, its methods' steps, a DroPE run's recalibration; the data-bin and each probe's data
-    once, unless already written."""
+    once, unless already written; ``extra_seeds`` more fine-tunings of the passkey probe per run that takes it."""
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
             + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else 2) + 2 * len(budgets)
                   + sum(_steps_of(m, is_design(RUNS[n][1])) for m in run_methods[n])
+                  + (extra_seeds * _steps_of("passkey_finetuned", is_design(RUNS[n][1]))
+                     if "passkey_finetuned" in run_methods[n] else 0)
                   + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
@@ -178,7 +181,9 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
 def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
     """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
     (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention,
-    ``passkey_finetuned_16l.json``), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``)."""
+    ``passkey_finetuned_16l.json``), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``); the passkey probe
+    again after a fine-tuning under each of ``o.extra_seeds`` (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``,
+    ``passkey_finetuned_16l_seedN.json``)."""
     l, passkey_bin, tuned = o.training_length, work / "passkey-bin", r.dir / "passkey_ft" / "checkpoint_last.pt"
     if not (passkey_bin / "train.idx").exists():
         run("passkey data", passkey_data_command(data, r.ckpt, passkey_bin, o), work / "passkey-data.log",
@@ -192,15 +197,20 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                 passkey_command(data, tuned, out, o, extra=scaled_passkey_flags(scaled), lengths=[8 * l], windows=["full"]),
                 r.dir / f"passkey_finetuned_{scaled}.log", out)
         return
-    out = r.dir / f"{method}.json"
-    run(f"{method} {r.name}", passkey_command(data, tuned, out, o, r.rotary,
-                                              ["--logn"] if method.endswith("_logn") else list(r.probe_flags(o)),
-                                              position_maps=r.position_maps),
-        r.dir / f"{method}.log", out)
-    if method == "passkey_finetuned" and is_design(r.role):  # the trained designs' verdict reads 16l too
-        out = r.dir / "passkey_finetuned_16l.json"
-        run(f"{method} {r.name} 16l", passkey_command(data, tuned, out, o, lengths=[16 * l], windows=["full"]),
-            r.dir / "passkey_16l.log", out)
+    for seed, suffix in [(o.seed, "")] + ([(s, f"_seed{s}") for s in o.extra_seeds] if method == "passkey_finetuned" else []):
+        if suffix:  # another fine-tuning seed of the same checkpoint, fine-tuned and probed apart
+            tuned = r.dir / f"passkey_ft{suffix}" / "checkpoint_last.pt"
+            run(f"finetune {r.name} seed {seed}", finetune_command(passkey_bin, r.ckpt, tuned.parent, list(r.args), o, seed),
+                tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
+        out = r.dir / f"{method}{suffix}.json"
+        run(f"{method} {r.name}{suffix}", passkey_command(data, tuned, out, o, r.rotary,
+                                                          ["--logn"] if method.endswith("_logn") else list(r.probe_flags(o)),
+                                                          position_maps=r.position_maps),
+            r.dir / f"{method}{suffix}.log", out)
+        if method == "passkey_finetuned" and is_design(r.role):  # the trained designs' verdict reads 16l too
+            out = r.dir / f"passkey_finetuned_16l{suffix}.json"
+            run(f"{method} {r.name} 16l{suffix}", passkey_command(data, tuned, out, o, lengths=[16 * l], windows=["full"]),
+                r.dir / f"passkey_16l{suffix}.log", out)
 
 
 def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: ReproduceOptions) -> None:
@@ -370,7 +380,7 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
                     raise ReproduceError(f"{r.name}, {method}: {e}") from None
     check_options(work, o)
     data = data_bin or work / "data-bin"
-    run = Runner(work, _step_count(work, data, runs, run_methods, budgets), in_process=in_process)
+    run = Runner(work, _step_count(work, data, runs, run_methods, budgets, len(o.extra_seeds)), in_process=in_process)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for r in made:

@@ -44,6 +44,8 @@ class Figures:
         source: where the figures were measured (a RESULTS / BENCHMARKS section, or the reports read).
         measured_on: the device, code commit and wall time of the row's length report (its provenance,
             :func:`provenance_cell`), "unknown" where a report predates provenance.
+        spread: for a figure measured over several fine-tuning seeds, {field: (lowest, highest, seeds)}; the field
+            itself then holds the mean, and a goal on it is met only when every seed meets it.
         reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
     """
 
@@ -61,6 +63,7 @@ class Figures:
     cache_64k: Optional[float] = None
     source: str = ""
     measured_on: str = "unknown"
+    spread: Dict[str, Tuple[float, float, int]] = field(default_factory=dict)
     reference: bool = False
 
 
@@ -95,8 +98,24 @@ CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l"
 
 
 def _met(f: Figures, goal: Goal) -> Optional[bool]:
+    """Whether ``f`` meets ``goal`` (None: not measured); over several seeds, whether every seed does (the lowest and
+    the highest both pass the goal's one-sided test)."""
     value = getattr(f, goal.key)
-    return None if value is None else bool(goal.test(value))
+    if value is None:
+        return None
+    if goal.key in f.spread:
+        low, high, _ = f.spread[goal.key]
+        return bool(goal.test(low)) and bool(goal.test(high))
+    return bool(goal.test(value))
+
+
+def _shown(f: Figures, key: str, fmt: str) -> str:
+    """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds."""
+    value = getattr(f, key)
+    if key in f.spread:
+        low, high, n = f.spread[key]
+        return f"{fmt.format(value)} ({fmt.format(low)}-{fmt.format(high)}, {n} seeds)"
+    return fmt.format(value)
 
 
 def _rank(f: Figures) -> Tuple[int, int, int]:
@@ -114,7 +133,7 @@ def closest(rows: Sequence[Figures]) -> Optional[Figures]:
 
 
 def _shortfalls(f: Figures) -> List[str]:
-    return [f"{g.key} {g.fmt.format(getattr(f, g.key))} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
+    return [f"{g.key} {_shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
 
 
 def markdown_verdict(rows: Sequence[Figures]) -> str:
@@ -128,10 +147,10 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
         cells = []
         for g in GOALS:
             value, met = getattr(f, g.key), _met(f, g)
-            cells.append("-" if value is None else f"**{g.fmt.format(value)}**" if met else g.fmt.format(value))
+            cells.append("-" if value is None else f"**{_shown(f, g.key, g.fmt)}**" if met else _shown(f, g.key, g.fmt))
         met = sum(_met(f, g) is True for g in GOALS)
         measured = sum(_met(f, g) is not None for g in GOALS)
-        context = ["-" if getattr(f, key) is None else fmt.format(getattr(f, key)) for key, _, fmt in CONTEXT_COLUMNS]
+        context = ["-" if getattr(f, key) is None else _shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
         body.append(f"| {f.label} | {f.updates:,} | " + " | ".join(cells) + f" | {met} of {measured} measured | "
                     + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
@@ -166,7 +185,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
                 value = getattr(f, g.key)
-                ax.text(j, i, "not measured" if value is None else g.fmt.format(value), ha="center", va="center",
+                ax.text(j, i, "not measured" if value is None else _shown(f, g.key, g.fmt), ha="center", va="center",
                         fontsize=8)
         ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
@@ -281,6 +300,29 @@ def _passkey(reports: Sequence[Optional[dict]], length: int) -> tuple:
     return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
 
 
+def _passkey_seeds(run: Path, l: int) -> tuple:
+    """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning: the run's
+    seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and each other fine-tuning seed
+    (``passkey_finetuned_seedN.json``, ``..._16l_seedN.json``); over several seeds each figure is the mean and
+    ``spread`` holds its (lowest, highest, seeds)."""
+    suffixes = [""] + sorted((p.stem[len("passkey_finetuned"):] for p in run.glob("passkey_finetuned_seed*.json")),
+                             key=lambda sfx: int(sfx[len("_seed"):]))
+    per_seed = []
+    for sfx in suffixes:
+        reports = [_report(run / f"passkey_finetuned{sfx}.json"), _report(run / f"passkey_finetuned_16l{sfx}.json")]
+        if reports == [None, None]:
+            continue
+        ranked_8l, greedy_8l = _passkey(reports, 8 * l)
+        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l)[1]})
+    means, spread = {}, {}
+    for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
+        values = [seed[key] for seed in per_seed if seed[key] is not None]
+        means[key] = sum(values) / len(values) if values else None
+        if len(values) > 1:
+            spread[key] = (min(values), max(values), len(values))
+    return means["passkey_8l"], means["greedy_8l"], means["greedy_16l"], spread
+
+
 def _ruler_mean(report: Optional[dict], length: int, mode: str = "full") -> Optional[float]:
     """RULER-lite's mean over its tasks (each the mean over its depths, ranking) under attention ``mode`` (default full
     attention) at ``length``, as ``lex ruler`` and the RESULTS tables average it (``ruler.effective_length``); None
@@ -356,9 +398,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
         lp = {L: rows[0].get("longppl") for L, rows in mode_rows(json.loads(longppl.read_text())).items()}
         if lp.get(l) and lp.get(16 * l):
             longppl_ratio = lp[16 * l] / lp[l]
-    passkeys = [_report(run / "passkey_finetuned.json"), _report(run / "passkey_finetuned_16l.json")]
-    ranked_8l, greedy_8l = _passkey(passkeys, 8 * l)
-    _, greedy_16l = _passkey(passkeys, 16 * l)
+    ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
     cost = _costs_row(costs, name, l, context) or {}
     label = LABELS.get(name, name)
@@ -368,5 +408,5 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
                    eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
-                   source=str(run), measured_on=provenance_cell(report))
+                   source=str(run), measured_on=provenance_cell(report), spread=spread)
 
