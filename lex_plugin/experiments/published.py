@@ -20,7 +20,7 @@ from typing import Callable, List, Sequence, Tuple
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FLAT, RETRIEVES, RULER
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
-from .reproduce.verdict import Figures, design_figures, markdown_verdict, mode_rows, reference_figures
+from .reproduce.verdict import Figures, design_figures, markdown_verdict, mode_rows, reference_figures, shown
 
 __all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
            "generate", "replace_block", "verdict_1000_rows"]
@@ -79,11 +79,10 @@ def definitions_table() -> str:
 
 def _figures(f: Figures) -> str:
     parts = []
-    for key, text in (("ratio", "ppl 16l/l {:.4f}"), ("greedy_16l", "greedy passkey 16l {:.2f}"),
-                      ("ruler_8l", "RULER-lite 8l {:.2f}")):
-        value = getattr(f, key)
-        if value is not None:
-            parts.append(text.format(value))
+    for key, name, fmt in (("ratio", "ppl 16l/l", "{:.4f}"), ("greedy_16l", "greedy passkey 16l", "{:.2f}"),
+                           ("ruler_8l", "RULER-lite 8l", "{:.2f}")):
+        if getattr(f, key) is not None:
+            parts.append(f"{name} {shown(f, key, fmt)}")
     return ", ".join(parts) or "-"
 
 
@@ -108,7 +107,7 @@ NEEDS: Tuple[Tuple[str, Callable[[Figures], bool], str], ...] = (
      "one seed of training"),
     ("one passkey, written by greedy decoding at 16l",
      lambda f: _meets(f, RETRIEVES, "greedy_16l"),
-     "one fine-tuning seed: a second run of the same command wrote fewer (RESULTS, what one seed does not show)"),
+     "greedy counts move between fine-tuning runs: a range where several seeds were run, else one run"),
     ("several needles (RULER-lite)",
      lambda f: _meets(f, RULER, "ruler_8l"),
      "the mean over 11 tasks; the multi-needle tasks are lower"),

@@ -21,7 +21,7 @@ from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
-           "plot_verdict", "provenance_cell", "reference_figures"]
+           "plot_verdict", "provenance_cell", "reference_figures", "shown"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
     return bool(goal.test(value))
 
 
-def _shown(f: Figures, key: str, fmt: str) -> str:
+def shown(f: Figures, key: str, fmt: str) -> str:
     """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds."""
     value = getattr(f, key)
     if key in f.spread:
@@ -133,7 +133,7 @@ def closest(rows: Sequence[Figures]) -> Optional[Figures]:
 
 
 def _shortfalls(f: Figures) -> List[str]:
-    return [f"{g.key} {_shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
+    return [f"{g.key} {shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
 
 
 def markdown_verdict(rows: Sequence[Figures]) -> str:
@@ -147,10 +147,10 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
         cells = []
         for g in GOALS:
             value, met = getattr(f, g.key), _met(f, g)
-            cells.append("-" if value is None else f"**{_shown(f, g.key, g.fmt)}**" if met else _shown(f, g.key, g.fmt))
+            cells.append("-" if value is None else f"**{shown(f, g.key, g.fmt)}**" if met else shown(f, g.key, g.fmt))
         met = sum(_met(f, g) is True for g in GOALS)
         measured = sum(_met(f, g) is not None for g in GOALS)
-        context = ["-" if getattr(f, key) is None else _shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
+        context = ["-" if getattr(f, key) is None else shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
         body.append(f"| {f.label} | {f.updates:,} | " + " | ".join(cells) + f" | {met} of {measured} measured | "
                     + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
@@ -185,7 +185,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
                 value = getattr(f, g.key)
-                ax.text(j, i, "not measured" if value is None else _shown(f, g.key, g.fmt), ha="center", va="center",
+                ax.text(j, i, "not measured" if value is None else shown(f, g.key, g.fmt), ha="center", va="center",
                         fontsize=8)
         ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
