@@ -93,8 +93,15 @@ def _cost(f: Figures) -> str:
 
 
 def _meets(f: Figures, definition, key: str) -> bool:
+    """Whether ``f``'s figure ``key`` meets ``definition``; over several seeds, whether every seed does (the verdict's
+    rule)."""
     value = getattr(f, key)
-    return value is not None and definition.meets(value)
+    if value is None:
+        return False
+    if key in f.spread:
+        low, high, _ = f.spread[key]
+        return definition.meets(low) and definition.meets(high)
+    return definition.meets(value)
 
 
 # each need: its words, which rows answer it, which of those is used (the cheapest), and the caveat
