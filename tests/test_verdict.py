@@ -217,11 +217,11 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
     assert (round(f.eval_time, 2), round(f.gen_time, 2), round(f.cache_64k, 3)) == (0.44, 0.62, 0.251)
-    # the xPos BCA + NoPE pattern over two fine-tuning seeds: 46 and 44 of 50 keys written at 16l (0.92, 0.88), so
-    # "retrieves" is not met by every seed; RULER-lite missed
+    # the xPos BCA + NoPE pattern over three fine-tuning seeds: 46, 44 and 0 of 50 keys written at 16l, so "retrieves"
+    # is not met by every seed; RULER-lite missed
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.9, 0.19)
-    assert f.spread["greedy_16l"] == (0.88, 0.92, 2)
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.19)
+    assert f.spread["greedy_16l"] == (0.0, 0.92, 3)
     # RNoPE-SWA: the same five goals, RULER-lite closer (0.25)
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)

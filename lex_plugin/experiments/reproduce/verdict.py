@@ -185,7 +185,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
                 value = getattr(f, g.key)
-                ax.text(j, i, "not measured" if value is None else shown(f, g.key, g.fmt), ha="center", va="center",
+                ax.text(j, i, "not measured" if value is None else shown(f, g.key, g.fmt).replace(" (", "\n("), ha="center", va="center",
                         fontsize=8)
         ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
