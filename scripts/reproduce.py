@@ -66,9 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
               help="a named setting: its values replace the defaults of the options not given on the command line. "
                    + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
-@click.option("--finetune-seeds", default="", show_default=True,
-              help="comma-separated seeds of the passkey probe's fine-tuning (passkey_finetuned), each fine-tuned and "
-                   "probed apart, for the spread of its figures; '' for --seed alone")
+@click.option("--finetune-seeds", default="", help="comma-separated seeds of the passkey fine-tuning, each probed apart")
 @click.option("--in-process", is_flag=True, default=False,
               help="run each fairseq-train, fairseq-eval-lm and lex step in this process instead of a new one (saves "
                    "~5 s of imports a step: small runs; one process's threads, no isolation between steps)")
