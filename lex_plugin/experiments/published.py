@@ -20,7 +20,8 @@ from typing import Callable, List, Sequence, Tuple
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FLAT, RETRIEVES, RULER
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
-from .reproduce.verdict import Figures, design_figures, markdown_verdict, mode_rows, reference_figures, shown
+from .reproduce.verdict import (Figures, design_figures, figure_meets, markdown_verdict, mode_rows, reference_figures,
+                                shown)
 
 __all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
            "generate", "replace_block", "verdict_1000_rows"]
@@ -93,15 +94,9 @@ def _cost(f: Figures) -> str:
 
 
 def _meets(f: Figures, definition, key: str) -> bool:
-    """Whether ``f``'s figure ``key`` meets ``definition``; over several seeds, whether every seed does (the verdict's
-    rule)."""
-    value = getattr(f, key)
-    if value is None:
-        return False
-    if key in f.spread:
-        low, high, _ = f.spread[key]
-        return definition.meets(low) and definition.meets(high)
-    return definition.meets(value)
+    """Whether ``f``'s figure ``key`` meets ``definition``, over every seed where several were run (the verdict's
+    rule, ``figure_meets``)."""
+    return figure_meets(f, key, definition.meets) is True
 
 
 # each need: its words, which rows answer it, which of those is used (the cheapest), and the caveat

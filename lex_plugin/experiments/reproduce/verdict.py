@@ -21,7 +21,7 @@ from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
-           "plot_verdict", "provenance_cell", "reference_figures", "shown"]
+           "figure_meets", "plot_verdict", "provenance_cell", "reference_figures", "shown"]
 
 
 @dataclass(frozen=True)
@@ -97,16 +97,20 @@ CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l"
                    ("gen_time", "gen time 16k", "{:.2f}x"))
 
 
-def _met(f: Figures, goal: Goal) -> Optional[bool]:
-    """Whether ``f`` meets ``goal`` (None: not measured); over several seeds, whether every seed does (the lowest and
-    the highest both pass the goal's one-sided test)."""
-    value = getattr(f, goal.key)
+def figure_meets(f: Figures, key: str, test: Callable[[float], bool]) -> Optional[bool]:
+    """Whether ``f``'s figure ``key`` passes ``test`` (None: not measured); over several seeds, whether every seed does
+    (the lowest and the highest both pass the one-sided test). The verdict and the decision table read a goal so."""
+    value = getattr(f, key)
     if value is None:
         return None
-    if goal.key in f.spread:
-        low, high, _ = f.spread[goal.key]
-        return bool(goal.test(low)) and bool(goal.test(high))
-    return bool(goal.test(value))
+    if key in f.spread:
+        low, high, _ = f.spread[key]
+        return bool(test(low)) and bool(test(high))
+    return bool(test(value))
+
+
+def _met(f: Figures, goal: Goal) -> Optional[bool]:
+    return figure_meets(f, goal.key, goal.test)
 
 
 def shown(f: Figures, key: str, fmt: str) -> str:
