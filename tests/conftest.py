@@ -316,10 +316,11 @@ def check_against_float64(module, got: torch.Tensor, expected: torch.Tensor, par
     return mine
 
 
-def check_design_model(model, options: dict, training_length: int) -> None:
+def check_design_model(model, options: dict, training_length: int, specs=None, flips: float = 0.0) -> None:
     """A trained design's model (random weights) as users run it: token by token through the cache equal to the
-    parallel forward (1e-4) under full attention, BCA, BCA with 2 sink tokens and ReRoPE (the first l positions as one
-    prefill), bf16 autocast within
+    parallel forward (1e-4) under ``specs`` (default: full attention, BCA, BCA with 2 sink tokens and ReRoPE; the first
+    l positions as one prefill), bf16 autocast within (``flips``: the share of positions allowed beyond it, for a design
+    whose hard choice bf16's rounding can flip where random weights leave near ties: MoBA's blocks)
     bf16's reach of fp32 (0.1 in log-probabilities), and the Hugging Face export of ``options`` (the model's
     ``--arch lex_lm_tiny`` options) recording each of them and giving the same logits (1e-5)."""
     import argparse
@@ -328,8 +329,10 @@ def check_design_model(model, options: dict, training_length: int) -> None:
 
     L = training_length
     tokens = random_tokens(model.decoder.dictionary, 2, 5 * L, seed=4)
-    for spec in (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L)), AttentionSpec(AttentionWindow.bca(L).with_sinks(2)),
-                 AttentionOptions("rerope").spec(L)):
+    if specs is None:
+        specs = (AttentionSpec(), AttentionSpec(AttentionWindow.bca(L)), AttentionSpec(AttentionWindow.bca(L).with_sinks(2)),
+                 AttentionOptions("rerope").spec(L))
+    for spec in specs:
         view = model.under(spec)
         with torch.no_grad():
             parallel, _ = view(tokens)
@@ -340,7 +343,7 @@ def check_design_model(model, options: dict, training_length: int) -> None:
     with torch.no_grad():
         fp32 = model(tokens)[0].log_softmax(-1)
         bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
-    assert torch.isfinite(bf16).all() and (bf16 - fp32).abs().max() < 0.1
+    assert torch.isfinite(bf16).all() and ((bf16 - fp32).abs().amax(-1) >= 0.1).float().mean() <= flips
 
     pytest.importorskip("transformers")
     from fairseq.models import ARCH_CONFIG_REGISTRY

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from ..autocast import autocast_dtype
 from ..positions.scheme import PositionScheme
-from .kernels import KERNELS, ChunkRun, Observer, kernel_kind, with_positions
+from .kernels import KERNELS, BlockRetrieval, ChunkRun, Observer, kernel_kind, with_positions
 from .kv_cache import HeldKeys
 from .planner import Chunk
 from .spec import AttentionSpec
@@ -70,6 +70,7 @@ def attend(
     observer: Optional[Observer] = None,
     positions: Optional[Tensor] = None,
     sink_logits: Optional[Tensor] = None,
+    retrieval: Optional[BlockRetrieval] = None,
 ) -> Tensor:
     """softmax(q k^T / sqrt(d) + bias + mask) v over the planned chunks.
 
@@ -92,6 +93,9 @@ def attend(
         sink_logits: (H,) learned sink logits s_h (gpt-oss), or None: each softmax row becomes
             exp(z_j) / (exp(s_h) + sum_i exp(z_i)), the sink taking its share of the mass and giving no value;
             differentiable in s_h. The observer's logits do not include it (it has no key or distance).
+        retrieval: top-k block attention (MoBA, :class:`~.kernels.BlockRetrieval`): each query sees its own block and
+            the k - 1 earlier blocks it scores highest, not the window's keys; full attention only (a global layer), a
+            rotary scheme or none, no position map or per-sample positions.
 
     Under ``torch.autocast`` (``modules.autocast``) q, k and v are cast to its dtype and attention runs with
     autocast off, exactly as in a model of that dtype: rotation and biases in fp32, softmax statistics in fp32.
@@ -101,7 +105,8 @@ def attend(
 
     Raises:
         ValueError: sinks over rotated or offset keys without ``sinks``; ``positions`` with a bounded
-            window, a cache or sinks, or spread too far for the scheme's scale in q's dtype.
+            window, a cache or sinks, or spread too far for the scheme's scale in q's dtype; a retrieval with what it
+            does not take (above).
     """
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
@@ -110,7 +115,7 @@ def attend(
             keep = held.feature_major and held.keys.dtype == torch.float32
             cast = held if keep else replace(held, keys=held.keys.to(dtype), values=held.values.to(dtype))
             return attend(q.to(dtype), cast, chunks, spec=spec, scheme=scheme, q_start=q_start, dropout_p=dropout_p,
-                          observer=observer, positions=positions, sink_logits=sink_logits)
+                          observer=observer, positions=positions, sink_logits=sink_logits, retrieval=retrieval)
     if spec.logn:
         if positions is not None:
             raise ValueError("log-n scaling is an evaluation option; it does not apply to randomized training positions.")
@@ -121,9 +126,11 @@ def attend(
     if spec.position_map is not None and (held.center is not None or positions is not None):
         raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
                          "no per-sample positions.")
+    if retrieval is not None:
+        _check_retrieval(retrieval, spec, scheme, positions)
     run = ChunkRun(q, held.keys, held.values, spec.window, scheme, spec.rope_scaling, q_start, held.start, held.center,
                    held.padding, dropout_p, observer, held.feature_major, sink_logits, held.rotated_pieces,
-                   position_map=spec.position_map)
+                   position_map=spec.position_map, retrieval=retrieval)
     if spec.position_map is None:
         if positions is not None:
             run = with_positions(run, positions)
@@ -134,6 +141,25 @@ def attend(
             run = replace(run, sink_keys=_sink_keys(held, run.window.sinks))
     outs = [KERNELS[kernel_kind(run, chunk)](run, chunk) for chunk in chunks]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _check_retrieval(retrieval: BlockRetrieval, spec: AttentionSpec, scheme: PositionScheme,
+                     positions: Optional[Tensor]) -> None:
+    """Refuse what top-k block attention does not take, naming the option to change.
+
+    Raises:
+        ValueError: a bounded window or sinks, a position map, a bias scheme, per-sample positions."""
+    if spec.window.bounded or spec.window.sinks:
+        raise ValueError(f"{retrieval} chooses each query's blocks itself; its layers run full attention: evaluate "
+                         f"them without --bca / --sliding-window / sink tokens (got {spec.window}), or put the design in "
+                         "the global layers of a --layer-pattern and keep the windows in its local layers.")
+    if spec.position_map is not None:
+        raise ValueError(f"{retrieval} scores blocks at true distances: drop the position map ({spec.position_map}).")
+    if scheme.kind == "bias":
+        raise ValueError(f"{retrieval} takes a rotary position scheme or none, not the bias of "
+                         f"{type(scheme).__name__}: train it with --pos-emb xpos, rope or none.")
+    if positions is not None:
+        raise ValueError(f"{retrieval} counts blocks by position from 0: train it without --random-positions.")
 
 
 def _sink_keys(held: HeldKeys, sinks: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:

@@ -38,10 +38,10 @@ class LexSelfAttention(nn.Module):
         subln: add TorchScale's ``inner_attn_ln`` (Magneto sub-LayerNorm) before ``out_proj``.
         layernorm_eps: epsilon of that LayerNorm, and of a design's norms (QK-norm).
         designs: what the model's trained designs do in this layer (``modules.designs``: QK-norm, SSMax, Llama 4's
-            temperature tuning, learned sinks), in the registry's order: each creates its parameters here
+            temperature tuning, learned sinks, MoBA...), in the registry's order: each creates its parameters here
             (``attach``) and acts at its points of :meth:`forward` (queries and keys before the position scheme, a
-            query factor, sink logits in the softmax, the attention call itself, each head's output before the output
-            projection).
+            query factor, sink logits in the softmax, the attention call itself, the keys each query sees, each head's
+            output before the output projection).
         depth: the layer's index in the stack, 0 first (a design may depend on it: differential attention's
             lambda_init).
 
@@ -81,6 +81,8 @@ class LexSelfAttention(nn.Module):
             design.attach(self)
         self._sinks = next((design for design in self.designs if design.sinks), None)  # (build_designs: one at most)
         self._taker = next((design for design in self.designs if design.takes_attention), None)  # (one at most)
+        retriever = next((design for design in self.designs if design.retrieves), None)  # (one at most)
+        self._retrieval = None if retriever is None else retriever.retrieval(self)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -168,7 +170,7 @@ class LexSelfAttention(nn.Module):
             held = HeldKeys(k, v, key_padding_mask)
             out = self._attention(q, lambda queries: attend(
                 queries, held, chunks, spec=spec, scheme=scheme, dropout_p=dropout_p, observer=observer,
-                positions=positions, sink_logits=self._sink_logits()))
+                positions=positions, sink_logits=self._sink_logits(), retrieval=self._retrieval))
             if incremental_state is not None:
                 incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
         else:
@@ -214,7 +216,7 @@ class LexSelfAttention(nn.Module):
                                 k_start=held.start, key_padding_mask=held.padding, observer=observer)
             return self._attention(queries, lambda rotated: attend(
                 rotated, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p, observer=observer,
-                sink_logits=self._sink_logits()))
+                sink_logits=self._sink_logits(), retrieval=self._retrieval))
 
         return cache.attend(q, k, v, key_padding_mask, segment)
 

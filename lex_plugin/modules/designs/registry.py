@@ -16,15 +16,17 @@ The points, in the order attention calls them (``LexSelfAttention.forward``):
    the keys; rotated as the cache's keys in a generation step): one call by default, more where a design combines
    several maps over the same keys (differential attention), changing the queries only in ways the position scheme's
    rotation commutes with (a factor per pair of dimensions); at most one design per model;
-5. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
+5. ``retrieval(attention)``: the keys each query attends, chosen by the query (MoBA's top-k blocks, a
+   ``kernels.BlockRetrieval`` the executor runs in place of the window's keys), or None; at most one design per model;
+6. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
    projected, given the layer's input x (B, T, C) (an output gate).
 
 and of the decoder (``modules.decoder.DecoderStack``):
 
-6. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
-7. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
+7. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
+8. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
    token); at most one design per model;
-8. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
+9. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
    updates (DroPE).
 
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
@@ -84,6 +86,12 @@ class LayerDesign:
         layer's keys and values (what it returns: (B, H, T, d) in q's dtype); the queries may only change by a factor
         per pair of dimensions (module docstring, point 4)."""
         return run(q)
+
+    retrieves = False  # whether retrieval gives the keys each query sees: at most one design of a model may
+
+    def retrieval(self, attention):
+        """The block retrieval (``kernels.BlockRetrieval``) the executor runs this layer's attention under, or None."""
+        return None
 
     def output(self, attention, out: Tensor, x: Tensor) -> Tensor:
         """The attention's output per head ``out`` (B, H, T, d) before the heads are merged and projected, given the
@@ -187,7 +195,8 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     """The designs ``config`` turns on, in registration order, each with its layer object.
 
     Raises:
-        ValueError: as a design's ``build``; two designs with sink logits, or two that replace the attention call.
+        ValueError: as a design's ``build``; two designs with sink logits, two that replace the attention call, or two
+            that choose the keys each query sees.
     """
     built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
     sinks = [spec.name for spec, layer in built if layer.sinks]
@@ -196,6 +205,9 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     takers = [spec.name for spec, layer in built if layer.takes_attention]
     if len(takers) > 1:
         raise ValueError(f"{' and '.join(takers)} both replace how attention is taken; use one of them.")
+    retrievers = [spec.name for spec, layer in built if layer.retrieves]
+    if len(retrievers) > 1:
+        raise ValueError(f"{' and '.join(retrievers)} both choose the keys each query sees; use one of them.")
     return built
 
 

@@ -11,6 +11,8 @@ sinks          any chunk with sink tokens: their keys at virtual positions, one 
                softmax with the window's keys
 position_map   full attention at remapped distances (ReRoPE, Self-Extend, DCA),        :mod:`.remapped`
                piece by piece, merged by log-sum-exp
+blocks         top-k block attention (MoBA): each query's own block and the k - 1      :mod:`.blocks`
+               earlier blocks its gate scores highest, gathered, one softmax
 =============  =====================================================================  =====================
 
 Each kernel is ``kernel(run, chunk) -> (B, H, Tq, D)``: ``run`` (:class:`~.run.ChunkRun`) the call's inputs, read
@@ -23,23 +25,27 @@ from typing import Callable, Dict
 from torch import Tensor
 
 from ..planner import Chunk
+from .blocks import BlockRetrieval, attend_blocks
 from .dense import attend_dense
 from .remapped import attend_remapped
 from .run import ChunkRun, Observer, with_positions
 from .sinks import attend_with_sinks
 from .windows import attend_windows
 
-__all__ = ["KERNELS", "ChunkRun", "Kernel", "Observer", "kernel_kind", "with_positions"]
+__all__ = ["BlockRetrieval", "KERNELS", "ChunkRun", "Kernel", "Observer", "kernel_kind", "with_positions"]
 
 Kernel = Callable[[ChunkRun, Chunk], Tensor]
 
 KERNELS: Dict[str, Kernel] = {"dense": attend_dense, "windows": attend_windows, "sinks": attend_with_sinks,
-                              "position_map": attend_remapped}
+                              "position_map": attend_remapped, "blocks": attend_blocks}
 
 
 def kernel_kind(run: ChunkRun, chunk: Chunk) -> str:
-    """The key of :data:`KERNELS` that runs ``chunk``: a position map's kernel for every chunk under a map, the sinks'
-    for every chunk with sink tokens, else windows for a windows chunk (``chunk.blocks``) and dense for the rest."""
+    """The key of :data:`KERNELS` that runs ``chunk``: the blocks kernel for every chunk under a block retrieval, a
+    position map's kernel for every chunk under a map, the sinks' for every chunk with sink tokens, else windows for a
+    windows chunk (``chunk.blocks``) and dense for the rest."""
+    if run.retrieval is not None:
+        return "blocks"
     if run.position_map is not None:
         return "position_map"
     if run.window.sinks:

@@ -38,6 +38,7 @@ class ChunkRun:
             rotation centre (:func:`with_positions`).
         position_map: the bounded-distance map (ReRoPE, Self-Extend, DCA), or None.
         sink_keys: the sink tokens' raw keys (B, H, s, D), values and padding ((B, s) or None), or None without sinks.
+        retrieval: top-k block attention (MoBA's ``blocks.BlockRetrieval``), or None.
     """
 
     q: Tensor
@@ -59,6 +60,7 @@ class ChunkRun:
     positions_center: int = 0
     position_map: Optional[PositionMap] = None
     sink_keys: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
+    retrieval: Optional[object] = None
 
     # ---- positions, rotation and bias of a block of queries and keys ------------------------------------
 

@@ -1,0 +1,145 @@
+"""The block-retrieval kernel: each query attends causally to its own block and to the k - 1 earlier blocks whose
+mean-pooled key it scores highest (MoBA, Lu et al. 2025, arXiv 2502.13189, section 2.2: the gate s_i = <q, mean(K_i)>,
+top-k over the blocks that lie wholly before the query's own, the own block always chosen), under one softmax
+(:func:`attend_blocks`; the retrieval: :class:`BlockRetrieval`).
+
+Blocks are fixed by absolute position: block i holds positions i b .. (i + 1) b - 1. The gate reads the keys as the
+chunk's attention does (rotated by the position scheme), so <q, mean(K_i)> is the mean of the block's pre-softmax
+logits (times sqrt(D)): the rotation's centre cancels in each product, and a generation step over a cache chooses the
+blocks a parallel pass chooses. With k at least the number of blocks every earlier key is chosen: full causal attention.
+
+Each query's keys are gathered, k b of them ((B, H, Tq, k, b, D), queries taken in slices that bound that copy), and
+scored explicitly in fp32: O(T k b D) work and memory for T queries, not O(T^2). Notation: :mod:`..executor`'s legend;
+nb the blocks the chunk's keys span, b the block size, k the blocks each query attends.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..planner import Chunk
+from .run import ChunkRun
+
+__all__ = ["BlockRetrieval", "attend_blocks", "GATHER_BYTES"]
+
+# the gathered keys and values of one slice of queries stay under this many bytes (fp32): 256 MiB
+GATHER_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class BlockRetrieval:
+    """Top-k block attention (MoBA): each query sees its own block causally and the ``topk - 1`` complete earlier
+    blocks of ``block`` positions with the highest gate <q, mean(K_i)>.
+
+    Attributes:
+        block: b, positions per block (>= 1).
+        topk: k, blocks per query counting its own (>= 1; 1 is causal attention within blocks).
+
+    Raises:
+        ValueError: a block or k below 1.
+    """
+
+    block: int
+    topk: int
+
+    def __post_init__(self):
+        if self.block < 1:
+            raise ValueError(f"--moba-block-size {self.block}: a block holds at least one position.")
+        if self.topk < 1:
+            raise ValueError(f"--moba-topk {self.topk}: each query attends at least its own block (k >= 1).")
+
+    def __str__(self) -> str:
+        return f"moba(block={self.block},topk={self.topk})"
+
+
+def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
+    """A dense chunk under ``run.retrieval``: queries rotated with their keys (``run.dense_inputs``), each query's own
+    block (keys up to its position) and its top k - 1 earlier blocks by gate, one fp32 softmax with the learned sink
+    logits if any, dropout on the weights at training. Returns (B, H, Tq, D) in q's dtype.
+
+    Raises:
+        ValueError: keys that do not start at a block boundary; padded keys (blocks count positions from the first).
+    """
+    retrieval: BlockRetrieval = run.retrieval
+    b, k = retrieval.block, retrieval.topk
+    qc, kc, vc, _, query, key = run.dense_inputs(chunk)
+    first_key = run.k_start + chunk.k0
+    if first_key % b:
+        raise ValueError(f"{retrieval}: the keys held start at position {first_key}, inside a block; top-k block "
+                         "attention needs every key from the first block on (a full-attention cache).")
+    if run.kpm is not None and bool(run.kpm[:, chunk.k0 : chunk.k1].any()):
+        raise ValueError(f"{retrieval}: padded keys would shift the blocks; score unpadded sequences (right padding "
+                         "is hidden by causality and needs no mask).")
+    bsz, heads, tq, dim = qc.shape
+    tk = kc.size(2)
+    nb = -(-tk // b)
+    pad = nb * b - tk
+    kb = F.pad(kc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)  # (B, H, nb, b, D)
+    vb = F.pad(vc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)
+    means = kb.float().sum(3) / b  # (B, H, nb, D): a candidate block is complete (it ends before the query's own)
+    q_pos = query[:, 0] - first_key  # (Tq,) positions relative to the first key
+    own = q_pos // b  # (Tq,) the query's own block
+    per_query = 2 * k * b * dim * 4 * bsz * heads
+    step = max(1, GATHER_BYTES // per_query)
+    outs = []
+    for s in range(0, tq, step):
+        rows = slice(s, min(s + step, tq))
+        outs.append(_attend_slice(run, qc[:, :, rows], kb, vb, means, q_pos[rows], own[rows], k, b, tk))
+    if run.observer is not None:
+        _observe(run, qc, kc, kb, means, q_pos, own, k, b, query - key)
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _choose(q: Tensor, means: Tensor, own: Tensor, k: int):
+    """Each query's k blocks: (B, H, Tq, k) int64 indices, its own block first, and (B, H, Tq, k) bool, False at slots
+    left empty (fewer than k - 1 earlier blocks). q (B, H, Tq, D); means (B, H, nb, D) fp32; own (Tq,)."""
+    nb = means.size(2)
+    index = own.view(1, 1, -1, 1).expand(q.size(0), q.size(1), -1, 1)
+    if k == 1 or nb == 1:
+        return index, torch.ones_like(index, dtype=torch.bool)
+    gate = q.float() @ means.transpose(-1, -2)  # (B, H, Tq, nb)
+    earlier = torch.arange(nb, device=q.device)[None, :] < own[:, None]  # (Tq, nb)
+    gate = gate.masked_fill(~earlier, float("-inf"))
+    top, chosen = gate.topk(min(k - 1, nb), dim=-1)  # (B, H, Tq, k - 1)
+    index = torch.cat([index, chosen], dim=-1)
+    valid = torch.cat([torch.ones_like(index[..., :1], dtype=torch.bool), top > float("-inf")], dim=-1)
+    return index, valid
+
+
+def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tensor, q_pos: Tensor, own: Tensor,
+                  k: int, b: int, tk: int) -> Tensor:
+    """One slice of queries q (B, H, t, D) over their chosen blocks of kb, vb (B, H, nb, b, D). Returns (B, H, t, D)."""
+    bsz, heads, t, dim = q.shape
+    index, valid = _choose(q, means, own, k)  # (B, H, t, k')
+    batch = torch.arange(bsz, device=q.device)[:, None, None, None]
+    head = torch.arange(heads, device=q.device)[None, :, None, None]
+    keys, values = kb[batch, head, index], vb[batch, head, index]  # (B, H, t, k', b, D)
+    logits = torch.einsum("bhtd,bhtkjd->bhtkj", q.float(), keys.float()) / math.sqrt(dim)
+    position = index[..., None] * b + torch.arange(b, device=q.device)  # (B, H, t, k', b) relative key positions
+    seen = valid[..., None] & (position <= q_pos.view(1, 1, -1, 1, 1)) & (position < tk)
+    logits = logits.masked_fill(~seen, float("-inf")).flatten(3)  # (B, H, t, k' b)
+    sink = run.sink(1)
+    if sink is not None:  # a learned sink logit joins the denominator with no value
+        logits = torch.cat([sink.expand(bsz, heads, t, 1), logits], dim=-1)
+    weights = torch.softmax(logits, dim=-1)
+    if sink is not None:
+        weights = weights[..., 1:]
+    if run.dropout_p:
+        weights = F.dropout(weights, p=run.dropout_p)
+    out = torch.einsum("bhtn,bhtnd->bhtd", weights, values.float().flatten(3, 4))
+    return out.to(q.dtype)
+
+
+def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, kb: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int,
+             b: int, distance: Tensor) -> None:
+    """Hand the observer the chunk's fp32 logits (B, H, Tq, Tk), the distances and the keys each query sees
+    (B, H, Tq, Tk): its own block up to itself and its chosen blocks."""
+    index, valid = _choose(qc, means, own, k)
+    block_of_key = torch.arange(kc.size(2), device=qc.device) // b  # (Tk,)
+    chosen = ((index[..., None] == block_of_key) & valid[..., None]).any(3)  # (B, H, Tq, Tk)
+    visible = chosen & (torch.arange(kc.size(2), device=qc.device) <= q_pos[:, None])
+    logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(qc.size(-1))
+    run.observer(logits, distance, visible)
