@@ -12,7 +12,7 @@ import torch
 
 from conftest import build_lex_model, check_against_float64, check_design_model, heads64, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
-from lex_plugin.modules.attention.kernels import BlockRetrieval
+from lex_plugin.modules.attention.kernels import BlockRetrieval, blocks
 from lex_plugin.modules.designs import LearnedSinks
 from lex_plugin.modules.designs.moba import MoBA
 from lex_plugin.modules.positions import XPos
@@ -67,9 +67,12 @@ def _moba(block: int, topk: int, sinks: bool = False, seed: int = 0) -> LexSelfA
     return attn
 
 
+@pytest.mark.parametrize("path", ["masked", "gathered"])
 @pytest.mark.parametrize("scheme", [NoPositions(), XPos(D, use_scale=False), XPos(D)], ids=["nope", "rope", "xpos"])
 @pytest.mark.parametrize("block,topk,length", [(8, 3, 64), (5, 2, 37), (8, 1, 32), (4, 4, 70)], ids=str)
-def test_moba_equals_the_papers_rule_in_float64_with_its_gradients(scheme, block, topk, length):
+def test_moba_equals_the_papers_rule_in_float64_with_its_gradients(scheme, block, topk, length, path, monkeypatch):
+    """Both of the kernel's ways: one masked SDPA call over all keys, and each query's blocks gathered."""
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
     attn = _moba(block, topk)
     x = torch.randn(2, length, 64)
     got = attn(x, scheme=scheme)
@@ -77,7 +80,9 @@ def test_moba_equals_the_papers_rule_in_float64_with_its_gradients(scheme, block
     check_against_float64(attn, got, expected, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
 
 
-def test_moba_with_learned_sink_logits_keeps_the_sink_in_each_softmax():
+@pytest.mark.parametrize("path", ["masked", "gathered"])
+def test_moba_with_learned_sink_logits_keeps_the_sink_in_each_softmax(path, monkeypatch):
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
     attn = _moba(8, 2, sinks=True)
     x = torch.randn(2, 40, 64)
     got = attn(x, scheme=XPos(D))

@@ -45,15 +45,22 @@ RUNS: Dict[str, tuple] = {
     "rope_gate_headwise": (["--pos-emb", "rope", "--attention-gate", "headwise"], "design"),
     "rope_gate_elementwise": (["--pos-emb", "rope", "--attention-gate", "elementwise"], "design"),
     "rope_diff": (["--pos-emb", "rope", "--differential-attention"], "design"),
+    # MoBA: blocks of l/8, each query its own and 2 chosen (3/8 of the context at l), in every layer or in the pattern's
+    # global layer; at BCA's blocks (l/2) it trains as full attention and chooses blocks at longer contexts only
+    "xpos_moba": (["--pos-emb", "xpos", "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
+    "xpos_bca_nope_moba": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full", "--temperature-tuning-beta",
+                            0.1, "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
+MOBA_BLOCK_DIVISOR = 8  # the MoBA runs' block ("{b}"): l / 8
 
 
 def run_arguments(name: str, training_length: int) -> list:
     """The model options of run ``name`` (:data:`RUNS`) at training length l, a layer pattern's local window
-    ("{w}") filled in as l / :data:`LOCAL_WINDOW_DIVISOR`. The role's own additions (randomized positions, DroPE's
-    start) are the reproduction's."""
-    return [a.format(w=training_length // LOCAL_WINDOW_DIVISOR) if isinstance(a, str) else a for a in RUNS[name][0]]
+    ("{w}") filled in as l / :data:`LOCAL_WINDOW_DIVISOR` and MoBA's block ("{b}") as l / :data:`MOBA_BLOCK_DIVISOR`.
+    The role's own additions (randomized positions, DroPE's start) are the reproduction's."""
+    fill = dict(w=training_length // LOCAL_WINDOW_DIVISOR, b=training_length // MOBA_BLOCK_DIVISOR)
+    return [a.format(**fill) if isinstance(a, str) else a for a in RUNS[name][0]]
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
 # DroPE's recalibration at evaluation: every logit times beta = 1 + C ln(L / l) (--attention-temperature C). A DroPE run
 # evaluates each C of this grid on the valid split at the longest length, then evaluates and probes again under the C
@@ -160,6 +167,8 @@ LABELS = {
     "rope_gate_headwise": "RoPE + gated attention, a gate per head (Qiu et al. 2025)",
     "rope_gate_elementwise": "RoPE + gated attention, a gate per element (Qiu et al. 2025)",
     "rope_diff": "RoPE + differential attention (Ye et al. 2025)",
+    "xpos_moba": "xPos + MoBA (blocks of l/8, top 3)",
+    "xpos_bca_nope_moba": "xPos BCA x3 + NoPE global with MoBA (blocks of l/8, top 3), temperature tuning",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",

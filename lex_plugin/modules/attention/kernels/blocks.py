@@ -8,9 +8,11 @@ chunk's attention does (rotated by the position scheme), so <q, mean(K_i)> is th
 logits (times sqrt(D)): the rotation's centre cancels in each product, and a generation step over a cache chooses the
 blocks a parallel pass chooses. With k at least the number of blocks every earlier key is chosen: full causal attention.
 
-Each query's keys are gathered, k b of them ((B, H, Tq, k, b, D), queries taken in slices that bound that copy), and
-scored explicitly in fp32: O(T k b D) work and memory for T queries, not O(T^2). Notation: :mod:`..executor`'s legend;
-nb the blocks the chunk's keys span, b the block size, k the blocks each query attends.
+Two exact ways, chosen by cost: where the keys are few (Tk <= :data:`DENSE_FACTOR` k b: training at l), SDPA over all
+of them with each query's chosen keys as a boolean mask (B, H, Tq, Tk), on its fused kernels; beyond, each query's keys
+are gathered, k b of them ((B, H, Tq, k, b, D), queries taken in slices that bound that copy), and scored explicitly in
+fp32: O(T k b D) work and memory for T queries, not O(T^2). Notation: :mod:`..executor`'s legend; nb the blocks the
+chunk's keys span, b the block size, k the blocks each query attends.
 """
 
 import math
@@ -21,9 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..planner import Chunk
+from .ops import sdpa
 from .run import ChunkRun
 
-__all__ = ["BlockRetrieval", "attend_blocks", "GATHER_BYTES"]
+__all__ = ["BlockRetrieval", "DENSE_FACTOR", "GATHER_BYTES", "attend_blocks"]
+
+# a chunk of Tk keys runs as one masked SDPA call over all of them up to DENSE_FACTOR k b keys, gathered beyond
+DENSE_FACTOR = 4
 
 # the gathered keys and values of one slice of queries stay under this many bytes (fp32): 256 MiB
 GATHER_BYTES = 256 * 2**20
@@ -78,18 +84,21 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     nb = -(-tk // b)
     pad = nb * b - tk
     kb = F.pad(kc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)  # (B, H, nb, b, D)
-    vb = F.pad(vc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)
     means = kb.float().sum(3) / b  # (B, H, nb, D): a candidate block is complete (it ends before the query's own)
     q_pos = query[:, 0] - first_key  # (Tq,) positions relative to the first key
     own = q_pos // b  # (Tq,) the query's own block
+    if run.observer is not None:
+        _observe(run, qc, kc, means, q_pos, own, k, b, query - key)
+    if tk <= DENSE_FACTOR * k * b:
+        visible = _visible(qc, means, q_pos, own, k, b, tk)  # (B, H, Tq, Tk)
+        return sdpa(qc, kc, vc, attn_mask=visible, dropout_p=run.dropout_p, sink=run.sink(1))
+    vb = F.pad(vc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)
     per_query = 2 * k * b * dim * 4 * bsz * heads
     step = max(1, GATHER_BYTES // per_query)
     outs = []
     for s in range(0, tq, step):
         rows = slice(s, min(s + step, tq))
         outs.append(_attend_slice(run, qc[:, :, rows], kb, vb, means, q_pos[rows], own[rows], k, b, tk))
-    if run.observer is not None:
-        _observe(run, qc, kc, kb, means, q_pos, own, k, b, query - key)
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
@@ -133,13 +142,17 @@ def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tenso
     return out.to(q.dtype)
 
 
-def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, kb: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int,
-             b: int, distance: Tensor) -> None:
-    """Hand the observer the chunk's fp32 logits (B, H, Tq, Tk), the distances and the keys each query sees
-    (B, H, Tq, Tk): its own block up to itself and its chosen blocks."""
-    index, valid = _choose(qc, means, own, k)
-    block_of_key = torch.arange(kc.size(2), device=qc.device) // b  # (Tk,)
+def _visible(q: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int, b: int, tk: int) -> Tensor:
+    """(B, H, Tq, Tk) bool: the keys each query sees, its own block up to itself and its chosen blocks."""
+    index, valid = _choose(q, means, own, k)
+    block_of_key = torch.arange(tk, device=q.device) // b  # (Tk,)
     chosen = ((index[..., None] == block_of_key) & valid[..., None]).any(3)  # (B, H, Tq, Tk)
-    visible = chosen & (torch.arange(kc.size(2), device=qc.device) <= q_pos[:, None])
+    return chosen & (torch.arange(tk, device=q.device) <= q_pos[:, None])
+
+
+def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int, b: int,
+             distance: Tensor) -> None:
+    """Hand the observer the chunk's fp32 logits (B, H, Tq, Tk), the distances and the keys each query sees."""
+    visible = _visible(qc, means, q_pos, own, k, b, kc.size(2))
     logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(qc.size(-1))
     run.observer(logits, distance, visible)
