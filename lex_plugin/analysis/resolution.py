@@ -78,13 +78,16 @@ def score_by_distance(model, tokens: Tensor, spec: AttentionSpec):
     Raises:
         ValueError: a model trained with ``--sink-token``: its sink key sits at position 0 ahead of the text, and the
             logits are not yet counted apart from it (the text's pairs would be shifted by one); differential
-            attention (two maps per head, each observed).
+            attention (two maps per head, each observed); MoBA (the keys each head and query sees are its own).
     """
     decoder = model.decoder
     if any(design.takes_attention for design in decoder.layers[0].self_attn.designs):
         raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
                          "the logits of both maps would be averaged into one curve the layer never uses. Analyse models "
                          "with one softmax.")
+    if any(layer.self_attn._retrieval is not None for layer in decoder.layers):
+        raise ValueError("this checkpoint chooses each head's and query's keys (--moba-topk): a mean logit by distance "
+                         "over the pairs a window shows has no one set of pairs here. Analyse models without MoBA.")
     if getattr(decoder, "sink_positions", 0):
         raise ValueError("this checkpoint was trained with --sink-token: the analysis tools count logits by distance and "
                          "do not yet separate the sink key at position 0 from the text's keys. Analyse a model trained "

@@ -101,19 +101,14 @@ def _has_sink_token(run_args) -> bool:
 
 def _resolution_refused(run_args) -> bool:
     """Whether the resolution analysis refuses a run's checkpoint (``analysis.resolution``): a sink token ahead of the
-    text, or differential attention's two maps per head."""
-    return _has_sink_token(run_args) or "--differential-attention" in map(str, run_args)
+    text, differential attention's two maps per head, or MoBA's keys chosen per head and query."""
+    return _has_sink_token(run_args) or bool({"--differential-attention", "--moba-topk"} & set(map(str, run_args)))
 
 
 def _full_attention_only(run_args) -> bool:
     """Whether a run's global layers choose their own keys (MoBA, ``--moba-topk``): evaluated under full attention
     only, since the executor refuses a bounded window there."""
     return "--moba-topk" in map(str, run_args)
-
-
-def _resolution_windows(run_args) -> tuple:
-    """The windows the resolution analysis measures a run under: full attention and BCA, or full attention alone."""
-    return ("full",) if _full_attention_only(run_args) else ("full", "bca")
 
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
@@ -152,7 +147,7 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
-            + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else len(_resolution_windows(RUNS[n][0]))) + 2 * len(budgets)
+            + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else 2) + 2 * len(budgets)
                   + sum(_steps_of(m, is_design(RUNS[n][1])) for m in run_methods[n])
                   + (extra_seeds * _steps_of("passkey_finetuned", is_design(RUNS[n][1]))
                      if "passkey_finetuned" in run_methods[n] else 0)
@@ -165,8 +160,7 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
 def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, budgets: Sequence[int]) -> None:
     """Train ``r`` (a snapshot at each budget, each evaluated as the last checkpoint is), evaluate the last
     checkpoint at every length (ablations: l and 8l) under full / sliding / BCA (ablations: full / BCA; MoBA runs: full),
-    and measure attention resolution at l and 2l under full attention and BCA (MoBA: full; not for a run with a sink
-    token, which the analysis refuses)."""
+    and measure attention resolution at l and 2l under full attention and BCA (not for a run the analysis refuses)."""
     l, lengths = o.training_length, o.lengths
     ckpt_dir, ckpt = r.ckpt.parent, r.ckpt
     windows = ["full", "bca"] if r.role == "ablation" else ["full", "sliding", "bca"]
@@ -186,7 +180,7 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
         r.dir / "eval.log", r.dir / "length_report.json")
     if _resolution_refused(r.args):  # (analysis.resolution refuses the checkpoint)
         return
-    for w in _resolution_windows(r.args):
+    for w in ("full", "bca"):
         out = r.dir / f"resolution_{w}.json"
         run(f"resolution {r.name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), r.dir / f"resolution_{w}.log", out)
 
