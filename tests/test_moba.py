@@ -23,11 +23,13 @@ L = 16
 D = 16  # head dimension: 64 / 4 heads
 
 
-def _reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk: int, sinks=None) -> torch.Tensor:
+def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk: int, sinks=None,
+              local: int = 1) -> torch.Tensor:
     """MoBA in float64: q, k, v; the position scheme from its complex-number formula (xPos: zeta^(+-n/B), RoPE: zeta
     = 1); for query n, block o = n // b, gate s_i = q_n . mean_{m in block i} k_m for i < o, the k - 1 highest chosen;
     an explicit (T, T) mask of the own block's keys m <= n and the chosen blocks' keys; softmax(q k^T / sqrt(d)) (a
-    learned sink logit in the denominator where given) v; the output projection."""
+    learned sink logit in the denominator where given) v; the output projection. ``local`` L: blocks o - L + 1 .. o
+    always seen, the k - L highest chosen among the blocks before them (BCA's window plus retrieved blocks: L = 2)."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
     q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -39,15 +41,16 @@ def _reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk
     block_of = n // block
     nb = int(block_of.max()) + 1
     means = torch.stack([k[:, :, block_of == i].mean(2) for i in range(nb)], 2)  # (B, H, nb, d)
-    gate = (q @ means.transpose(-1, -2)).masked_fill(~(torch.arange(nb)[None, :] < block_of[:, None]), float("-inf"))
-    visible = (block_of[None, :] == block_of[:, None]) & (n[None, :] <= n[:, None])  # (T, T): the own block, causal
-    chosen = torch.zeros_like(gate, dtype=torch.bool)  # (B, H, T, nb): the k - 1 highest finite gates, one at a time
+    earlier = torch.arange(nb)[None, :] <= block_of[:, None] - local
+    gate = (q @ means.transpose(-1, -2)).masked_fill(~earlier, float("-inf"))
+    recent = (block_of[None, :] > block_of[:, None] - local) & (n[None, :] <= n[:, None])  # (T, T): local blocks, causal
+    chosen = torch.zeros_like(gate, dtype=torch.bool)  # (B, H, T, nb): the k - L highest finite gates, one at a time
     candidates = gate.clone()
-    for _ in range(topk - 1):
+    for _ in range(topk - local):
         best = candidates.argmax(-1, keepdim=True)
         chosen |= torch.zeros_like(chosen).scatter_(-1, best, torch.gather(candidates, -1, best) > float("-inf"))
         candidates = candidates.masked_fill(chosen, float("-inf"))
-    visible = visible | chosen[..., block_of]  # (B, H, T, T): a chosen block's every key
+    visible = recent | chosen[..., block_of]  # (B, H, T, T): a chosen block's every key
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
     logits = logits.masked_fill(~visible, float("-inf"))
     if sinks is not None:
@@ -76,7 +79,7 @@ def test_moba_equals_the_papers_rule_in_float64_with_its_gradients(scheme, block
     attn = _moba(block, topk)
     x = torch.randn(2, length, 64)
     got = attn(x, scheme=scheme)
-    expected = _reference(attn, x, scheme, block, topk)
+    expected = reference(attn, x, scheme, block, topk)
     check_against_float64(attn, got, expected, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
 
 
@@ -86,7 +89,7 @@ def test_moba_with_learned_sink_logits_keeps_the_sink_in_each_softmax(path, monk
     attn = _moba(8, 2, sinks=True)
     x = torch.randn(2, 40, 64)
     got = attn(x, scheme=XPos(D))
-    check_against_float64(attn, got, _reference(attn, x, XPos(D), 8, 2, sinks=attn.sink_logits),
+    check_against_float64(attn, got, reference(attn, x, XPos(D), 8, 2, sinks=attn.sink_logits),
                           [attn.sink_logits, attn.k_proj.weight])
 
 
@@ -150,3 +153,18 @@ def test_what_it_cannot_take_is_refused():
         model.under(AttentionSpec(AttentionWindow.bca(L)))(tokens)
     with pytest.raises(ValueError, match="not the bias of"):
         build_lex_model(tokens_per_sample=L, moba_topk=2, pos_emb="alibi")(tokens)
+
+
+@pytest.mark.parametrize("path", ["masked", "gathered"])
+def test_right_padded_keys_are_hidden_as_if_the_row_were_alone(path, monkeypatch):
+    """The probes score candidates of several lengths in one right-padded batch: each row's real positions equal
+    that row run alone."""
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
+    attn = _moba(4, 3)
+    x = torch.randn(2, 40, 64)
+    padding = torch.zeros(2, 40, dtype=torch.bool)
+    padding[1, 29:] = True
+    with torch.no_grad():
+        batch = attn(x, scheme=XPos(D), key_padding_mask=padding)
+        alone = attn(x[1:, :29], scheme=XPos(D))
+    assert torch.isfinite(batch).all() and (batch[1, :29] - alone[0]).abs().max() <= 1e-5

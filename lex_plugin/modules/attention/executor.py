@@ -93,9 +93,10 @@ def attend(
         sink_logits: (H,) learned sink logits s_h (gpt-oss), or None: each softmax row becomes
             exp(z_j) / (exp(s_h) + sum_i exp(z_i)), the sink taking its share of the mass and giving no value;
             differentiable in s_h. The observer's logits do not include it (it has no key or distance).
-        retrieval: top-k block attention (MoBA, :class:`~.kernels.BlockRetrieval`): each query sees its own block and
-            the k - 1 earlier blocks it scores highest, not the window's keys; full attention only (a global layer), a
-            rotary scheme or none, no position map or per-sample positions.
+        retrieval: a design's top-k block attention (MoBA, :class:`~.retrieval.BlockRetrieval`): each query sees its
+            own block and the k - 1 earlier blocks it scores highest, not the window's keys; full attention only (a
+            global layer), a rotary scheme or none, no position map or per-sample positions. None: the spec's
+            (``spec.retrieval``, an evaluation's), if any; a layer with both is refused.
 
     Under ``torch.autocast`` (``modules.autocast``) q, k and v are cast to its dtype and attention runs with
     autocast off, exactly as in a model of that dtype: rotation and biases in fp32, softmax statistics in fp32.
@@ -126,6 +127,9 @@ def attend(
     if spec.position_map is not None and (held.center is not None or positions is not None):
         raise ValueError("a position map rotates raw keys at remapped positions: give un-rotated keys (center=None), "
                          "no per-sample positions.")
+    if retrieval is not None and spec.retrieval is not None:
+        raise ValueError(f"this layer's design chooses its keys ({retrieval}); evaluate it without --retrieval-blocks.")
+    retrieval = retrieval if retrieval is not None else spec.retrieval
     if retrieval is not None:
         _check_retrieval(retrieval, spec, scheme, positions)
     run = ChunkRun(q, held.keys, held.values, spec.window, scheme, spec.rope_scaling, q_start, held.start, held.center,

@@ -65,6 +65,9 @@ ATTENTION_FLAGS: Dict[str, AttentionFlag] = {f.name: f for f in (
                   + " (ReRoPE, Leaky ReRoPE, Self-Extend, DCA)", choices=tuple(POSITION_MAPS)),
     AttentionFlag("sink_tokens", int, "attention sinks (StreamingLLM): the first k tokens stay visible under --bca / "
                   "--sliding-window, seen at their place in the cache", owners=("bca", "sliding"), minimum=0),
+    AttentionFlag("retrieval_blocks", int, "block retrieval at evaluation (InfLLM, Xiao et al. 2024, with MoBA's gate): "
+                  "under --bca each query also attends the K earlier blocks of l/2 whose mean key it scores highest; the "
+                  "cache keeps every key", owners=("bca",), minimum=1, metavar="K"),
     AttentionFlag("n_global", int, f"LM-Infinite's global branch: the first N tokens (default {LM_INFINITE_N_GLOBAL})",
                   owners=("lm_infinite",), minimum=1),
     AttentionFlag("l_local", int, "LM-Infinite's local branch (default l)", owners=("lm_infinite",), minimum=1),

@@ -16,6 +16,7 @@ from ..positions.rope_scaling import RopeScaling, rope_scaling_from_options
 from ..ownership import refuse_foreign
 from .flags import ATTENTION_FLAGS, ATTENTION_MODES, MODE_SELECTORS, mode_flag, mode_flags
 from .position_map import MAP_OPTIONS, POSITION_MAPS, PositionMap, position_map_from_options
+from .retrieval import BlockRetrieval
 from .window import AttentionWindow, selected_mode, window_from_options
 
 __all__ = ["AttentionOptions", "AttentionSpec", "FULL_SPEC"]
@@ -39,14 +40,17 @@ class AttentionSpec:
             ``--attention-temperature``), or None (1).
         logn: the training length l of log-n attention scaling (queries times max(1, log(n) / log(l)), n the
             number of keys a query sees), or None (off).
+        retrieval: block retrieval (:class:`~.retrieval.BlockRetrieval`: BCA's window plus the K blocks each query
+            scores highest, ``--bca --retrieval-blocks K``) over full attention's keys and cache, or None.
 
-    ``str(spec)`` is the label of a report row: the window (or the position map), then ``+scaling`` and
-    ``+logn`` when there are.
+    ``str(spec)`` is the label of a report row: the window (or the position map, or the retrieval), then ``+scaling``
+    and ``+logn`` when there are.
 
     Raises:
         TypeError: a window that is not an ``AttentionWindow``, a scaling that is not a ``RopeScaling``, a
             position map that is not a ``PositionMap``.
-        ValueError: a position map over a window other than full attention; log-n with l < 2.
+        ValueError: a position map over a window other than full attention; log-n with l < 2; a retrieval over a
+            window other than full attention, or with a position map or log-n.
     """
 
     window: AttentionWindow = field(default_factory=AttentionWindow.full)
@@ -54,6 +58,7 @@ class AttentionSpec:
     position_map: Optional[PositionMap] = None
     logn: Optional[int] = None
     logit_scale: Optional[float] = None
+    retrieval: Optional[BlockRetrieval] = None
 
     def __post_init__(self):
         if not isinstance(self.window, AttentionWindow):
@@ -70,9 +75,16 @@ class AttentionSpec:
             raise ValueError(f"log-n scaling divides by log(l); l must be >= 2, got {self.logn}.")
         if self.logit_scale is not None and not float(self.logit_scale) > 0:
             raise ValueError(f"the logit scale beta must be > 0, got {self.logit_scale}.")
+        if self.retrieval is not None:
+            if not isinstance(self.retrieval, BlockRetrieval):
+                raise TypeError(f"AttentionSpec.retrieval must be a BlockRetrieval or None, got {type(self.retrieval).__name__}.")
+            if self.window != AttentionWindow.full() or self.position_map is not None or self.logn:
+                raise ValueError(f"{self.retrieval} chooses its blocks among every key (full attention's cache): it does "
+                                 "not combine with a bounded window, sink tokens, a position map or --logn.")
 
     def __str__(self) -> str:
         label = str(self.window) if self.position_map is None else str(self.position_map)
+        label = label if self.retrieval is None else str(self.retrieval)
         if self.rope_scaling is not None:
             label += f"+{self.rope_scaling}"
         label += "+logn" if self.logn else ""
@@ -82,8 +94,10 @@ class AttentionSpec:
         """The spec as structured report fields: mode, stride, sinks, rope_scaling (kind) and
         rope_scaling_factor (s), None where absent."""
         w = self.window
-        return {"mode": w.mode if self.position_map is None else self.position_map.name, "stride": w.stride or None,
+        mode = w.mode if self.position_map is None else self.position_map.name
+        return {"mode": mode if self.retrieval is None else "bca", "stride": w.stride or None,
                 "sinks": w.sinks, "logn": bool(self.logn), "logit_scale": self.logit_scale,
+                "retrieval_blocks": None if self.retrieval is None else self.retrieval.topk - self.retrieval.local,
                 "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,
                 "rope_scaling_factor": None if self.rope_scaling is None else float(self.rope_scaling.factor)}
 
@@ -104,6 +118,7 @@ class AttentionOptions:
         sliding_window: W of ``sliding``: a positive integer or ``l`` (default l).
         training_length: l instead of the checkpoint's (``--training-length``), or None.
         sink_tokens: k attention sinks on ``bca`` / ``sliding`` (StreamingLLM).
+        retrieval_blocks: K blocks of l/2 retrieved by each query under ``bca`` (InfLLM-style block retrieval), or None.
         n_global, l_local: LM-Infinite's branches (``lm_infinite``; defaults 10 and l).
         rope_scaling, rope_scaling_factor, rope_scaling_file: a kind of ``rope_scaling.ROPE_SCALINGS``, s > 0
             or ``auto``, and LongRoPE's JSON factor lists.
@@ -120,6 +135,7 @@ class AttentionOptions:
     sliding_window: Optional[Union[int, str]] = None
     training_length: Optional[int] = None
     sink_tokens: Optional[int] = None
+    retrieval_blocks: Optional[int] = None
     n_global: Optional[int] = None
     l_local: Optional[int] = None
     rope_scaling: Optional[str] = None
@@ -206,6 +222,16 @@ class AttentionOptions:
         else:
             window = window_from_options(self.mode, self.sliding_window, self.training_length, model_training_length,
                                          self.sink_tokens or 0, self.n_global, self.l_local)
+        retrieval = None
+        if self.retrieval_blocks is not None:  # (owned by bca: refuse_foreign refused it under any other mode)
+            if self.sink_tokens:
+                raise ValueError(f"--retrieval-blocks keeps every key in the cache: --sink-tokens {self.sink_tokens} adds "
+                                 "nothing it could not retrieve; drop one of them.")
+            if self.logn:
+                raise ValueError("--logn counts the window's keys; a query under --retrieval-blocks sees its chosen blocks "
+                                 "as well: drop one of them.")
+            retrieval = BlockRetrieval(block=window.stride, topk=int(self.retrieval_blocks) + 2, local=2)
+            window = AttentionWindow.full()
         if self.logn and not length:
             raise ValueError("--logn scales queries by log(n) / log(l): give --training-length l (the checkpoint records none).")
         beta = None
@@ -218,4 +244,4 @@ class AttentionOptions:
             beta = 1.0 + float(self.attention_temperature) * math.log(max(int(evaluation_length), int(length)) / int(length))
         scaling = rope_scaling_from_options(self.rope_scaling, self.rope_scaling_factor, length, evaluation_length,
                                             self.rope_scaling_file)
-        return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None, beta)
+        return AttentionSpec(window, scaling, position_map, int(length) if self.logn else None, beta, retrieval)

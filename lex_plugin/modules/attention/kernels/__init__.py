@@ -25,7 +25,8 @@ from typing import Callable, Dict
 from torch import Tensor
 
 from ..planner import Chunk
-from .blocks import BlockRetrieval, attend_blocks
+from ..retrieval import BlockRetrieval
+from .blocks import attend_blocks
 from .dense import attend_dense
 from .remapped import attend_remapped
 from .run import ChunkRun, Observer, with_positions

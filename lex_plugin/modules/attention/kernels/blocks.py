@@ -1,7 +1,8 @@
 """The block-retrieval kernel: each query attends causally to its own block and to the k - 1 earlier blocks whose
 mean-pooled key it scores highest (MoBA, Lu et al. 2025, arXiv 2502.13189, section 2.2: the gate s_i = <q, mean(K_i)>,
 top-k over the blocks that lie wholly before the query's own, the own block always chosen), under one softmax
-(:func:`attend_blocks`; the retrieval: :class:`BlockRetrieval`).
+(:func:`attend_blocks`; the retrieval: :class:`..retrieval.BlockRetrieval`), or with its ``local`` most recent blocks always seen
+(BCA's window plus the chosen blocks: InfLLM-style retrieval at evaluation).
 
 Blocks are fixed by absolute position: block i holds positions i b .. (i + 1) b - 1. The gate reads the keys as the
 chunk's attention does (rotated by the position scheme), so <q, mean(K_i)> is the mean of the block's pre-softmax
@@ -16,17 +17,16 @@ chunk's keys span, b the block size, k the blocks each query attends.
 """
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..planner import Chunk
-from .ops import sdpa
+from ..retrieval import BlockRetrieval
+from .ops import sdpa, see_self
 from .run import ChunkRun
 
-__all__ = ["BlockRetrieval", "DENSE_FACTOR", "GATHER_BYTES", "attend_blocks"]
+__all__ = ["DENSE_FACTOR", "GATHER_BYTES", "attend_blocks"]
 
 # a chunk of Tk keys runs as one masked SDPA call over all of them up to DENSE_FACTOR k b keys, gathered beyond
 DENSE_FACTOR = 4
@@ -35,39 +35,16 @@ DENSE_FACTOR = 4
 GATHER_BYTES = 256 * 2**20
 
 
-@dataclass(frozen=True)
-class BlockRetrieval:
-    """Top-k block attention (MoBA): each query sees its own block causally and the ``topk - 1`` complete earlier
-    blocks of ``block`` positions with the highest gate <q, mean(K_i)>.
-
-    Attributes:
-        block: b, positions per block (>= 1).
-        topk: k, blocks per query counting its own (>= 1; 1 is causal attention within blocks).
-
-    Raises:
-        ValueError: a block or k below 1.
-    """
-
-    block: int
-    topk: int
-
-    def __post_init__(self):
-        if self.block < 1:
-            raise ValueError(f"--moba-block-size {self.block}: a block holds at least one position.")
-        if self.topk < 1:
-            raise ValueError(f"--moba-topk {self.topk}: each query attends at least its own block (k >= 1).")
-
-    def __str__(self) -> str:
-        return f"moba(block={self.block},topk={self.topk})"
-
-
 def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     """A dense chunk under ``run.retrieval``: queries rotated with their keys (``run.dense_inputs``), each query's own
     block (keys up to its position) and its top k - 1 earlier blocks by gate, one fp32 softmax with the learned sink
     logits if any, dropout on the weights at training. Returns (B, H, Tq, D) in q's dtype.
 
     Raises:
-        ValueError: keys that do not start at a block boundary; padded keys (blocks count positions from the first).
+        ValueError: keys that do not start at a block boundary.
+
+    Padded keys (``run.kpm``: right padding, the continuations of a probe's candidates; a design with blocks refuses a
+    left-padded batch before it gets here) are hidden from every query but their own, as the dense kernel hides them.
     """
     retrieval: BlockRetrieval = run.retrieval
     b, k = retrieval.block, retrieval.topk
@@ -76,9 +53,7 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     if first_key % b:
         raise ValueError(f"{retrieval}: the keys held start at position {first_key}, inside a block; top-k block "
                          "attention needs every key from the first block on (a full-attention cache).")
-    if run.kpm is not None and bool(run.kpm[:, chunk.k0 : chunk.k1].any()):
-        raise ValueError(f"{retrieval}: padded keys would shift the blocks; score unpadded sequences (right padding "
-                         "is hidden by causality and needs no mask).")
+    padding = None if run.kpm is None else run.kpm[:, chunk.k0 : chunk.k1]  # (B, Tk) True at padding
     bsz, heads, tq, dim = qc.shape
     tk = kc.size(2)
     nb = -(-tk // b)
@@ -88,9 +63,11 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     q_pos = query[:, 0] - first_key  # (Tq,) positions relative to the first key
     own = q_pos // b  # (Tq,) the query's own block
     if run.observer is not None:
-        _observe(run, qc, kc, means, q_pos, own, k, b, query - key)
+        _observe(run, qc, kc, means, q_pos, own, query - key)
     if tk <= DENSE_FACTOR * k * b:
-        visible = _visible(qc, means, q_pos, own, k, b, tk)  # (B, H, Tq, Tk)
+        visible = _visible(qc, means, q_pos, own, retrieval, tk)  # (B, H, Tq, Tk)
+        if padding is not None:
+            visible = see_self(visible & ~padding[:, None, None, :], offset=int(q_pos[0]))
         return sdpa(qc, kc, vc, attn_mask=visible, dropout_p=run.dropout_p, sink=run.sink(1))
     vb = F.pad(vc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)
     per_query = 2 * k * b * dim * 4 * bsz * heads
@@ -98,37 +75,44 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     outs = []
     for s in range(0, tq, step):
         rows = slice(s, min(s + step, tq))
-        outs.append(_attend_slice(run, qc[:, :, rows], kb, vb, means, q_pos[rows], own[rows], k, b, tk))
+        outs.append(_attend_slice(run, qc[:, :, rows], kb, vb, means, q_pos[rows], own[rows], k, b, tk, padding))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
-def _choose(q: Tensor, means: Tensor, own: Tensor, k: int):
-    """Each query's k blocks: (B, H, Tq, k) int64 indices, its own block first, and (B, H, Tq, k) bool, False at slots
-    left empty (fewer than k - 1 earlier blocks). q (B, H, Tq, D); means (B, H, nb, D) fp32; own (Tq,)."""
+def _choose(q: Tensor, means: Tensor, own: Tensor, k: int, local: int):
+    """Each query's k blocks: (B, H, Tq, k') int64 indices, its ``local`` most recent first (own, own - 1, ...), and
+    (B, H, Tq, k') bool, False at slots left empty (a local block before 0, fewer earlier blocks than k - local).
+    q (B, H, Tq, D); means (B, H, nb, D) fp32; own (Tq,)."""
     nb = means.size(2)
-    index = own.view(1, 1, -1, 1).expand(q.size(0), q.size(1), -1, 1)
-    if k == 1 or nb == 1:
-        return index, torch.ones_like(index, dtype=torch.bool)
+    recent = own[:, None] - torch.arange(local, device=q.device)  # (Tq, local)
+    index = recent.clamp(min=0).expand(q.size(0), q.size(1), -1, -1)
+    valid = (recent >= 0).expand(q.size(0), q.size(1), -1, -1)
+    if k == local or nb <= local:
+        return index, valid
     gate = q.float() @ means.transpose(-1, -2)  # (B, H, Tq, nb)
-    earlier = torch.arange(nb, device=q.device)[None, :] < own[:, None]  # (Tq, nb)
+    earlier = torch.arange(nb, device=q.device)[None, :] <= (own - local)[:, None]  # (Tq, nb): before the local blocks
     gate = gate.masked_fill(~earlier, float("-inf"))
-    top, chosen = gate.topk(min(k - 1, nb), dim=-1)  # (B, H, Tq, k - 1)
-    index = torch.cat([index, chosen], dim=-1)
-    valid = torch.cat([torch.ones_like(index[..., :1], dtype=torch.bool), top > float("-inf")], dim=-1)
-    return index, valid
+    top, chosen = gate.topk(min(k - local, nb), dim=-1)  # (B, H, Tq, k - local)
+    return torch.cat([index, chosen], dim=-1), torch.cat([valid, top > float("-inf")], dim=-1)
 
 
 def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tensor, q_pos: Tensor, own: Tensor,
-                  k: int, b: int, tk: int) -> Tensor:
-    """One slice of queries q (B, H, t, D) over their chosen blocks of kb, vb (B, H, nb, b, D). Returns (B, H, t, D)."""
+                  k: int, b: int, tk: int, padding) -> Tensor:
+    """One slice of queries q (B, H, t, D) over their chosen blocks of kb, vb (B, H, nb, b, D), padded keys
+    (``padding`` (B, Tk) or None) hidden but a query's own. Returns (B, H, t, D)."""
     bsz, heads, t, dim = q.shape
-    index, valid = _choose(q, means, own, k)  # (B, H, t, k')
+    index, valid = _choose(q, means, own, k, run.retrieval.local)  # (B, H, t, k')
     batch = torch.arange(bsz, device=q.device)[:, None, None, None]
     head = torch.arange(heads, device=q.device)[None, :, None, None]
     keys, values = kb[batch, head, index], vb[batch, head, index]  # (B, H, t, k', b, D)
     logits = torch.einsum("bhtd,bhtkjd->bhtkj", q.float(), keys.float()) / math.sqrt(dim)
     position = index[..., None] * b + torch.arange(b, device=q.device)  # (B, H, t, k', b) relative key positions
     seen = valid[..., None] & (position <= q_pos.view(1, 1, -1, 1, 1)) & (position < tk)
+    if padding is not None:
+        padded = F.pad(padding, (0, kb.size(2) * b - tk), value=True).view(bsz, 1, 1, -1)  # (B, 1, 1, nb b)
+        at = position.flatten(3).clamp(max=tk - 1)  # (B, H, t, k' b)
+        hidden = torch.gather(padded.expand(-1, heads, t, -1), 3, at).view_as(position)
+        seen = seen & (~hidden | (position == q_pos.view(1, 1, -1, 1, 1)))
     logits = logits.masked_fill(~seen, float("-inf")).flatten(3)  # (B, H, t, k' b)
     sink = run.sink(1)
     if sink is not None:  # a learned sink logit joins the denominator with no value
@@ -142,17 +126,16 @@ def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tenso
     return out.to(q.dtype)
 
 
-def _visible(q: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int, b: int, tk: int) -> Tensor:
-    """(B, H, Tq, Tk) bool: the keys each query sees, its own block up to itself and its chosen blocks."""
-    index, valid = _choose(q, means, own, k)
-    block_of_key = torch.arange(tk, device=q.device) // b  # (Tk,)
+def _visible(q: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, retrieval: BlockRetrieval, tk: int) -> Tensor:
+    """(B, H, Tq, Tk) bool: the keys each query sees, its local blocks up to itself and its chosen blocks."""
+    index, valid = _choose(q, means, own, retrieval.topk, retrieval.local)
+    block_of_key = torch.arange(tk, device=q.device) // retrieval.block  # (Tk,)
     chosen = ((index[..., None] == block_of_key) & valid[..., None]).any(3)  # (B, H, Tq, Tk)
     return chosen & (torch.arange(tk, device=q.device) <= q_pos[:, None])
 
 
-def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, k: int, b: int,
-             distance: Tensor) -> None:
+def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, distance: Tensor) -> None:
     """Hand the observer the chunk's fp32 logits (B, H, Tq, Tk), the distances and the keys each query sees."""
-    visible = _visible(qc, means, q_pos, own, k, b, kc.size(2))
+    visible = _visible(qc, means, q_pos, own, run.retrieval, kc.size(2))
     logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(qc.size(-1))
     run.observer(logits, distance, visible)
