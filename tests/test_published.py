@@ -81,3 +81,26 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     table = decision_table(rows)
     assert "| flat perplexity at any length, on an existing checkpoint | LeX: xPos + BCA (reference) |" in table
     assert "| one passkey, written by greedy decoding at 16l | RNoPE-SWA (RoPE sliding x3 + NoPE global) |" in table
+
+
+def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_figure():
+    """Each of RULER-lite's 11 tasks is in exactly one family; on every committed row with a RULER-lite report, the
+    families' table's mean is the verdict's figure and each family lies within the row's task scores."""
+    import json
+
+    from lex_plugin.evaluation.ruler.tasks import TASKS
+    from lex_plugin.experiments.published import VERDICT_1000
+    from lex_plugin.experiments.ruler_families import FAMILIES, _rows, family_means
+
+    assert sorted(t for tasks in FAMILIES.values() for t in tasks) == sorted(TASKS)
+    verdict = {r.label: r.ruler_8l for r in verdict_1000_rows(REPO)}
+    rows = _rows(REPO, VERDICT_1000)
+    assert len(rows) >= 10
+    for label, means in rows:
+        key = label.replace(", recalibrated", "")
+        match = [v for name, v in verdict.items() if name.startswith(key)]
+        assert match and abs(means["mean"] - match[0]) < 1e-9, label
+        assert all(0.0 <= v <= 1.0 for v in means.values())
+    report = json.loads((REPO / "examples/lex_lm/ruler/ruler_complete_alibi.json").read_text())
+    assert family_means(report, 2048, "full")["mean"] == pytest.approx(verdict["ALiBi, full attention (reference)"])
+    assert family_means(report, 2048, "no_such_mode") is None

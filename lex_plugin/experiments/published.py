@@ -22,6 +22,7 @@ from .definitions import DEFINITIONS, FLAT, RETRIEVES, RULER
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
 from .reproduce.verdict import (Figures, design_figures, figure_meets, markdown_verdict, mode_rows, reference_figures,
                                 shown)
+from .ruler_families import ruler_families_table
 
 __all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
            "generate", "replace_block", "verdict_1000_rows"]
@@ -242,6 +243,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(RESULTS, "verdict_1000", lambda root: f"```bash\n{VERDICT_1000.command()}\n```\n\n"
                                                  + markdown_verdict(verdict_1000_rows(root))),
+    Block(RESULTS, "ruler_families_1000", lambda root: ruler_families_table(root, VERDICT_1000)),
     Block(RESULTS, "designs_1000_ppl", designs_ppl),
     Block(RESULTS, "table2_1000", lambda root: _paper_table(root, LONG, 2)),
     Block(RESULTS, "table3_1000", lambda root: _paper_table(root, LONG, 3)),
