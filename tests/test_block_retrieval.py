@@ -10,6 +10,7 @@ import torch
 
 from conftest import build_lex_model, check_against_float64, check_design_model, random_tokens
 from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow, LexSelfAttention
+from lex_plugin.modules.attention.kernels import blocks
 from lex_plugin.modules.attention.retrieval import BlockRetrieval
 from lex_plugin.modules.positions import XPos
 from test_moba import D, reference
@@ -25,11 +26,15 @@ def test_the_flags_give_bcas_blocks_two_local_and_k_retrieved():
     spec = _spec(2)
     assert spec.retrieval == BlockRetrieval(block=L // 2, topk=4, local=2) and spec.window == AttentionWindow.full()
     assert str(spec) == "bca+retrieval(2)" and spec.fields()["mode"] == "bca" and spec.fields()["retrieval_blocks"] == 2
+    assert spec.fields()["stride"] == L // 2
 
 
+@pytest.mark.parametrize("path", ["masked", "gathered"])
 @pytest.mark.parametrize("scheme", [XPos(D, use_scale=False), XPos(D)], ids=["rope", "xpos"])
 @pytest.mark.parametrize("k,length", [(1, 64), (2, 70), (3, 40)], ids=str)
-def test_retrieval_equals_its_rule_in_float64_with_its_gradients(scheme, k, length):
+def test_retrieval_equals_its_rule_in_float64_with_its_gradients(scheme, k, length, path, monkeypatch):
+    """Both of the kernel's ways (one masked SDPA call; each query's blocks gathered)."""
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
     torch.manual_seed(k)
     attn = LexSelfAttention(64, 4)
     x = torch.randn(2, length, 64)
@@ -47,8 +52,10 @@ def test_k_covering_every_block_is_full_attention_and_one_block_less_is_not():
     assert (attn(x, scheme=XPos(D), spec=_spec(7)) - full).abs().max() > 1e-3  # the last query misses one block
 
 
+@pytest.mark.parametrize("path", ["masked", "gathered"])
 @pytest.mark.parametrize("pattern", [None, "xpos/sliding:4*3,xpos/full"])
-def test_generation_equals_the_parallel_forward(pattern):
+def test_generation_equals_the_parallel_forward(pattern, path, monkeypatch):
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
     options = dict(pos_emb="xpos") if pattern is None else dict(pos_emb="xpos", layer_pattern=pattern)
     model = build_lex_model(tokens_per_sample=L, seed=2, **options)
     check_design_model(model, options, L, specs=[_spec(1), _spec(3)])
@@ -87,5 +94,12 @@ def test_what_it_cannot_combine_with_is_refused():
     model = build_lex_model(tokens_per_sample=L, moba_topk=2)
     with pytest.raises(ValueError, match="evaluate it without --retrieval-blocks"):
         model.under(_spec(1))(random_tokens(model.decoder.dictionary, 1, 2 * L))
+    left = random_tokens(model.decoder.dictionary, 2, 3 * L)
+    left[0, :5] = model.decoder.dictionary.pad()
+    plain = build_lex_model(tokens_per_sample=L, pos_emb="xpos")
+    with pytest.raises(ValueError, match="bca\\+retrieval\\(1\\) \\(its blocks count positions"):
+        plain.under(_spec(1))(left)
+    with pytest.raises(ValueError, match="--ssmax scales each query by log\\(n\\)"):
+        build_lex_model(tokens_per_sample=L, pos_emb="xpos", ssmax=True).under(_spec(1))(left[1:])
     with pytest.raises(ValueError, match="not the bias of"):
         build_lex_model(tokens_per_sample=L, pos_emb="alibi").under(_spec(1))(random_tokens(model.decoder.dictionary, 1, 2 * L))

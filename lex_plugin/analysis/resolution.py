@@ -85,9 +85,9 @@ def score_by_distance(model, tokens: Tensor, spec: AttentionSpec):
         raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
                          "the logits of both maps would be averaged into one curve the layer never uses. Analyse models "
                          "with one softmax.")
-    if any(layer.self_attn._retrieval is not None for layer in decoder.layers):
-        raise ValueError("this checkpoint chooses each head's and query's keys (--moba-topk): a mean logit by distance "
-                         "over the pairs a window shows has no one set of pairs here. Analyse models without MoBA.")
+    if spec.retrieval is not None or any(layer.self_attn._retrieval is not None for layer in decoder.layers):
+        raise ValueError("each head and query chooses its keys here (--moba-topk, --retrieval-blocks): a mean logit by "
+                         "distance over the pairs a window shows has no one set of pairs. Analyse without block retrieval.")
     if getattr(decoder, "sink_positions", 0):
         raise ValueError("this checkpoint was trained with --sink-token: the analysis tools count logits by distance and "
                          "do not yet separate the sink key at position 0 from the text's keys. Analyse a model trained "

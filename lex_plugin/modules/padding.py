@@ -22,7 +22,7 @@ def left_padding_refusal(decoder, spec: AttentionSpec) -> Optional[str]:
     A left-padded row's real tokens start at position p > 0, not 0. Where attention depends only on distances
     between visible real tokens (a relative scheme, full or sliding attention without sinks, ReRoPE and Leaky
     ReRoPE's distance maps) the shift changes nothing; everything that counts positions from the first one
-    (absolute positions, BCA's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
+    (absolute positions, BCA's blocks, a block retrieval's blocks, sink tokens, LM-Infinite, Self-Extend's groups, DCA's chunks, log-n's
     key count, dynamic NTK's length; a design that counts positions, ``DesignSpec.left_padding``) would see the pads.
     """
     if decoder.position_kind == "absolute":
@@ -34,6 +34,8 @@ def left_padding_refusal(decoder, spec: AttentionSpec) -> Optional[str]:
              and (k.window.mode not in ("full", "sliding") or k.window.sinks)]
     if local:
         return f"the layer pattern's {local[0]} layers (their blocks / chunks count positions from the first)"
+    if spec.retrieval is not None:
+        return f"{spec.retrieval} (its blocks count positions from the first)"
     if spec.window.mode not in ("full", "sliding") or spec.window.sinks:
         return f"{spec.window} attention (its blocks and sink tokens count positions from the first)"
     if spec.position_map is not None and spec.position_map.name not in ("rerope", "leaky_rerope"):

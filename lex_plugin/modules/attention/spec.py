@@ -95,7 +95,8 @@ class AttentionSpec:
         rope_scaling_factor (s), None where absent."""
         w = self.window
         mode = w.mode if self.position_map is None else self.position_map.name
-        return {"mode": mode if self.retrieval is None else "bca", "stride": w.stride or None,
+        stride = w.stride if self.retrieval is None else self.retrieval.block
+        return {"mode": mode if self.retrieval is None else "bca", "stride": stride or None,
                 "sinks": w.sinks, "logn": bool(self.logn), "logit_scale": self.logit_scale,
                 "retrieval_blocks": None if self.retrieval is None else self.retrieval.topk - self.retrieval.local,
                 "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.kind,

@@ -12,7 +12,7 @@ most 3/8 of the context). k at least the number of blocks is full causal attenti
 In the global layers of a ``--layer-pattern`` only (its local layers keep their windows); evaluated with full attention
 in those layers (no ``--bca``, sliding window, sinks or position map there); the kernel:
 ``attention.kernels.blocks``. Training and evaluation alike; generation steps choose the blocks the parallel pass
-chooses.
+chooses, up to fp32 rounding of near-tied gates (the kernel's docstring).
 """
 
 from dataclasses import dataclass

@@ -38,6 +38,9 @@ class SSMax(LayerDesign):
         attention.ssmax = nn.Parameter(torch.full((attention.num_heads,), 1.0 / math.log(int(self.length))))
 
     def queries(self, attention, q: Tensor, at: QueryContext) -> Tensor:
+        if at.spec.retrieval is not None or attention._retrieval is not None:
+            raise ValueError("--ssmax scales each query by log(n), n the keys of its window; a block retrieval (MoBA, "
+                             "--retrieval-blocks) shows each query other keys: use one of them.")
         seen = at.spec.window.visible_keys(torch.arange(at.first, at.first + at.length, device=q.device))
         return (q.float() * ssmax_scale(attention.ssmax, seen)[:, :, None]).to(q.dtype)  # (H, T) factor
 

@@ -6,8 +6,9 @@ top-k over the blocks that lie wholly before the query's own, the own block alwa
 
 Blocks are fixed by absolute position: block i holds positions i b .. (i + 1) b - 1. The gate reads the keys as the
 chunk's attention does (rotated by the position scheme), so <q, mean(K_i)> is the mean of the block's pre-softmax
-logits (times sqrt(D)): the rotation's centre cancels in each product, and a generation step over a cache chooses the
-blocks a parallel pass chooses. With k at least the number of blocks every earlier key is chosen: full causal attention.
+logits (times sqrt(D)): the rotation's centre cancels in each product, so a generation step over a cache chooses the
+blocks a parallel pass chooses up to fp32 rounding (a near-tie of two gates can fall either way: a hard choice; the
+tests find none on real text's scale of gaps, and bf16 flips some of a random model's). With k at least the number of blocks every earlier key is chosen: full causal attention.
 
 Two exact ways, chosen by cost: where the keys are few (Tk <= :data:`DENSE_FACTOR` k b: training at l), SDPA over all
 of them with each query's chosen keys as a boolean mask (B, H, Tq, Tk), on its fused kernels; beyond, each query's keys
@@ -50,9 +51,9 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     b, k = retrieval.block, retrieval.topk
     qc, kc, vc, _, query, key = run.dense_inputs(chunk)
     first_key = run.k_start + chunk.k0
-    if first_key % b:
-        raise ValueError(f"{retrieval}: the keys held start at position {first_key}, inside a block; top-k block "
-                         "attention needs every key from the first block on (a full-attention cache).")
+    if first_key != 0:
+        raise ValueError(f"{retrieval}: the keys held start at position {first_key}; block retrieval needs every key "
+                         "from position 0 on (a full-attention cache).")
     padding = None if run.kpm is None else run.kpm[:, chunk.k0 : chunk.k1]  # (B, Tk) True at padding
     bsz, heads, tq, dim = qc.shape
     tk = kc.size(2)
@@ -62,15 +63,18 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     means = kb.float().sum(3) / b  # (B, H, nb, D): a candidate block is complete (it ends before the query's own)
     q_pos = query[:, 0] - first_key  # (Tq,) positions relative to the first key
     own = q_pos // b  # (Tq,) the query's own block
-    if run.observer is not None:
-        _observe(run, qc, kc, means, q_pos, own, query - key)
-    if tk <= DENSE_FACTOR * k * b:
+    if run.observer is not None or tk <= DENSE_FACTOR * k * b:
         visible = _visible(qc, means, q_pos, own, retrieval, tk)  # (B, H, Tq, Tk)
         if padding is not None:
             visible = see_self(visible & ~padding[:, None, None, :], offset=int(q_pos[0]))
-        return sdpa(qc, kc, vc, attn_mask=visible, dropout_p=run.dropout_p, sink=run.sink(1))
+        if run.observer is not None:
+            logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(dim)
+            run.observer(logits, query - key, visible)
+    if tk <= DENSE_FACTOR * k * b:  # (a widened fp32 cache under a half-precision model: one dtype for SDPA)
+        out = sdpa(qc, kc.to(qc.dtype), vc.to(qc.dtype), attn_mask=visible, dropout_p=run.dropout_p, sink=run.sink(1))
+        return out
     vb = F.pad(vc, (0, 0, 0, pad)).reshape(bsz, heads, nb, b, dim)
-    per_query = 2 * k * b * dim * 4 * bsz * heads
+    per_query = 5 * k * b * dim * 4 * bsz * heads  # keys and values gathered, their fp32 copies, the weighted sum
     step = max(1, GATHER_BYTES // per_query)
     outs = []
     for s in range(0, tq, step):
@@ -129,13 +133,9 @@ def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tenso
 def _visible(q: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, retrieval: BlockRetrieval, tk: int) -> Tensor:
     """(B, H, Tq, Tk) bool: the keys each query sees, its local blocks up to itself and its chosen blocks."""
     index, valid = _choose(q, means, own, retrieval.topk, retrieval.local)
+    nb = means.size(2)
+    slots = index.masked_fill(~valid, nb)  # an empty slot goes to a spare column
+    blocks = torch.zeros(*index.shape[:-1], nb + 1, dtype=torch.bool, device=q.device)
+    blocks.scatter_(-1, slots, True)  # (B, H, Tq, nb + 1): the blocks each query sees
     block_of_key = torch.arange(tk, device=q.device) // retrieval.block  # (Tk,)
-    chosen = ((index[..., None] == block_of_key) & valid[..., None]).any(3)  # (B, H, Tq, Tk)
-    return chosen & (torch.arange(tk, device=q.device) <= q_pos[:, None])
-
-
-def _observe(run: ChunkRun, qc: Tensor, kc: Tensor, means: Tensor, q_pos: Tensor, own: Tensor, distance: Tensor) -> None:
-    """Hand the observer the chunk's fp32 logits (B, H, Tq, Tk), the distances and the keys each query sees."""
-    visible = _visible(qc, means, q_pos, own, run.retrieval, kc.size(2))
-    logits = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(qc.size(-1))
-    run.observer(logits, distance, visible)
+    return blocks[..., block_of_key] & (torch.arange(tk, device=q.device) <= q_pos[:, None])

@@ -17,7 +17,8 @@ from .ops import see_self
 
 __all__ = ["ChunkRun", "Observer", "with_positions"]
 
-# observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool)
+# observer(logits (B, H, ..., Tq, Tk) fp32, distance (..., Tq, Tk) int64, visible (B or 1, 1, ..., Tq, Tk) bool;
+# (B, H, Tq, Tk) under a block retrieval, whose keys are chosen per head)
 Observer = Callable[[Tensor, Tensor, Tensor], None]
 
 
