@@ -212,6 +212,43 @@ def designs_ppl(root: Path, run: VerdictRun = VERDICT_1000) -> str:
     return markdown_ppl(ppl, names, WINDOWS, lengths, run.training_length)
 
 
+RETRIEVAL = "examples/lex_lm/retrieval"  # block retrieval at evaluation (--bca --retrieval-blocks K) on trained checkpoints
+
+
+def retrieval_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """Block retrieval at evaluation on the committed 1,000-update checkpoints: RoPE's perplexity by length under full
+    attention and BCA (its length report) and BCA plus retrieved blocks (``retrieval/length_rope.json``); the xPos BCA
+    x3 + NoPE pattern's passkey at 16l after its fine-tuning, full attention against the retrieval on its global layer
+    (``retrieval/passkey_xpos_bca_nope_16l.json``), each with its provenance line."""
+    l = run.training_length
+    base = json.loads((root / run.work / "runs" / "rope" / "length_report.json").read_text())
+    retrieval = json.loads((root / RETRIEVAL / "length_rope.json").read_text())
+    rows: dict = {}
+    for report in (base, retrieval):
+        for r in report["results"]:
+            if r.get("protocol", "stream") == "stream" and r["window"].split("(")[0] in ("full", "bca", "bca+retrieval"):
+                rows.setdefault(r["window"], {})[int(r["length"])] = float(r["ppl"])
+    lengths = sorted({n for by in rows.values() for n in by})
+    lines = ["| RoPE, 1,000 updates | " + " | ".join(f"{n} ({n // l}l)" for n in lengths) + " | ppl(16l) / ppl(l) |",
+             "|---|" + "---:|" * (len(lengths) + 1)]
+    for window, by in rows.items():
+        lines.append(f"| {window} | " + " | ".join(f"{by[n]:.2f}" for n in lengths) + f" | {by[16 * l] / by[l]:.4f} |")
+    passkey = json.loads((root / RETRIEVAL / "passkey_xpos_bca_nope_16l.json").read_text())
+    lines += ["", provenance_line(retrieval["provenance"]), "",
+              "| xPos BCA x3 + NoPE, passkey at 16l | ranked | greedy writes the key |", "|---|---:|---:|"]
+    by_window: dict = {}
+    for r in passkey["results"]:
+        if int(r["length"]) == 16 * l:
+            cell = by_window.setdefault(r["window"], [0, 0, 0])
+            cell[0] += r["retrieved"]
+            cell[1] += r["greedy"]
+            cell[2] += r["trials"]
+    for window, (ranked, greedy, trials) in by_window.items():
+        lines.append(f"| {window} | {ranked / trials:.2f} | {greedy} of {trials} |")
+    lines += ["", provenance_line(passkey["provenance"])]
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Block:
     """One generated table: ``document`` (relative to the repository root), the marker ``name`` and ``make(root)``,
@@ -245,6 +282,7 @@ BLOCKS: Tuple[Block, ...] = (
                                                  + markdown_verdict(verdict_1000_rows(root))),
     Block(RESULTS, "ruler_families_1000", lambda root: ruler_families_table(root, VERDICT_1000)),
     Block(RESULTS, "designs_1000_ppl", designs_ppl),
+    Block(RESULTS, "retrieval_1000", retrieval_tables),
     Block(RESULTS, "table2_1000", lambda root: _paper_table(root, LONG, 2)),
     Block(RESULTS, "table3_1000", lambda root: _paper_table(root, LONG, 3)),
     Block(RESULTS, "table2_300", lambda root: _paper_table(root, SHORT, 2)),
