@@ -117,7 +117,7 @@ def test_options_translate_to_specs_in_one_place():
     spec = options.spec(64, evaluation_length=256)
     assert spec.window == AttentionWindow.bca(64).with_sinks(4) and spec.rope_scaling == RopeScaling("linear", 4.0, 64)
     assert str(spec) == "bca(32)+sinks(4)+linear(s=4)"
-    assert spec.fields() == {"mode": "bca", "stride": 32, "sinks": 4, "logn": False, "logit_scale": None, "rope_scaling": "linear",
+    assert spec.fields() == {"mode": "bca", "stride": 32, "sinks": 4, "logn": False, "logit_scale": None, "retrieval_blocks": None, "rope_scaling": "linear",
                              "rope_scaling_factor": 4.0}
     assert options.for_mode("full").spec(64, 256).window == AttentionWindow.full()  # sinks stay with bca / sliding
     assert options.for_mode("sliding").spec(64, 256).window == AttentionWindow.sliding(64).with_sinks(4)

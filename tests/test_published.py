@@ -27,7 +27,7 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
     for block in BLOCKS:
         (root / block.document).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / block.document, root / block.document)
-    for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler"):
+    for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
                  "longppl_rope.json", "longppl_alibi.json", "flat_and_retrieving.json", "limits.json"):

@@ -275,18 +275,17 @@ def test_results_prints_the_table_the_verdict_command_writes_from_the_committed_
     """RESULTS' table of "The verdict at 1,000 updates" is the output of the command it gives, run on the committed
     reports (references, each run's reports, the one-process cost report): every row, word for word."""
     from conftest import _script
+    from lex_plugin.experiments.published import VERDICT_1000
 
-    work = REPO / "examples/lex_lm/designs_1000"
-    runs = ("irope,xpos_bca_nope,rnope_swa,gemma_5to1,rope_ssmax,rope_learned_sinks,rope_drope,rope_drope/recalibrated,"
-            "xpos_sink_token,rope_gate_elementwise,rope_diff")
-    monkeypatch.setattr(sys, "argv", ["verdict.py", "--work", str(work), "--updates", "1000", "--runs", runs,
-                                      "--costs", str(work / "costs16k.json"), "--costs", str(work / "costs16k_gate_diff.json"),
+    work = REPO / VERDICT_1000.work
+    runs = ",".join(VERDICT_1000.runs)
+    costs = [arg for c in VERDICT_1000.costs for arg in ("--costs", str(REPO / c))]
+    monkeypatch.setattr(sys, "argv", ["verdict.py", "--work", str(work), "--updates", "1000", "--runs", runs, *costs,
                                       "--reference", str(REPO / "examples/lex_lm/verdict_reference.json")])
     _script("verdict.py").main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     results = (REPO / "examples/lex_lm/RESULTS.md").read_text()
-    assert len(rows) == 16 and (f"--runs {runs} \\\n  --costs examples/lex_lm/designs_1000/costs16k.json --costs "
-                                "examples/lex_lm/designs_1000/costs16k_gate_diff.json") in results
+    assert len(rows) == 1 + 4 + len(VERDICT_1000.runs) and VERDICT_1000.command() in results  # the header, 4 references
     assert [row for row in rows if row not in results] == []
 
 

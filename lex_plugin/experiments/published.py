@@ -250,6 +250,23 @@ def retrieval_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
     return "\n".join(lines)
 
 
+def first_token_table(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """The attention mass on the first token per layer (``lex first-token``: the mean over heads and queries at l) of
+    each 1,000-update checkpoint with a committed ``first_token.json`` (gated attention's claim, Qiu et al. 2025)."""
+    from .reproduce.catalogue import LABELS
+
+    names = ["rope", *(n for n in run.runs if "/" not in n)]
+    found = [(n, json.loads(p.read_text())) for n in names
+             for p in [root / run.work / "runs" / n / "first_token.json"] if p.is_file()]
+    depth = max(len(r["layers"]) for _, r in found)
+    lines = ["| model | " + " | ".join(f"layer {i}" for i in range(depth)) + " | mean |",
+             "|---|" + "---:|" * (depth + 1)]
+    for name, report in found:
+        cells = [f"{layer['mean']:.3f}" for layer in report["layers"]] + ["-"] * (depth - len(report["layers"]))
+        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + f" | {report['mean']:.3f} |")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Block:
     """One generated table: ``document`` (relative to the repository root), the marker ``name`` and ``make(root)``,
@@ -284,6 +301,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "ruler_families_1000", lambda root: ruler_families_table(root, VERDICT_1000)),
     Block(RESULTS, "designs_1000_ppl", designs_ppl),
     Block(RESULTS, "retrieval_1000", retrieval_tables),
+    Block(RESULTS, "first_token_1000", first_token_table),
     Block(RESULTS, "table2_1000", lambda root: _paper_table(root, LONG, 2)),
     Block(RESULTS, "table3_1000", lambda root: _paper_table(root, LONG, 3)),
     Block(RESULTS, "table2_300", lambda root: _paper_table(root, SHORT, 2)),
