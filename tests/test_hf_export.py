@@ -176,13 +176,13 @@ torch.save(out, job["out"])
 """
 
 WINDOWS = {"full": {}, "bca": {"mode": "bca"}, "sliding": {"mode": "sliding", "sliding_window": "l"},
-           "rerope": {"mode": "rerope"}}
+           "rerope": {"mode": "rerope"}, "bca_retrieval": {"mode": "bca", "retrieval_blocks": 1}}
 
 
 def test_export_runs_with_transformers_alone(exports, test_tokens, data_bin, tmp_path, hf_env):
     """Every --pos-emb's export, copied to a temporary directory, loaded where lex_plugin, fairseq and torchscale
     cannot be imported: the logits equal the fairseq model's (1e-5) under full attention, BCA, the sliding window
-    and ReRoPE at l and 4l (a window the scheme refuses is refused by both); the tokenizer gives lex generate's
+    , ReRoPE and BCA with a retrieved block at l and 4l (a window the scheme refuses is refused by both); the tokenizer gives lex generate's
     prompt ids; pipeline("text-generation") writes lex generate's greedy tokens under BCA; scores through the cache
     equal a forward without it (1e-4); AutoModel's hidden states give the head's logits; save_pretrained and
     from_pretrained give the same logits (1e-6) and ids."""
@@ -225,7 +225,8 @@ def test_export_runs_with_transformers_alone(exports, test_tokens, data_bin, tmp
                 torch.testing.assert_close(got["logits"][f"{name}/{window}/{n}"], expected, rtol=0, atol=1e-5,
                                            msg=f"{name} {window} at {n}")
                 checked += 1
-    assert checked >= 60 and "rope/rerope" not in got["refused"] and "none/rerope" in got["refused"]
+    assert checked >= 70 and "rope/rerope" not in got["refused"] and "none/rerope" in got["refused"]
+    assert "xpos/bca_retrieval" not in got["refused"] and "alibi/bca_retrieval" in got["refused"]
 
     hub = from_pretrained(exports["xpos"][3].parent, "checkpoint_last.pt", data_bin, window="bca")
     expected_prompt = [hub.src_dict.eos()] + hub.encode(prompt)[:-1].tolist()

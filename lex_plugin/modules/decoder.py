@@ -317,7 +317,8 @@ class DecoderStack:
             TypeError: not an :class:`AttentionSpec`.
             ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
-                not translation-invariant; log-n on learned positions or on a model whose design refuses it (``DesignSpec.refuses_logn``).
+                not translation-invariant; log-n on learned positions or on a model whose design refuses it (``DesignSpec.refuses_logn``);
+                a block retrieval on a bias scheme, a MoBA model or an SSMax model.
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
@@ -346,9 +347,17 @@ class DecoderStack:
                                  "distances. Use rerope, self_extend or dca with bias schemes.")
             if not all(scheme.translation_invariant for scheme in self.positions):
                 raise ValueError(f"{name} needs a translation-invariant scheme (logits a function of n - m).")
-        for design, _ in self.designs:
+        for design, layer in self.designs:
             if spec.logn and design.refuses_logn:
                 raise ValueError(design.refuses_logn)
+            if spec.retrieval is not None and (layer.retrieves or design.name == "ssmax"):
+                raise ValueError(f"--retrieval-blocks on a model trained with {design.name}: "
+                                 + ("its layers choose their own blocks." if layer.retrieves else
+                                    "its queries scale by the log of the keys their window shows, not the retrieved ones.")
+                                 + " Evaluate it without --retrieval-blocks.")
+        if spec.retrieval is not None and self.active_position_kind == "bias":
+            raise ValueError(f"--retrieval-blocks scores blocks by q . mean(K); --pos-emb {self.pos_emb}'s bias would not "
+                             "enter that gate. Use it with rotary, absolute or no positions.")
         if spec.logn and self.pos_emb == "learned":
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")
