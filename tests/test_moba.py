@@ -24,12 +24,13 @@ D = 16  # head dimension: 64 / 4 heads
 
 
 def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk: int, sinks=None,
-              local: int = 1) -> torch.Tensor:
+              local: int = 1, padding=None) -> torch.Tensor:
     """MoBA in float64: q, k, v; the position scheme from its complex-number formula (xPos: zeta^(+-n/B), RoPE: zeta
     = 1); for query n, block o = n // b, gate s_i = q_n . mean_{m in block i} k_m for i < o, the k - 1 highest chosen;
     an explicit (T, T) mask of the own block's keys m <= n and the chosen blocks' keys; softmax(q k^T / sqrt(d)) (a
     learned sink logit in the denominator where given) v; the output projection. ``local`` L: blocks o - L + 1 .. o
-    always seen, the k - L highest chosen among the blocks before them (BCA's window plus retrieved blocks: L = 2)."""
+    always seen, the k - L highest chosen among the blocks before them (BCA's window plus retrieved blocks: L = 2).
+    ``padding`` (B, T) bool: those keys hidden from every query but their own."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
     q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -51,6 +52,8 @@ def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk:
         chosen |= torch.zeros_like(chosen).scatter_(-1, best, torch.gather(candidates, -1, best) > float("-inf"))
         candidates = candidates.masked_fill(chosen, float("-inf"))
     visible = recent | chosen[..., block_of]  # (B, H, T, T): a chosen block's every key
+    if padding is not None:
+        visible = visible & (~padding[:, None, None, :] | torch.eye(T, dtype=torch.bool))
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)
     logits = logits.masked_fill(~visible, float("-inf"))
     if sinks is not None:
@@ -168,3 +171,19 @@ def test_right_padded_keys_are_hidden_as_if_the_row_were_alone(path, monkeypatch
         batch = attn(x, scheme=XPos(D), key_padding_mask=padding)
         alone = attn(x[1:, :29], scheme=XPos(D))
     assert torch.isfinite(batch).all() and (batch[1, :29] - alone[0]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("path", ["masked", "gathered"])
+def test_padded_keys_inside_the_sequence_are_hidden_but_from_themselves(path, monkeypatch):
+    """A cache's padding can sit before real positions (a row continued after its padded end): those keys are hidden
+    from every other query, as the dense kernel hides them; the gate's block means still read them, as the parallel
+    and cached passes alike do. Against the float64 rule with the padded keys masked."""
+    monkeypatch.setattr(blocks, "DENSE_FACTOR", 1000 if path == "masked" else 0)
+    attn = _moba(4, 3)
+    x = torch.randn(2, 40, 64)
+    padding = torch.zeros(2, 40, dtype=torch.bool)
+    padding[1, 10:15] = True
+    with torch.no_grad():
+        got = attn(x, scheme=XPos(D), key_padding_mask=padding)
+        expected = reference(attn, x, XPos(D), 4, 3, padding=padding)
+    assert (got.double() - expected).abs().max() < 1e-5

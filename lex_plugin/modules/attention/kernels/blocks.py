@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..planner import Chunk
 from ..retrieval import BlockRetrieval
-from .ops import sdpa, see_self
+from .ops import sdpa, see_self, softmax_with_sink
 from .run import ChunkRun
 
 __all__ = ["DENSE_FACTOR", "GATHER_BYTES", "attend_blocks"]
@@ -42,7 +42,7 @@ def attend_blocks(run: ChunkRun, chunk: Chunk) -> Tensor:
     logits if any, dropout on the weights at training. Returns (B, H, Tq, D) in q's dtype.
 
     Raises:
-        ValueError: keys that do not start at a block boundary.
+        ValueError: keys that do not start at position 0 (a bounded cache: block retrieval needs every key).
 
     Padded keys (``run.kpm``: right padding, the continuations of a probe's candidates; a design with blocks refuses a
     left-padded batch before it gets here) are hidden from every query but their own, as the dense kernel hides them.
@@ -118,12 +118,7 @@ def _attend_slice(run: ChunkRun, q: Tensor, kb: Tensor, vb: Tensor, means: Tenso
         hidden = torch.gather(padded.expand(-1, heads, t, -1), 3, at).view_as(position)
         seen = seen & (~hidden | (position == q_pos.view(1, 1, -1, 1, 1)))
     logits = logits.masked_fill(~seen, float("-inf")).flatten(3)  # (B, H, t, k' b)
-    sink = run.sink(1)
-    if sink is not None:  # a learned sink logit joins the denominator with no value
-        logits = torch.cat([sink.expand(bsz, heads, t, 1), logits], dim=-1)
-    weights = torch.softmax(logits, dim=-1)
-    if sink is not None:
-        weights = weights[..., 1:]
+    weights = softmax_with_sink(logits, run.sink(1))  # a learned sink logit joins the denominator with no value
     if run.dropout_p:
         weights = F.dropout(weights, p=run.dropout_p)
     out = torch.einsum("bhtn,bhtnd->bhtd", weights, values.float().flatten(3, 4))

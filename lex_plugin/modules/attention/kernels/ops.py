@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 __all__ = ["FLASH_CPU_KERNEL", "HALF_STEP_FP32_KEYS", "additive_mask", "attention_lse", "four_d", "one_query",
-           "per_head_products", "scaled_logits", "sdpa", "see_self", "step_as_products", "step_logits", "weighted_values",
+           "per_head_products", "scaled_logits", "sdpa", "see_self", "softmax_with_sink", "step_as_products", "step_logits", "weighted_values",
            "windows_in_batch"]
 
 # A one-query step over a bf16 / fp16 cache on CPU runs its two products per (batch, head) in that dtype beyond this
@@ -167,15 +167,21 @@ def weighted_values(scores: Tensor, v: Tensor, sink: Optional[Tensor]) -> Tensor
     """softmax(scores) v for one query: scores (B, H, 1, S) fp32 (-inf where unseen), v (B, H, S, D); with learned sink
     logits ``sink`` (1, H, 1, 1) fp32 in the denominator only. The product as :func:`step_logits`'s. Returns
     (B, H, 1, D) in v's dtype."""
-    if sink is None:
-        weights = torch.softmax(scores, dim=-1)
-    else:  # the sink in the denominator only: exp(z - m) v / (sum exp(z - m) + exp(s - m)), m the row's largest of both
-        top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
-        weights = torch.exp(scores - top)
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))  # normalised in fp32: no fp16 overflow
+    weights = softmax_with_sink(scores, sink)
     if half_products_per_head(v):
         return per_head_products(weights.to(v.dtype), v)
     return (weights @ v.float()).to(v.dtype)
+
+
+def softmax_with_sink(scores: Tensor, sink: Optional[Tensor]) -> Tensor:
+    """softmax over the last dimension of fp32 ``scores`` (-inf where unseen), with learned sink logits ``sink``
+    (broadcastable to scores' shape but its last dimension 1, fp32) in the denominator only: exp(z - m) / (sum exp(z -
+    m) + exp(s - m)), m the row's largest of both (normalised in fp32: no overflow). None: a plain softmax."""
+    if sink is None:
+        return torch.softmax(scores, dim=-1)
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
+    weights = torch.exp(scores - top)
+    return weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
 
 
 def per_head_products(a: Tensor, b: Tensor) -> Tensor:
