@@ -318,7 +318,8 @@ class DecoderStack:
             ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
                 not translation-invariant; log-n on learned positions or on a model whose design refuses it (``DesignSpec.refuses_logn``);
-                a block retrieval on a bias scheme, a MoBA model or an SSMax model.
+                a block retrieval on a bias scheme, a MoBA model or an SSMax model; sink tokens, a position map or a block
+                retrieval on a forget gate's model.
         """
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"the attention spec must be an AttentionSpec, got {type(spec).__name__}.")
@@ -355,6 +356,12 @@ class DecoderStack:
                                  + ("its layers choose their own blocks." if layer.retrieves else
                                     "its queries scale by the log of the keys their window shows, not the retrieved ones.")
                                  + " Evaluate it without --retrieval-blocks.")
+            if layer.decays and (spec.window.sinks or spec.position_map is not None or spec.retrieval is not None):
+                what = ("--sink-tokens" if spec.window.sinks else "a position map" if spec.position_map is not None
+                        else "--retrieval-blocks")
+                raise ValueError(f"{what} on a model trained with {design.name}: each key decays by the forget gates "
+                                 "since it, which is defined at true positions only. Evaluate it with full attention, "
+                                 "--bca or --sliding-window.")
         if spec.retrieval is not None and self.active_position_kind == "bias":
             raise ValueError(f"--retrieval-blocks scores blocks by q . mean(K); --pos-emb {self.pos_emb}'s bias would not "
                              "enter that gate. Use it with rotary, absolute or no positions.")

@@ -50,6 +50,9 @@ RUNS: Dict[str, tuple] = {
     "xpos_moba": (["--pos-emb", "xpos", "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
     "xpos_bca_nope_moba": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full", "--temperature-tuning-beta",
                             0.1, "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
+    # the forgetting transformer's forget gate in every layer, without positions (the paper's FoX) and with RoPE
+    "fox_nope": (["--pos-emb", "none", "--forget-gate"], "design"),
+    "fox_rope": (["--pos-emb", "rope", "--forget-gate"], "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 MOBA_BLOCK_DIVISOR = 8  # the MoBA runs' block ("{b}"): l / 8
@@ -169,6 +172,8 @@ LABELS = {
     "rope_diff": "RoPE + differential attention (Ye et al. 2025)",
     "xpos_moba": "xPos + MoBA (blocks of l/8, top 3)",
     "xpos_bca_nope_moba": "xPos BCA x3 + NoPE global with MoBA (blocks of l/8, top 3), temperature tuning",
+    "fox_nope": "FoX: forget gate without positions (Lin et al. 2025)",
+    "fox_rope": "RoPE + forget gate (FoX with positions)",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .kv_cache import HeldKeys, KeyValueCache, RotatedPieces, SegmentedAttention
+from .kv_cache import HeldKeys, KeyValueCache, RotatedPieces, SegmentedAttention, cumulative_decay
 
 __all__ = ["BranchCache", "branch_incremental_state"]
 
@@ -46,6 +46,7 @@ class BranchCache(SegmentedAttention):
         self._k: Optional[Tensor] = None  # (N, H, t, D) the rows' own keys, rotated at the trunk's centre
         self._v: Optional[Tensor] = None
         self._pad: Optional[Tensor] = None  # (N, t) bool
+        self._decay: Optional[Tensor] = None  # (N, H, t) float64 the rows' cumulative decay (a forget gate's layer)
         self._start = trunk.end  # position of the rows' first own key
         self._dropped = 0  # own keys dropped by the window
         self._rotated = RotatedPieces() if trunk.rotated_pieces is not None else None
@@ -77,15 +78,24 @@ class BranchCache(SegmentedAttention):
         limit = None if self.raw else self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
         return None if limit is None else max(1, limit - self.scheme.center_step)
 
-    def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-        """The rows' next positions (raw q, k, v (N, H, T, D), T <= :meth:`segment_length`, padding (N, T) or None):
-        the centre moved first if the last would lie too far from it (the branch's own; the trunk keeps its), keys
-        stored rotated at the centre, queries returned rotated at it.
+    def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
+               log_forget: Optional[Tensor] = None) -> Tensor:
+        """The rows' next positions (raw q, k, v (N, H, T, D), T <= :meth:`segment_length`, padding (N, T) or None;
+        a forget gate's (N, H, T) fp32 log gates or None): the centre moved first if the last would lie too far from
+        it (the branch's own; the trunk keeps its), keys stored rotated at the centre (with their cumulative decay,
+        continuing the prompt's), queries returned rotated at it.
 
         Raises:
             ValueError: more positions than :meth:`segment_length`, or sink positions still to come (a prompt shorter
-                than its sinks).
+                than its sinks); log gates where the prompt's cache has no decay, or none where it has.
         """
+        if (log_forget is None) != (self._prefix.decay is None):
+            raise ValueError("a forget gate's branch takes the log gates of its new positions (and only then).")
+        if log_forget is not None:
+            before = (self._decay[:, :, -1] if self._decay is not None
+                      else self._prefix.decay[:, :, -1].expand(log_forget.size(0), -1))
+            decay = cumulative_decay(log_forget, before)
+            self._decay = decay if self._decay is None else torch.cat([self._decay, decay], 2)
         first, last = self.end, self.end + q.size(2) - 1
         if self.spec.window.sinks > first:
             raise ValueError("a branch continues a prompt that holds its sink positions; this one is shorter.")
@@ -138,12 +148,16 @@ class BranchCache(SegmentedAttention):
         trunk_pad = (torch.zeros(1, shape[2], dtype=torch.bool, device=keys.device) if p.padding is None
                      else p.padding[:, self._skip:])
         padding = torch.cat([trunk_pad.expand(n, -1), self._pad[:, self._dropped:]], 1)
+        decay = None
+        if p.decay is not None:
+            trunk_decay = p.decay[:, :, self._skip:]
+            decay = torch.cat([trunk_decay.expand(n, -1, -1), self._decay[:, :, self._dropped:]], 2)
         sinks = None
         if p.sinks is not None:
             sk, sv, sp = p.sinks
             sinks = (sk.expand(n, -1, -1, -1), sv.expand(n, -1, -1, -1), None if sp is None else sp.expand(n, -1))
         return HeldKeys(keys, values, padding if bool(padding.any()) else None, self.start,
-                        None if self.raw else self.center, sinks, False, self._rotated)
+                        None if self.raw else self.center, sinks, False, self._rotated, decay)
 
     def trim(self) -> None:
         """Drop the keys no later query sees under the window (views of the trunk; the rows' own buffers)."""

@@ -107,7 +107,7 @@ def attend(
     Raises:
         ValueError: sinks over rotated or offset keys without ``sinks``; ``positions`` with a bounded
             window, a cache or sinks, or spread too far for the scheme's scale in q's dtype; a retrieval with what it
-            does not take (above).
+            does not take (above); a forget gate's decay (``held.decay``) with sinks, a position map or a retrieval.
     """
     dtype = autocast_dtype(q.device)
     if dtype is not None:  # autocast: run as a model of its dtype does (position math fp32 inside), autocast off
@@ -132,9 +132,11 @@ def attend(
     retrieval = retrieval if retrieval is not None else spec.retrieval
     if retrieval is not None:
         _check_retrieval(retrieval, spec, scheme, positions)
+    if held.decay is not None:
+        _check_decay(spec, retrieval, chunks)
     run = ChunkRun(q, held.keys, held.values, spec.window, scheme, spec.rope_scaling, q_start, held.start, held.center,
                    held.padding, dropout_p, observer, held.feature_major, sink_logits, held.rotated_pieces,
-                   position_map=spec.position_map, retrieval=retrieval)
+                   position_map=spec.position_map, retrieval=retrieval, decay=held.decay)
     if spec.position_map is None:
         if positions is not None:
             run = with_positions(run, positions)
@@ -164,6 +166,24 @@ def _check_retrieval(retrieval: BlockRetrieval, spec: AttentionSpec, scheme: Pos
                          f"{type(scheme).__name__}: train it with --pos-emb xpos, rope or none.")
     if positions is not None:
         raise ValueError(f"{retrieval} counts blocks by position from 0: train it without --random-positions.")
+
+
+def _check_decay(spec: AttentionSpec, retrieval: Optional[BlockRetrieval], chunks: List[Chunk]) -> None:
+    """Refuse what a forget gate's decay (``held.decay``) does not take, naming the option to change: its bias
+    enters dense chunks only, at the keys' true indices.
+
+    Raises:
+        ValueError: sink tokens, a position map, a block retrieval; batched windows (a plan made with
+            local_positions=True)."""
+    what = ("sink tokens" if spec.window.sinks else f"the position map {spec.position_map}" if spec.position_map
+            else f"{retrieval}" if retrieval is not None else None)
+    if what is not None:
+        raise ValueError(f"a forget gate's layer (--forget-gate) decays each key by the gates since it; {what} would "
+                         "place keys where that decay is not defined. Evaluate it with full attention, --bca or "
+                         "--sliding-window, without sinks, position maps or --retrieval-blocks.")
+    if any(chunk.blocks for chunk in chunks):
+        raise ValueError("a forget gate's decay enters dense chunks at true positions: plan its attention with "
+                         "local_positions=False (no batched windows).")
 
 
 def _sink_keys(held: HeldKeys, sinks: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:

@@ -40,7 +40,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["HeldKeys", "KeyValueCache", "RotatedPieces", "fork_incremental_state"]
+__all__ = ["HeldKeys", "KeyValueCache", "RotatedPieces", "cumulative_decay", "fork_incremental_state"]
 
 MIN_CAPACITY = 64
 FEATURE_MAJOR_KEYS = 4096  # below this, PyTorch's CPU SDPA kernel is as fast for one query (BENCHMARKS.md, fourth run)
@@ -63,6 +63,9 @@ class HeldKeys:
         feature_major: keys and values are views of (B, H, D, S) memory (a cache laid out for one query).
         rotated_pieces: a cache's keys as each piece of its position map rotates them (:class:`RotatedPieces`), or
             None (a parallel pass; no position map).
+        decay: (B, H, S) float64 cumulative log forget gate c_m = sum_{t <= m} log f_t of each key (the forgetting
+            transformer's decay: the logit of query n and key m gains c_n - c_m, the queries being the last keys), or
+            None (no forget gate).
     """
 
     keys: Tensor
@@ -73,6 +76,15 @@ class HeldKeys:
     sinks: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
     feature_major: bool = False
     rotated_pieces: Optional["RotatedPieces"] = None
+    decay: Optional[Tensor] = None
+
+
+def cumulative_decay(log_forget: Tensor, before: Optional[Tensor] = None) -> Tensor:
+    """c_m = c_before + sum of ``log_forget`` up to m: (B, H, T) float64 from (B, H, T) log forget gates (<= 0) and the
+    (B, H) cumulative value of the position before the first (None: 0). float64, so that c_n - c_m keeps fp32's
+    precision in the difference however long the sequence (c grows by up to |log f| a token)."""
+    out = log_forget.double().cumsum(-1)
+    return out if before is None else out + before[..., None]
 
 
 class RotatedPieces:
@@ -133,7 +145,7 @@ class SegmentedAttention:
     ``branch_cache.BranchCache``)."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-               attention: Callable[[Tensor, HeldKeys, int], Tensor]) -> Tensor:
+               attention: Callable[[Tensor, HeldKeys, int], Tensor], log_forget: Optional[Tensor] = None) -> Tensor:
         """Attention of T new positions after the held ones, in segments the cache can take (xPos's scale stays in
         range: ``segment_length``): each segment is stored (``extend``: queries rotated as its keys), attended by
         ``attention(queries (B, H, t, D), held keys, first position)`` over what the cache holds, then the keys no
@@ -143,6 +155,7 @@ class SegmentedAttention:
             q, k, v: (B, H, T, D) raw queries, keys and values of positions ``end`` .. ``end`` + T - 1.
             key_padding_mask: (B, T) bool, True at padding, or None.
             attention: one segment's attention, (B, H, t, D) out in q's dtype.
+            log_forget: (B, H, T) fp32 log forget gates of the new positions (a forget gate's layer), or None.
 
         Returns:
             (B, H, T, D): the segments' outputs in order.
@@ -154,7 +167,8 @@ class SegmentedAttention:
             b = min(length, a + segment)
             first = self.end
             pad = None if key_padding_mask is None else key_padding_mask[:, a:b]
-            rotated = self.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad)
+            gates = None if log_forget is None else log_forget[:, :, a:b]
+            rotated = self.extend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pad, log_forget=gates)
             outs.append(attention(rotated, self.held(queries=b - a), first))
             self.trim()
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -182,6 +196,7 @@ class KeyValueCache(SegmentedAttention):
         self._k: Optional[Tensor] = None  # (B, H, cap, D)
         self._v: Optional[Tensor] = None
         self._pad: Optional[Tensor] = None  # (B, cap) bool, allocated on the first padded key
+        self._decay: Optional[Tensor] = None  # (B, H, cap) float64 cumulative log forget gates (a forget gate's layer)
         self._offset = 0  # buffer row of position ``start``
         self.feature_major = False  # layout of the buffers (module docstring)
         self._length = 0
@@ -228,21 +243,35 @@ class KeyValueCache(SegmentedAttention):
         buffers are freed after the copy: a layer's cache is held twice for that moment)."""
         k, v = (_buffer(like, like.size(0), cap, feature_major) for _ in range(2))
         pad = None if self._pad is None else torch.zeros(like.size(0), cap, dtype=torch.bool, device=like.device)
+        decay = None if self._decay is None else self._decay.new_zeros(like.size(0), like.size(1), cap)
         if self._k is not None and self._length:
             live = slice(self._offset, self._offset + self._length)
             k[:, :, : self._length] = self._k[:, :, live]
             v[:, :, : self._length] = self._v[:, :, live]
             if pad is not None:
                 pad[:, : self._length] = self._pad[:, live]
+            if decay is not None:
+                decay[:, :, : self._length] = self._decay[:, :, live]
         self._k, self._v, self._pad, self._offset, self.feature_major = k, v, pad, 0, feature_major
+        self._decay = decay
 
-    def append(self, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, start: Optional[int] = None) -> None:
+    def append(self, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, start: Optional[int] = None,
+               decay: Optional[Tensor] = None) -> None:
         """Store keys ``k`` (already rotated at ``center``) and values ``v``, both (B, H, T, D), for the
-        next T positions (or, on an empty cache, for positions ``start`` ..), with (B, T) padding or None."""
+        next T positions (or, on an empty cache, for positions ``start`` ..), with (B, T) padding or None, and (a
+        forget gate's layer) their (B, H, T) float64 cumulative decay (``HeldKeys.decay``), given on every append or
+        on none.
+
+        Raises:
+            ValueError: a start on a cache that holds keys; a decay given on some appends and not on others."""
         if start is not None:
             if self._length:
                 raise ValueError("only an empty cache takes a start position.")
             self.start = start
+        if (decay is None) != (self._decay is None) and self._k is not None:
+            raise ValueError("a forget gate's cache takes the decay of every key it stores, or of none.")
+        if decay is not None and self._decay is None:
+            self._decay = decay.new_zeros(k.size(0), k.size(1), 0)  # allocated with the buffers (_move)
         tokens = k.size(2)
         if self._k is None:
             self._dtype = k.dtype
@@ -250,6 +279,8 @@ class KeyValueCache(SegmentedAttention):
         rows = slice(self._offset + self._length, self._offset + self._length + tokens)
         self._k[:, :, rows] = k
         self._v[:, :, rows] = v
+        if decay is not None:
+            self._decay[:, :, rows] = decay
         if key_padding_mask is not None and bool(key_padding_mask.any()) and self._pad is None:
             self._pad = torch.zeros(k.size(0), self.capacity, dtype=torch.bool, device=k.device)
         if self._pad is not None:
@@ -278,8 +309,16 @@ class KeyValueCache(SegmentedAttention):
         pad = None if self._pad is None else self._pad[:, live]
         if pad is not None and not bool(pad.any()):
             pad = None
+        decay = None if self._decay is None else self._decay[:, :, live]
         return HeldKeys(self._k[:, :, live], self._v[:, :, live], pad, self.start, None if self.raw else self.center,
-                        self.sinks, self.feature_major, self.rotated_pieces)
+                        self.sinks, self.feature_major, self.rotated_pieces, decay)
+
+    @property
+    def last_decay(self) -> Optional[Tensor]:
+        """(B, H) float64 cumulative decay of the last position processed (a forget gate's layer), or None."""
+        if self._decay is None or not self._length:
+            return None
+        return self._decay[:, :, self._offset + self._length - 1]
 
     def drop_before(self, position: int) -> None:
         """Forget keys at positions < ``position`` (no copy)."""
@@ -290,17 +329,19 @@ class KeyValueCache(SegmentedAttention):
             self.start += drop
 
     @classmethod
-    def after_prefill(cls, spec, scheme, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> "KeyValueCache":
+    def after_prefill(cls, spec, scheme, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                      decay: Optional[Tensor] = None) -> "KeyValueCache":
         """The cache after a parallel pass over positions 0 .. T - 1 (raw keys and values (B, H, T, D), (B, T)
-        padding or None): the keys the next query sees, rotated at a centre near the end (so every stored
-        xPos scale is <= 1), and the sinks."""
+        padding or None, the (B, H, T) float64 cumulative decay of a forget gate's layer or None): the keys the next
+        query sees, rotated at a centre near the end (so every stored xPos scale is <= 1), and the sinks."""
         length = k.size(2)
         keep = spec.window.first_key(length)
         cache = cls(spec, scheme)
         cache.center = scheme.center_near(length - 1)
         keys = k[:, :, keep:] if cache.raw else scheme.rotate(k[:, :, keep:], start=keep, center=cache.center, keys=True,
                                                                           scaling=spec.rope_scaling)
-        cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep)
+        cache.append(keys, v[:, :, keep:], None if key_padding_mask is None else key_padding_mask[:, keep:], start=keep,
+                     decay=None if decay is None else decay[:, :, keep:])
         cache._keep_sinks(k, v, 0, key_padding_mask)
         return cache
 
@@ -310,17 +351,20 @@ class KeyValueCache(SegmentedAttention):
         limit = None if self.raw else self.scheme.max_center_offset(dtype, self.spec.rope_scaling)
         return None if limit is None else max(1, limit - self.scheme.center_step)
 
-    def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+    def extend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
+               log_forget: Optional[Tensor] = None) -> Tensor:
         """New positions end .. end + T - 1 (raw q, k, v (B, H, T, D), T <= ``segment_length``; padding (B, T)
-        or None): moves the centre first if the last would lie too far from it, stores the keys rotated at
-        the centre, keeps the sinks among them, and returns the queries rotated at the same centre.
+        or None; a forget gate's (B, H, T) fp32 log gates or None): moves the centre first if the last would lie too
+        far from it, stores the keys rotated at the centre (and their cumulative decay), keeps the sinks among them,
+        and returns the queries rotated at the same centre.
 
         Raises:
-            ValueError: more positions than ``segment_length``.
+            ValueError: more positions than ``segment_length``; log gates on a cache without decay or the reverse.
         """
         scheme, scaling = self.scheme, self.spec.rope_scaling
+        decay = None if log_forget is None else cumulative_decay(log_forget, self.last_decay)
         if self.raw:
-            self.append(k, v, key_padding_mask)
+            self.append(k, v, key_padding_mask, decay=decay)
             return q
         first, last = self.end, self.end + q.size(2) - 1
         limit = scheme.max_center_offset(q.dtype, scaling)
@@ -330,7 +374,8 @@ class KeyValueCache(SegmentedAttention):
                 raise ValueError(f"{q.size(2)} new positions exceed the cache's segment of {segment}.")
             if last - self.center > limit:
                 self._recenter(scheme.center_near(first))
-        self.append(scheme.rotate(k, start=first, center=self.center, keys=True, scaling=scaling), v, key_padding_mask)
+        self.append(scheme.rotate(k, start=first, center=self.center, keys=True, scaling=scaling), v, key_padding_mask,
+                    decay=decay)
         self._keep_sinks(k, v, first, key_padding_mask)
         return scheme.rotate(q, start=first, center=self.center, keys=False, scaling=scaling)
 
@@ -404,6 +449,8 @@ class KeyValueCache(SegmentedAttention):
             self._k, self._v = self._k.index_select(0, order), self._v.index_select(0, order)
         if self._pad is not None:
             self._pad = self._pad.index_select(0, order)
+        if self._decay is not None:
+            self._decay = self._decay.index_select(0, order)
 
 
 def _buffer(like: Tensor, batch: int, rows: int, feature_major: bool) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..autocast import autocast_dtype
 from ..positions.scheme import NoPositions, PositionScheme
 from .executor import Observer, attend
-from .kv_cache import HeldKeys, KeyValueCache
+from .kv_cache import HeldKeys, KeyValueCache, cumulative_decay
 from .planner import dense_query_limit, plan
 from ..designs.registry import LayerDesign, QueryContext
 from .spec import FULL_SPEC, AttentionSpec
@@ -83,6 +83,7 @@ class LexSelfAttention(nn.Module):
         self._taker = next((design for design in self.designs if design.takes_attention), None)  # (one at most)
         retriever = next((design for design in self.designs if design.retrieves), None)  # (one at most)
         self._retrieval = None if retriever is None else retriever.retrieval(self)
+        self._forget = next((design for design in self.designs if design.decays), None)  # (one at most)
         self.reset_parameters()
         # this layer's key in fairseq's incremental-state dict (the contract of fairseq's
         # FairseqIncrementalState: a unique id per module; the dict is the generation's, not the module's)
@@ -164,17 +165,20 @@ class LexSelfAttention(nn.Module):
                 f"this key/value cache was filled under {cache.spec} attention, not {spec}; "
                 "start a new incremental state to change the attention window or scaling."
             )
+        log_forget = None if self._forget is None else self._forget.log_forget(self, x)  # (B, H, T) fp32
         if cache is None or cache.end == 0:
             chunks = self._plan(q, spec=spec, scheme=scheme, q_len=tgt_len, key_padding_mask=key_padding_mask,
                                 observer=observer)
-            held = HeldKeys(k, v, key_padding_mask)
+            decay = None if log_forget is None else cumulative_decay(log_forget)
+            held = HeldKeys(k, v, key_padding_mask, decay=decay)
             out = self._attention(q, lambda queries: attend(
                 queries, held, chunks, spec=spec, scheme=scheme, dropout_p=dropout_p, observer=observer,
                 positions=positions, sink_logits=self._sink_logits(), retrieval=self._retrieval))
             if incremental_state is not None:
-                incremental_state[self._state_key] = KeyValueCache.after_prefill(spec, scheme, k, v, key_padding_mask)
+                incremental_state[self._state_key] = KeyValueCache.after_prefill(
+                    spec, scheme, k, v, key_padding_mask, decay=decay)
         else:
-            out = self._step(q, k, v, cache, key_padding_mask, spec, scheme, dropout_p, observer)
+            out = self._step(q, k, v, cache, key_padding_mask, spec, scheme, dropout_p, observer, log_forget)
         for design in self.designs:  # on each head's output, before the heads are merged (an output gate)
             out = design.output(self, out, x)
         out = out.transpose(1, 2).reshape(bsz, tgt_len, self.embed_dim)
@@ -196,20 +200,21 @@ class LexSelfAttention(nn.Module):
         """The chunks of ``plan`` for queries ``q`` (B, H, T, D): sized by its batch, bounded by its dtype's range
         (the autocast dtype under autocast: attention runs in it)."""
         bsz, dtype = q.size(0), autocast_dtype(q.device) or q.dtype
-        explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None
+        decays = self._forget is not None  # a forget gate's bias: explicit logits in dense chunks at true positions
+        explicit = scheme.kind == "bias" or spec.window.sinks > 0 or spec.position_map is not None or decays
         # a rotary position map's chunk holds a (B, Tq, Tk) mask, not (B, H, Tq, Tk) logits, where the fused CPU
         # kernel returns the log-sum-exp (kernels.ops.attention_lse); other devices form the logits explicitly
         per_head = not (spec.position_map is not None and scheme.kind == "rotary" and observer is None
                         and q.device.type == "cpu")
         return plan(spec.window, q_start=q_start, q_len=q_len, k_start=k_start, has_bias=explicit,
                     padded=key_padding_mask is not None, batch_heads=bsz * (self.num_heads if per_head else 1),
-                    local_positions=scheme.translation_invariant,
+                    local_positions=scheme.translation_invariant and not decays,
                     dense_queries=dense_query_limit(scheme, dtype, spec.rope_scaling))
 
     def _step(self, q, k, v, cache: KeyValueCache, key_padding_mask, spec: AttentionSpec, scheme, dropout_p,
-              observer) -> Tensor:
+              observer, log_forget: Optional[Tensor] = None) -> Tensor:
         """New positions after a filled cache: the cache runs its segments (``SegmentedAttention.attend``), each
-        planned and attended here over what it holds."""
+        planned and attended here over what it holds (with a forget gate, the log gates of the new positions)."""
 
         def segment(queries: Tensor, held: HeldKeys, first: int) -> Tensor:
             chunks = self._plan(queries, spec=spec, scheme=scheme, q_len=queries.size(2), q_start=first,
@@ -218,7 +223,7 @@ class LexSelfAttention(nn.Module):
                 rotated, held, chunks, spec=spec, scheme=scheme, q_start=first, dropout_p=dropout_p, observer=observer,
                 sink_logits=self._sink_logits(), retrieval=self._retrieval))
 
-        return cache.attend(q, k, v, key_padding_mask, segment)
+        return cache.attend(q, k, v, key_padding_mask, segment, log_forget=log_forget)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Reorder the cached keys/values along the batch for beam search (fairseq's contract)."""

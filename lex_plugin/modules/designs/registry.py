@@ -19,14 +19,17 @@ The points, in the order attention calls them (``LexSelfAttention.forward``):
 5. ``retrieval(attention)``: the keys each query attends, chosen by the query (MoBA's top-k blocks, a
    ``kernels.BlockRetrieval`` the executor runs in place of the window's keys), or None; at most one design per model;
 6. ``output(attention, out, x)``: the attention's output per head (B, H, T, d), before the heads are merged and
-   projected, given the layer's input x (B, T, C) (an output gate).
+   projected, given the layer's input x (B, T, C) (an output gate);
+7. ``log_forget(attention, x)``: (B, H, T) fp32 log forget gates log f_t <= 0 of the new positions, from the layer's
+   input x (B, T, C): the logit of query n and key m then gains sum_{m < t <= n} log f_t (the forgetting transformer;
+   attention keeps their running sum with the keys, ``kv_cache.HeldKeys.decay``), or None; at most one design per model.
 
 and of the decoder (``modules.decoder.DecoderStack``):
 
-7. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
-8. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
+8. ``attach_decoder(decoder)``: the design's parameters on the decoder (the sink token's vector);
+9. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
    token); at most one design per model;
-9. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
+10. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
    updates (DroPE).
 
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
@@ -97,6 +100,12 @@ class LayerDesign:
         """The attention's output per head ``out`` (B, H, T, d) before the heads are merged and projected, given the
         layer's input ``x`` (B, T, C); out's dtype kept."""
         return out
+
+    decays = False  # whether log_forget gives gates: at most one design of a model may
+
+    def log_forget(self, attention, x: Tensor) -> Optional[Tensor]:
+        """(B, H, T) fp32 log forget gates (<= 0) of the new positions from the layer's input ``x`` (B, T, C), or None."""
+        return None
 
     def attach_decoder(self, decoder) -> None:
         """Create this design's parameters on ``decoder`` (a ``DecoderStack`` being built)."""
@@ -195,8 +204,8 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     """The designs ``config`` turns on, in registration order, each with its layer object.
 
     Raises:
-        ValueError: as a design's ``build``; two designs with sink logits, two that replace the attention call, or two
-            that choose the keys each query sees.
+        ValueError: as a design's ``build``; two designs with sink logits, two that replace the attention call, two
+            that choose the keys each query sees, or two with forget gates.
     """
     built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
     sinks = [spec.name for spec, layer in built if layer.sinks]
@@ -208,6 +217,9 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     retrievers = [spec.name for spec, layer in built if layer.retrieves]
     if len(retrievers) > 1:
         raise ValueError(f"{' and '.join(retrievers)} both choose the keys each query sees; use one of them.")
+    decays = [spec.name for spec, layer in built if layer.decays]
+    if len(decays) > 1:
+        raise ValueError(f"{' and '.join(decays)} both decay the logits by forget gates; use one of them.")
     return built
 
 

@@ -40,6 +40,8 @@ class ChunkRun:
         position_map: the bounded-distance map (ReRoPE, Self-Extend, DCA), or None.
         sink_keys: the sink tokens' raw keys (B, H, s, D), values and padding ((B, s) or None), or None without sinks.
         retrieval: top-k block attention (MoBA's ``blocks.BlockRetrieval``), or None.
+        decay: (B, H, S) float64 cumulative log forget gates of the keys (``kv_cache.HeldKeys.decay``: the forgetting
+            transformer), or None; a dense chunk's bias then gains c_n - c_m.
     """
 
     q: Tensor
@@ -62,6 +64,7 @@ class ChunkRun:
     position_map: Optional[PositionMap] = None
     sink_keys: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
     retrieval: Optional[object] = None
+    decay: Optional[Tensor] = None
 
     # ---- positions, rotation and bias of a block of queries and keys ------------------------------------
 
@@ -87,13 +90,26 @@ class ChunkRun:
                 kc = self.scheme.rotate_at(kc, pk[:, None], center=self.positions_center, keys=True, scaling=self.scaling)
             query, key = pq[:, :, None], pk[:, None, :]
             bias = self.scheme.bias_at(query, key)
-            return qc, kc, vc, None if bias is None else bias.transpose(0, 1), query, key
+            return qc, kc, vc, self._with_decay(None if bias is None else bias.transpose(0, 1), chunk), query, key
         q_pos, k_pos = self.q_start + chunk.q0, self.k_start + chunk.k0
         if self.center is None:
             qc, kc = self.rotate(qc, kc, q_pos, k_pos)
         query = torch.arange(q_pos, q_pos + qc.size(2), device=qc.device)[:, None]
         key = torch.arange(k_pos, k_pos + kc.size(2), device=qc.device)[None, :]
-        return qc, kc, vc, self.scheme.bias(q_pos, qc.size(2), k_pos, kc.size(2), qc.device), query, key
+        bias = self.scheme.bias(q_pos, qc.size(2), k_pos, kc.size(2), qc.device)
+        return qc, kc, vc, self._with_decay(bias, chunk), query, key
+
+    def _with_decay(self, bias: Optional[Tensor], chunk: Chunk) -> Optional[Tensor]:
+        """``bias`` (broadcastable to (B, H, Tq, Tk) fp32, or None) plus the forget gate's c_n - c_m of the chunk's
+        queries and keys ((B, H, Tq, Tk): the difference in float64, then fp32, or float64 for a float64 model), or ``bias`` without a decay. A query
+        is the key of its own position: its c is the held keys' at that index."""
+        if self.decay is None:
+            return bias
+        first = self.q_start - self.k_start  # the held keys' index of query 0
+        c_q = self.decay[:, :, first + chunk.q0 : first + chunk.q1]  # (B, H, Tq)
+        c_k = self.decay[:, :, chunk.k0 : chunk.k1]  # (B, H, Tk)
+        decay = (c_q[..., :, None] - c_k[..., None, :]).to(torch.promote_types(self.q.dtype, torch.float32))
+        return decay if bias is None else decay + bias
 
     def allowed(self, chunk: Chunk, query: Tensor, key: Tensor) -> Tensor:
         """Visibility of a dense chunk by position (by index with per-sample positions: causal), with the
