@@ -66,3 +66,24 @@ def test_generation_equals_the_parallel_forward_in_a_pattern_and_the_export_give
 def test_a_kind_it_does_not_know_is_refused():
     with pytest.raises(ValueError, match="--attention-gate sigmoid: choose headwise or elementwise"):
         build_lex_model(tokens_per_sample=L, attention_gate="sigmoid")
+
+
+def test_in_the_global_layers_only_with_the_local_layers_plain():
+    """--attention-gate-layers global: the pattern's global layers get the gate, the local ones none (their output is
+    the plain layer's: the same weights without the gate give the same local layers' hidden states)."""
+    options = dict(pos_emb="xpos", attention_gate="elementwise", attention_gate_layers="global",
+                   layer_pattern="xpos/bca*3,none/full", temperature_tuning_beta=0.1)
+    model = build_lex_model(tokens_per_sample=L, seed=3, **options)
+    names = {n for n, _ in model.named_parameters() if "gate" in n}
+    assert names == {f"decoder.layers.3.self_attn.gate_proj.{w}" for w in ("weight", "bias")}
+    check_design_model(model, options, L, specs=[AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))])
+
+
+def test_gate_layers_without_a_gate_or_a_global_layer_are_refused():
+    with pytest.raises(ValueError, match="give --attention-gate headwise or elementwise too"):
+        build_lex_model(tokens_per_sample=L, attention_gate_layers="global")
+    with pytest.raises(ValueError, match="--attention-gate-layers everywhere: choose all or global"):
+        build_lex_model(tokens_per_sample=L, attention_gate="headwise", attention_gate_layers="everywhere")
+    with pytest.raises(ValueError, match="acts in the global layers of a pattern, and this one has none"):
+        build_lex_model(tokens_per_sample=L, pos_emb="rope", attention_gate="headwise", attention_gate_layers="global",
+                        layer_pattern="rope/sliding:6*4")

@@ -98,7 +98,7 @@ class DecoderStack:
         kinds = self.layer_kinds or (LayerKind(),) * config.decoder_layers
         self.layers = nn.ModuleList(
             LexDecoderLayer(config, i, designs=[layer for design, layer in self.designs
-                                                if kinds[i].is_global or not design.global_only])
+                                                if kinds[i].is_global or not layer.global_only])
             for i in range(config.decoder_layers))
         # a local layer's spec is its trained window, whatever the call's (layer_spec)
         self._local_specs = tuple(None if k.is_global else AttentionSpec(window=k.window) for k in kinds)
@@ -132,8 +132,8 @@ class DecoderStack:
         if self.random_positions and not all(k.is_global for k in self.layer_kinds):
             raise ValueError(f"{name}: --random-positions places positions by sample over full attention; a local "
                              "window needs the ordinary positions. Drop one of the two.")
-        for design, _ in self.designs:
-            if design.global_only and all(not k.is_global for k in self.layer_kinds):
+        for design, layer in self.designs:
+            if layer.global_only and all(not k.is_global for k in self.layer_kinds):
                 raise ValueError(f"{name}: {design.options[0].flag} acts in the global layers of a pattern, and this one "
                                  "has none; add a */full entry or drop the option.")
         logger.info("layer pattern: %s", ", ".join(k.describe(self.pos_emb) for k in self.layer_kinds))

@@ -50,6 +50,9 @@ RUNS: Dict[str, tuple] = {
     "xpos_moba": (["--pos-emb", "xpos", "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
     "xpos_bca_nope_moba": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full", "--temperature-tuning-beta",
                             0.1, "--moba-topk", 3, "--moba-block-size", "{b}"], "design"),
+    # the attention gate in the pattern's global layer only (elementwise, the paper's best)
+    "xpos_bca_nope_gate": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full", "--temperature-tuning-beta",
+                            0.1, "--attention-gate", "elementwise", "--attention-gate-layers", "global"], "design"),
     # the forgetting transformer's forget gate in every layer, without positions (the paper's FoX) and with RoPE
     "fox_nope": (["--pos-emb", "none", "--forget-gate"], "design"),
     "fox_rope": (["--pos-emb", "rope", "--forget-gate"], "design"),
@@ -172,6 +175,7 @@ LABELS = {
     "rope_diff": "RoPE + differential attention (Ye et al. 2025)",
     "xpos_moba": "xPos + MoBA (blocks of l/8, top 3)",
     "xpos_bca_nope_moba": "xPos BCA x3 + NoPE global with MoBA (blocks of l/8, top 3), temperature tuning",
+    "xpos_bca_nope_gate": "xPos BCA x3 + NoPE global with an elementwise gate on it, temperature tuning",
     "fox_nope": "FoX: forget gate without positions (Lin et al. 2025)",
     "fox_rope": "RoPE + forget gate (FoX with positions)",
 }

@@ -35,6 +35,7 @@ class ForgetGate(LayerDesign):
     """The forget gate in one layer (module docstring)."""
 
     decays = True
+    global_only = True
 
     def attach(self, attention) -> None:
         attention.forget_proj = nn.Linear(attention.embed_dim, attention.num_heads, bias=True)
@@ -55,5 +56,4 @@ FORGET_GATE = switch_design(
          "sum_{m < t <= n} log sigmoid(w_f . x_t + b_f); with --pos-emb none it is FoX without positions; in a "
          "--layer-pattern, in the global layers",
     layer=lambda config: ForgetGate(),
-    global_only=True,
 )

@@ -30,6 +30,7 @@ class MoBA(LayerDesign):
 
     blocks: BlockRetrieval
     retrieves = True
+    global_only = True
 
     def retrieval(self, attention) -> BlockRetrieval:
         return self.blocks
@@ -71,7 +72,6 @@ MOBA = register_design(DesignSpec(
     ),
     build=_build,
     record=_record,
-    global_only=True,
     refuses_logn="--logn on a MoBA model: log-n scaling counts the window's keys, and a MoBA query sees its own block "
                  "and k - 1 chosen blocks. Evaluate it without --logn.",
     left_padding="MoBA (its blocks count positions from the first column)",

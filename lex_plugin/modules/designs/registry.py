@@ -70,6 +70,8 @@ class LayerDesign:
     A subclass is a frozen dataclass of the values the design resolved from the model's configuration.
     """
 
+    global_only = False  # acts in the global layers of a --layer-pattern only (a pattern without one is refused)
+
     def attach(self, attention) -> None:
         """Create this design's parameters on ``attention`` (a ``LexSelfAttention`` being built), under the
         state-dict names checkpoints hold."""
@@ -137,7 +139,6 @@ class DesignSpec:
             the option to change. ``config``: TorchScale's ``DecoderConfig`` with the plugin's fields (or the Hugging
             Face export's namespace), ``tokens_per_sample`` the training length.
         record: fairseq args -> None: write the values it resolved into the args, so the checkpoint records them.
-        global_only: acts in the global layers of a ``--layer-pattern`` only (a pattern without one is refused).
         refuses_logn: why ``--logn`` is refused on a model with this design (None: taken).
         left_padding: why a left-padded batch is refused (its factor counts positions from the first column).
     """
@@ -148,7 +149,6 @@ class DesignSpec:
     options: Tuple[DesignOption, ...]
     build: Callable[[object], Optional[LayerDesign]]
     record: Optional[Callable[[object], None]] = None
-    global_only: bool = False
     refuses_logn: Optional[str] = None
     left_padding: Optional[str] = None
 
@@ -178,7 +178,7 @@ def switch_design(name: str, *, summary: str, source: str, help: str, layer: Cal
     """Register a design turned on by one switch, ``--name`` (its one option, named as the design): off, it builds
     nothing; on, ``layer(config)`` builds its :class:`LayerDesign` (raising ValueError for what it refuses).
     ``summary``, ``source``: as :class:`DesignSpec`'s; ``help``: the switch's help; ``fields``: the spec's other fields
-    (``refuses_logn``, ``left_padding``, ``global_only``, ``record``).
+    (``refuses_logn``, ``left_padding``, ``record``).
 
     Raises:
         ValueError: as :func:`register_design`.

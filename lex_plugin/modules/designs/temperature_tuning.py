@@ -30,6 +30,7 @@ class TemperatureTuning(LayerDesign):
 
     beta: float
     floor_scale: int
+    global_only = True
 
     def __post_init__(self):
         if not self.beta > 0:
@@ -89,7 +90,6 @@ TEMPERATURE_TUNING = register_design(DesignSpec(
     ),
     build=_build,
     record=_record,
-    global_only=True,
     refuses_logn="--logn on a model trained with Llama 4's temperature tuning (--temperature-tuning-beta): its queries "
                  "already sharpen with their position past l; a log-n factor would scale them twice. Evaluate it "
                  "without --logn.",
