@@ -13,6 +13,7 @@ import torch
 from conftest import build_lex_model, check_against_float64, check_design_model, heads64, random_tokens, window_mask
 from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.attention.branch_cache import branch_incremental_state
+from lex_plugin.modules.attention.kv_cache import fork_incremental_state
 from lex_plugin.modules.designs import ForgetGate, LearnedSinks
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.scheme import NoPositions
@@ -137,20 +138,46 @@ def test_in_the_global_layer_of_a_pattern_with_the_local_layers_windows():
     check_design_model(model, options, L, specs=[AttentionSpec(), AttentionSpec(AttentionWindow.bca(L))])
 
 
-def test_branches_continue_the_prompts_decay():
-    """The probes read a prompt once and score its candidates as branches of its cache (``BranchCache``): each
-    branch's logits equal the whole sequence run in one pass."""
-    model = build_lex_model(tokens_per_sample=L, seed=2, pos_emb="none", forget_gate=True)
+SPECS = {"full": AttentionSpec(), "bca": AttentionSpec(AttentionWindow.bca(L)),
+         "sliding": AttentionSpec(AttentionWindow.sliding(12))}
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_chunked_prefill_and_branches_continue_the_prompts_decay(spec):
+    """A prompt read 7 positions at a time after a first 10 (the cache trimmed by the window between segments: keys
+    and queries start past 0), and the probes' candidates as branches of its cache (``BranchCache``: 13 positions, so
+    a bounded window drops the whole prompt and some of each branch's own keys): each equals the whole sequence in one
+    pass."""
+    model = build_lex_model(tokens_per_sample=L, seed=2, pos_emb="xpos", forget_gate=True).under(SPECS[spec])
     prompt = random_tokens(model.decoder.dictionary, 1, 3 * L, seed=1)
-    tails = random_tokens(model.decoder.dictionary, 3, 5, seed=2)
+    tails = random_tokens(model.decoder.dictionary, 3, 13, seed=2)
     with torch.no_grad():
         state: dict = {}
-        model.decoder(prompt, incremental_state=state)
+        parts = [model.decoder(prompt[:, :10], incremental_state=state)[0]]
+        parts += [model.decoder(prompt[:, : t + 7], incremental_state=state)[0] for t in range(10, prompt.size(1), 7)]
+        assert (torch.cat(parts, 1) - model(prompt)[0]).abs().max() <= 1e-4
         branches = branch_incremental_state(state, rows=3)
         whole = torch.cat([prompt.expand(3, -1), tails], 1)
         got = model.decoder(whole, incremental_state=branches)[0]
-        expected = model(whole)[0][:, -5:]
+        expected = model(whole)[0][:, -13:]
     assert (got - expected).abs().max() <= 1e-4
+
+
+def test_beam_reorder_and_fork_carry_the_decay_with_the_keys():
+    """Rows swapped (beam search) and a forked state continued apart: each row's next logits equal its sequence run
+    in one pass."""
+    model = build_lex_model(tokens_per_sample=L, seed=4, pos_emb="none", forget_gate=True)
+    tokens = random_tokens(model.decoder.dictionary, 2, 2 * L + 3, seed=3)
+    with torch.no_grad():
+        state: dict = {}
+        model.decoder(tokens[:, :-3], incremental_state=state)
+        twin = fork_incremental_state(state)
+        model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0]))
+        swapped = tokens.flip(0)
+        got = [model.decoder(swapped[:, : t + 1], incremental_state=state)[0] for t in range(2 * L, 2 * L + 3)]
+        assert (torch.cat(got, 1) - model(swapped)[0][:, -3:]).abs().max() <= 1e-4
+        got = [model.decoder(tokens[:, : t + 1], incremental_state=twin)[0] for t in range(2 * L, 2 * L + 3)]
+        assert (torch.cat(got, 1) - model(tokens)[0][:, -3:]).abs().max() <= 1e-4
 
 
 def test_what_it_cannot_take_is_refused():
@@ -161,5 +188,7 @@ def test_what_it_cannot_take_is_refused():
                        (AttentionOptions("bca", retrieval_blocks=1).spec(L), "--retrieval-blocks")):
         with pytest.raises(ValueError, match=f"{flag} on a model trained with forget_gate"):
             model.under(spec)(tokens)
-    with pytest.raises(ValueError, match="global layers of a pattern"):
+    with pytest.raises(ValueError, match=r"forget_gate \(--forget-gate\) acts in the global layers of a pattern"):
         build_lex_model(tokens_per_sample=L, forget_gate=True, pos_emb="xpos", layer_pattern="xpos/bca*4")
+    with pytest.raises(ValueError, match="forget_gate and moba: .* train with one of them"):
+        build_lex_model(tokens_per_sample=L, forget_gate=True, moba_topk=2)

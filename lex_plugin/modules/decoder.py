@@ -134,8 +134,9 @@ class DecoderStack:
                              "window needs the ordinary positions. Drop one of the two.")
         for design, layer in self.designs:
             if layer.global_only and all(not k.is_global for k in self.layer_kinds):
-                raise ValueError(f"{name}: {design.options[0].flag} acts in the global layers of a pattern, and this one "
-                                 "has none; add a */full entry or drop the option.")
+                given = ", ".join(o.flag for o in design.options if o.read(config) not in (None, False))
+                raise ValueError(f"{name}: {design.name} ({given}) acts in the global layers of a pattern, and this one "
+                                 "has none; add a */full entry, or change those options.")
         logger.info("layer pattern: %s", ", ".join(k.describe(self.pos_emb) for k in self.layer_kinds))
 
     def _scale_init(self, config):

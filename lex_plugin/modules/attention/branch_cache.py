@@ -91,11 +91,6 @@ class BranchCache(SegmentedAttention):
         """
         if (log_forget is None) != (self._prefix.decay is None):
             raise ValueError("a forget gate's branch takes the log gates of its new positions (and only then).")
-        if log_forget is not None:
-            before = (self._decay[:, :, -1] if self._decay is not None
-                      else self._prefix.decay[:, :, -1].expand(log_forget.size(0), -1))
-            decay = cumulative_decay(log_forget, before)
-            self._decay = decay if self._decay is None else torch.cat([self._decay, decay], 2)
         first, last = self.end, self.end + q.size(2) - 1
         if self.spec.window.sinks > first:
             raise ValueError("a branch continues a prompt that holds its sink positions; this one is shorter.")
@@ -111,6 +106,11 @@ class BranchCache(SegmentedAttention):
             q = self.scheme.rotate(q, start=first, center=self.center, keys=False, scaling=scaling)
         pad = torch.zeros(k.size(0), k.size(2), dtype=torch.bool, device=k.device) if key_padding_mask is None \
             else key_padding_mask
+        if log_forget is not None:  # (after every check: the decay grows with the keys or not at all)
+            before = (self._decay[:, :, -1] if self._decay is not None
+                      else self._prefix.decay[:, :, -1].expand(log_forget.size(0), -1))
+            decay = cumulative_decay(log_forget, before)
+            self._decay = decay if self._decay is None else torch.cat([self._decay, decay], 2)
         if self._k is None:
             self._k, self._v, self._pad = k, v, pad
         else:

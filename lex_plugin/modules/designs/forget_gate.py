@@ -15,7 +15,10 @@ true positions (full attention, BCA and a sliding window as explicit masks); sin
 ``--retrieval-blocks`` are refused. In a ``--layer-pattern``, the gate acts in the global layers (the local ones keep
 their windows); without one, in every layer.
 
-Parameters: ``self_attn.forget_proj`` (C -> H, with bias; PyTorch's default initialisation); the gate in fp32.
+Parameters: ``self_attn.forget_proj`` (C -> H, with bias; PyTorch's default initialisation); the gate's projection
+and log-sigmoid in fp32 whatever the model's dtype (float64 in a float64 model): the running sum adds every gate's
+error. The bias c_n - c_m enters SDPA's mask in the attention's dtype (as ALiBi's does), so every dense chunk has an
+explicit (B, H, Tq, Tk) mask: no ``is_causal`` fast path.
 """
 
 from dataclasses import dataclass
@@ -43,8 +46,10 @@ class ForgetGate(LayerDesign):
     def log_forget(self, attention, x: Tensor) -> Optional[Tensor]:
         """(B, H, T) log f_t = log sigmoid(w_f . x_t + b_f) of the new positions, from x (B, T, C): fp32 (float64 in a
         float64 model)."""
-        gate = attention.forget_proj(x)
-        return F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2)
+        proj, dtype = attention.forget_proj, torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):  # C -> H: cheap in fp32, and each gate's error accumulates
+            gate = F.linear(x.to(dtype), proj.weight.to(dtype), proj.bias.to(dtype))
+        return F.logsigmoid(gate).transpose(1, 2)
 
 
 FORGET_GATE = switch_design(

@@ -44,6 +44,7 @@ class AttentionGate(LayerDesign):
 
     @property
     def global_only(self) -> bool:
+        """Whether the gate acts in a pattern's global layers only (``--attention-gate-layers global``)."""
         return self.layers == "global"
 
     def attach(self, attention) -> None:

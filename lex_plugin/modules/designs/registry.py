@@ -205,7 +205,7 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
 
     Raises:
         ValueError: as a design's ``build``; two designs with sink logits, two that replace the attention call, two
-            that choose the keys each query sees, or two with forget gates.
+            that choose the keys each query sees, two with forget gates, or a forget gate with a block retrieval.
     """
     built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
     sinks = [spec.name for spec, layer in built if layer.sinks]
@@ -220,6 +220,9 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     decays = [spec.name for spec, layer in built if layer.decays]
     if len(decays) > 1:
         raise ValueError(f"{' and '.join(decays)} both decay the logits by forget gates; use one of them.")
+    if decays and retrievers:
+        raise ValueError(f"{decays[0]} and {retrievers[0]}: a forget gate's decay is defined over every key at its true "
+                         "position, and a block retrieval chooses the keys each query sees; train with one of them.")
     return built
 
 

@@ -129,7 +129,8 @@ def one_query(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], allowed: 
     keys and values (one kernel each, whatever the key length).
 
     Args:
-        q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype (or fp32: a widened cache); bias: (H, 1, S) or None;
+        q: (B, H, 1, D); k, v: (B, H, S, D) of q's dtype (or fp32: a widened cache); bias: (H, 1, S) or
+            (B, H, 1, S) fp32 (a forget gate's decay), or None;
         allowed: boolean visibility broadcastable to (B, H, 1, S) (padded keys), or None: every key.
         sink: learned sink logits (1, H, 1, 1) fp32, or None.
 

@@ -108,7 +108,8 @@ class ChunkRun:
         first = self.q_start - self.k_start  # the held keys' index of query 0
         c_q = self.decay[:, :, first + chunk.q0 : first + chunk.q1]  # (B, H, Tq)
         c_k = self.decay[:, :, chunk.k0 : chunk.k1]  # (B, H, Tk)
-        decay = (c_q[..., :, None] - c_k[..., None, :]).to(torch.promote_types(self.q.dtype, torch.float32))
+        dtype = torch.promote_types(self.q.dtype, torch.float32)
+        decay = (c_q[..., :, None] - c_k[..., None, :]).to(dtype)
         return decay if bias is None else decay + bias
 
     def allowed(self, chunk: Chunk, query: Tensor, key: Tensor) -> Tensor:
