@@ -197,8 +197,30 @@ def test_first_token_mass_equals_float64_attention_of_the_first_layer():
     assert (mass[0] - expected).abs().max() < 1e-6
 
 
+def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_local_layers_are_left_out():
+    """RNoPE-SWA's layout: the sliding layers are NaN (not measured); the global NoPE layer's mass equals its float64
+    attention from its own input (full causal softmax, the probability on key 0 over queries 1 .. L - 1)."""
+    from conftest import heads64
+    from lex_plugin.analysis.first_token import first_token_mass
+
+    model = build_lex_model(pos_emb="rope", layer_pattern="rope/sliding:8*3,none/full", seed=5).eval()
+    attn = model.decoder.layers[3].self_attn
+    seen = []
+    handle = attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    tokens = random_tokens(model.decoder.dictionary, 2, 120, seed=2)
+    mass = first_token_mass(model, tokens)
+    handle.remove()
+    assert mass[:3].isnan().all() and not mass[3].isnan().any()
+    x = torch.cat(seen, dim=1)
+    q, k = heads64(x, attn.q_proj, attn.num_heads), heads64(x, attn.k_proj, attn.num_heads)
+    T = x.size(1)
+    logits = ((q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(),
+                                                                           float("-inf"))
+    assert (mass[3] - torch.softmax(logits, -1)[:, :, 1:, 0].mean(dim=(0, 2))).abs().max() < 1e-6
+
+
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
-                                              ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8,none/full"}, "layer-pattern"),
+                                              ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8*4"}, "no global layer"),
                                               ({"differential_attention": True}, "several maps")])
 def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     from lex_plugin.analysis.first_token import first_token_mass

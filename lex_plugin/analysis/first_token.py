@@ -5,7 +5,8 @@ the attention without the output gate, 4.8% with it, averaged over the layers of
 :func:`first_token_mass` averages softmax(q k^T / sqrt(d) + bias)[n, 0] over the queries n = 1 .. L - 1 of each text
 (query 0 sees only itself) and over texts, per layer and head, from the logits the attention executor computes
 (the model's ``observer``), under full attention: every chunk's keys then start at position 0, and a query's
-distance to its first key is its own position.
+distance to its first key is its own position. In a ``--layer-pattern`` the global layers are measured so; the local
+layers, whose windows (and chunks) start past position 0 for most queries, are not (NaN).
 """
 
 import torch
@@ -28,12 +29,13 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
         tokens: (B, L) int64 token ids, L >= 2, no padding.
 
     Returns:
-        (layers, H) float64: the mean over texts and queries 1 .. L - 1 of each query's probability on key 0.
+        (layers, H) float64: the mean over texts and queries 1 .. L - 1 of each query's probability on key 0; NaN in
+        the rows of a pattern's local layers (a bounded window: not measured).
 
     Raises:
         ValueError: L < 2; a model with learned sink logits (their share of the softmax is not observed, so the
             text's would be overstated), a sink token (position 0 is the sink, ahead of the text), differential
-            attention (two maps per head) or a layer pattern (its local layers' chunks start past position 0).
+            attention (two maps per head), or a pattern without a global layer (nothing to measure).
     """
     decoder = model.decoder
     bsz, length = tokens.shape
@@ -49,13 +51,17 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     if any(design.takes_attention for design in attention.designs):
         raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
                          "each map's probabilities would be counted as one head's. Measure models with one softmax.")
-    if any(decoder.layer_spec(i, FULL_SPEC).window.bounded for i in range(len(decoder.layers))):
-        raise ValueError("this checkpoint has a --layer-pattern with local layers, whose chunks start past position 0; "
-                         "measure models whose every layer is global.")
+    local = [i for i in range(len(decoder.layers)) if decoder.layer_spec(i, FULL_SPEC).window.bounded]
+    if len(local) == len(decoder.layers):
+        raise ValueError("this checkpoint's --layer-pattern has no global layer: every layer's window starts past "
+                         "position 0 for most queries; measure models with a */full entry.")
     heads = attention.num_heads
     sums = torch.zeros(len(decoder.layers), heads, dtype=torch.float64)
+    sums[local] = float("nan")
 
     def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
+        if layer in local:
+            return
         probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)  # (B, H, Tq, Tk), key 0 first
         later = (distance[..., :, 0] > 0).to(probs.dtype)  # (Tq,): the query's position n = its distance to key 0
         sums[layer] += (probs[..., 0] * later).double().sum(dim=(0, 2)).cpu()

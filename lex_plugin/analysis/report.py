@@ -57,7 +57,8 @@ def _plot(out: Path, curves: Dict[str, Sequence[float]], xlabel: str, ylabel: st
 def first_token_report(model, stream: torch.Tensor, length: int, texts: int = 8, batch_size: int = 4,
                        progress: bool = True) -> dict:
     """The attention on position 0 under full attention (:func:`~.first_token.first_token_mass`) over ``texts`` texts
-    of ``length`` tokens of ``stream``: per layer the mean over heads and the heads' range, and the mean over layers.
+    of ``length`` tokens of ``stream``: per layer the mean over heads and the heads' range, and the mean over the
+    layers measured (a pattern's local layers are not: their three figures None).
 
     Returns:
         {"length", "texts", "mean", "layers": [{"layer", "mean", "min_head", "max_head"}]}.
@@ -70,17 +71,22 @@ def first_token_report(model, stream: torch.Tensor, length: int, texts: int = 8,
         part = first_token_mass(model, batch) * batch.size(0)
         total = part if total is None else total + part
     mass = total / len(segments)  # (layers, H)
-    layers = [{"layer": i, "mean": float(row.mean()), "min_head": float(row.min()), "max_head": float(row.max())}
+    layers = [{"layer": i, "mean": None, "min_head": None, "max_head": None} if bool(row.isnan().any()) else
+              {"layer": i, "mean": float(row.mean()), "min_head": float(row.min()), "max_head": float(row.max())}
               for i, row in enumerate(mass)]
-    return {"length": length, "texts": len(segments), "mean": float(mass.mean()), "layers": layers}
+    measured = mass[~mass.isnan().any(dim=1)]
+    return {"length": length, "texts": len(segments), "mean": float(measured.mean()), "layers": layers}
 
 
 def format_first_token(report: dict) -> str:
-    """Markdown: the attention on position 0 per layer (mean over heads, the heads' range), then the mean."""
+    """Markdown: the attention on position 0 per layer (mean over heads, the heads' range; "-" for a pattern's local
+    layer, not measured), then the mean over the layers measured."""
     lines = [f"Attention on the first token, full attention, {report['texts']} texts of {report['length']} tokens "
              "(mean over queries 1 .. L - 1)", "", "| layer | mean | lowest head | highest head |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['layer']} | {r['mean']:.3f} | {r['min_head']:.3f} | {r['max_head']:.3f} |" for r in report["layers"]]
-    return "\n".join(lines + [f"| all | {report['mean']:.3f} | | |"])
+    for r in report["layers"]:
+        cells = ["-" if r[k] is None else f"{r[k]:.3f}" for k in ("mean", "min_head", "max_head")]
+        lines.append(f"| {r['layer']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [f"| all measured | {report['mean']:.3f} | | |"])
 
 
 def resolution_report(model, stream: torch.Tensor, lengths: Sequence[int], spec: AttentionSpec, texts: int = 8,

@@ -262,7 +262,8 @@ def first_token_table(root: Path, run: VerdictRun = VERDICT_1000) -> str:
     lines = ["| model | " + " | ".join(f"layer {i}" for i in range(depth)) + " | mean |",
              "|---|" + "---:|" * (depth + 1)]
     for name, report in found:
-        cells = [f"{layer['mean']:.3f}" for layer in report["layers"]] + ["-"] * (depth - len(report["layers"]))
+        cells = (["-" if layer["mean"] is None else f"{layer['mean']:.3f}" for layer in report["layers"]]
+                 + ["-"] * (depth - len(report["layers"])))
         lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + f" | {report['mean']:.3f} |")
     return "\n".join(lines)
 
