@@ -72,7 +72,8 @@ class DecoderStack:
             layer_norm: the LayerNorm class of the embedding and final norms (fairseq's fused one under fairseq).
 
         Raises:
-            ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme cannot take.
+            ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme cannot take; a design that
+                chooses its blocks (MoBA) on a bias scheme.
         """
         dim = config.decoder_embed_dim
         self.embed_dim = dim
@@ -87,6 +88,11 @@ class DecoderStack:
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         # the trained designs this model has (modules.designs), each with what it does in a layer and in the stack
         self.designs = build_designs(config)
+        for design, layer in self.designs:  # (the executor refuses it too, for a retrieval given at evaluation)
+            if layer.retrieves and self.position_kind == "bias":
+                raise ValueError(f"{design.name} scores blocks by q . mean(K): it takes a rotary position scheme or none, "
+                                 f"not the bias of --pos-emb {self.pos_emb}, which would not enter that gate; train it "
+                                 "with --pos-emb xpos, rope or none.")
         self._num_updates = 0  # fairseq's (set_num_updates: each training step, and when it loads a checkpoint)
         for _, design in self.designs:
             design.attach_decoder(self)
