@@ -175,48 +175,38 @@ def test_first_token_mass_of_uniform_attention_is_the_harmonic_mean():
     assert (mass - expected).abs().max() < 1e-6
 
 
-def test_first_token_mass_equals_float64_attention_of_the_first_layer():
-    """A NoPE model: layer 0's queries and keys from its input in float64, softmax, the probability on key 0 averaged
-    over queries 1 .. L - 1 and texts, per head."""
+def _first_token_mass_and_float64(model, layer: int, length: int):
+    """``first_token_mass`` of ``model`` on 2 random texts of ``length`` tokens, and layer ``layer``'s mass in float64
+    from its own input (captured by a hook) for a NoPE layer under full attention: queries and keys in float64, causal
+    softmax, the probability on key 0 averaged over queries 1 .. L - 1 and texts, per head."""
     from conftest import heads64
     from lex_plugin.analysis.first_token import first_token_mass
 
-    model = build_lex_model(pos_emb="none", seed=4).eval()
-    attn = model.decoder.layers[0].self_attn
+    attn = model.decoder.layers[layer].self_attn
     seen = []
     handle = attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
-    tokens = random_tokens(model.decoder.dictionary, 2, 150, seed=2)
-    mass = first_token_mass(model, tokens)
+    mass = first_token_mass(model, random_tokens(model.decoder.dictionary, 2, length, seed=2))
     handle.remove()
-    x = torch.cat(seen, dim=1) if len(seen) > 1 else seen[0]
-    q, k = heads64(x, attn.q_proj, attn.num_heads), heads64(x, attn.k_proj, attn.num_heads)
-    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
-    T = x.size(1)
-    probs = torch.softmax(logits.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
-    expected = probs[:, :, 1:, 0].mean(dim=(0, 2))
-    assert (mass[0] - expected).abs().max() < 1e-6
-
-
-def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_local_layers_are_left_out():
-    """RNoPE-SWA's layout: the sliding layers are NaN (not measured); the global NoPE layer's mass equals its float64
-    attention from its own input (full causal softmax, the probability on key 0 over queries 1 .. L - 1)."""
-    from conftest import heads64
-    from lex_plugin.analysis.first_token import first_token_mass
-
-    model = build_lex_model(pos_emb="rope", layer_pattern="rope/sliding:8*3,none/full", seed=5).eval()
-    attn = model.decoder.layers[3].self_attn
-    seen = []
-    handle = attn.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
-    tokens = random_tokens(model.decoder.dictionary, 2, 120, seed=2)
-    mass = first_token_mass(model, tokens)
-    handle.remove()
-    assert mass[:3].isnan().all() and not mass[3].isnan().any()
     x = torch.cat(seen, dim=1)
     q, k = heads64(x, attn.q_proj, attn.num_heads), heads64(x, attn.k_proj, attn.num_heads)
     T = x.size(1)
     logits = ((q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(),
                                                                            float("-inf"))
-    assert (mass[3] - torch.softmax(logits, -1)[:, :, 1:, 0].mean(dim=(0, 2))).abs().max() < 1e-6
+    return mass, torch.softmax(logits, -1)[:, :, 1:, 0].mean(dim=(0, 2))
+
+
+def test_first_token_mass_equals_float64_attention_of_the_first_layer():
+    mass, expected = _first_token_mass_and_float64(build_lex_model(pos_emb="none", seed=4).eval(), 0, 150)
+    assert (mass[0] - expected).abs().max() < 1e-6
+
+
+def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_local_layers_are_left_out():
+    """RNoPE-SWA's layout: the sliding layers are NaN (not measured); the global NoPE layer's mass equals its float64
+    attention."""
+    model = build_lex_model(pos_emb="rope", layer_pattern="rope/sliding:8*3,none/full", seed=5).eval()
+    mass, expected = _first_token_mass_and_float64(model, 3, 120)
+    assert mass[:3].isnan().all() and not mass[3].isnan().any()
+    assert (mass[3] - expected).abs().max() < 1e-6
 
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),

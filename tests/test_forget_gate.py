@@ -17,7 +17,7 @@ from lex_plugin.modules.attention.kv_cache import fork_incremental_state
 from lex_plugin.modules.designs import ForgetGate, LearnedSinks
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.scheme import NoPositions
-from test_xpos import complex_reference
+from test_xpos import rotated_qkv64
 
 L = 16
 D = 16  # head dimension: 64 / 4 heads
@@ -30,11 +30,7 @@ def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, window=None, padd
     denominator where given; softmax, values, the output projection."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
-    q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-    if isinstance(scheme, XPos):
-        gamma = 1e12 if not scheme.use_scale else 0.4  # RoPE: zeta -> 1
-        q = complex_reference(q, 0, 0, False, d, gamma=gamma)
-        k = complex_reference(k, 0, 0, True, d, gamma=gamma)
+    q, k, v = rotated_qkv64(attn, x, scheme)
     gates = torch.nn.functional.logsigmoid(heads64(x, attn.forget_proj, H)[..., 0])  # (B, H, T)
     decay = torch.zeros(B, H, T, T, dtype=torch.float64)
     for n in range(T):

@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from conftest import build_lex_model, check_against_float64, check_design_model, heads64, random_tokens
+from conftest import build_lex_model, check_against_float64, check_design_model, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.attention.kernels import BlockRetrieval, blocks
 from lex_plugin.modules.designs import LearnedSinks
 from lex_plugin.modules.designs.moba import MoBA
 from lex_plugin.modules.positions import XPos
 from lex_plugin.modules.positions.scheme import NoPositions
-from test_xpos import complex_reference
+from test_xpos import rotated_qkv64
 
 L = 16
 D = 16  # head dimension: 64 / 4 heads
@@ -33,11 +33,7 @@ def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk:
     ``padding`` (B, T) bool: those keys hidden from every query but their own."""
     B, T, C = x.shape
     H, d = attn.num_heads, attn.head_dim
-    q, k, v = (heads64(x, proj, H) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-    if isinstance(scheme, XPos):
-        gamma = 1e12 if not scheme.use_scale else 0.4  # RoPE: zeta -> 1
-        q = complex_reference(q, 0, 0, False, d, gamma=gamma)
-        k = complex_reference(k, 0, 0, True, d, gamma=gamma)
+    q, k, v = rotated_qkv64(attn, x, scheme)
     n = torch.arange(T)
     block_of = n // block
     nb = int(block_of.max()) + 1

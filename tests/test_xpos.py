@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchscale.component.xpos_relative_position import XPOS as TorchScaleXPOS
 
-from conftest import xpos_pair
+from conftest import heads64, xpos_pair
 from lex_plugin.modules.positions import XPos
 
 GAMMA, B = 0.4, 512
@@ -38,6 +38,18 @@ def complex_reference(x: torch.Tensor, start: int, center: int, key: bool, d: in
     sign = -1.0 if key else 1.0
     rotated = z * torch.exp(torch.complex(sign * xi * (n - center), theta * n))
     return torch.stack((rotated.real, rotated.imag), dim=-1).flatten(-2)
+
+
+def rotated_qkv64(attn, x: torch.Tensor, scheme):
+    """A ``LexSelfAttention``'s q, k, v of x (B, T, C) in float64, (B, H, T, d) each, q and k rotated by ``scheme`` from
+    the complex-number formula when it is an ``XPos`` (xPos: zeta^(+-n/B); RoPE, ``use_scale=False``: zeta = 1);
+    unrotated otherwise (NoPE). The float64 references of the designs start here."""
+    q, k, v = (heads64(x, proj, attn.num_heads) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if isinstance(scheme, XPos):
+        gamma = 1e12 if not scheme.use_scale else GAMMA  # RoPE: zeta -> 1
+        q = complex_reference(q, 0, 0, False, attn.head_dim, gamma=gamma)
+        k = complex_reference(k, 0, 0, True, attn.head_dim, gamma=gamma)
+    return q, k, v
 
 
 def complex_logits(q, k, d):
