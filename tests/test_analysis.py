@@ -207,6 +207,13 @@ def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_loca
     mass, expected = _first_token_mass_and_float64(model, 3, 120)
     assert mass[:3].isnan().all() and not mass[3].isnan().any()
     assert (mass[3] - expected).abs().max() < 1e-6
+    from lex_plugin.analysis.report import first_token_report, format_first_token
+
+    stream = random_tokens(model.decoder.dictionary, 1, 480, seed=3)[0]
+    report = first_token_report(model, stream, 120, texts=4, progress=False)
+    assert [r["mean"] is None for r in report["layers"]] == [True, True, True, False]
+    assert report["mean"] == report["layers"][3]["mean"]  # the mean over the layers measured: the global one
+    assert "| 0 | - | - | - |" in format_first_token(report)
 
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),

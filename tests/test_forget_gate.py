@@ -188,3 +188,28 @@ def test_what_it_cannot_take_is_refused():
         build_lex_model(tokens_per_sample=L, forget_gate=True, pos_emb="xpos", layer_pattern="xpos/bca*4")
     with pytest.raises(ValueError, match="forget_gate and moba: .* train with one of them"):
         build_lex_model(tokens_per_sample=L, forget_gate=True, moba_topk=2)
+
+
+def test_the_gates_stay_fp32_under_bf16_autocast():
+    """Each position's log gate adds into the running sum, so its projection runs in fp32 under autocast: the gates of
+    a bf16-autocast pass equal the fp32 pass's (the projection rounded to bf16 would move them by ~1e-2)."""
+    attn = _fox()
+    x = torch.randn(2, 30, 64)
+    gate = attn.designs[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = gate.log_forget(attn, x)
+    assert under.dtype == torch.float32 and (under - gate.log_forget(attn, x)).abs().max() <= 1e-6
+
+
+def test_left_padding_leaves_the_real_positions_as_the_row_alone():
+    """Left padding (NoPE: no position moves): the pads' gates lie before every real key, outside each real pair's
+    (m, n], and the pads are hidden as keys, so the real positions equal the row run alone."""
+    attn = _fox()
+    x = torch.randn(1, 30, 64)
+    padded = torch.cat([torch.randn(1, 5, 64), x], 1)
+    padding = torch.zeros(1, 35, dtype=torch.bool)
+    padding[:, :5] = True
+    with torch.no_grad():
+        got = attn(padded, scheme=NoPositions(), key_padding_mask=padding)[:, 5:]
+        alone = attn(x, scheme=NoPositions())
+    assert (got - alone).abs().max() <= 1e-5

@@ -57,7 +57,6 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
                          "position 0 for most queries; measure models with a */full entry.")
     heads = attention.num_heads
     sums = torch.zeros(len(decoder.layers), heads, dtype=torch.float64)
-    sums[local] = float("nan")
 
     def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
         if layer in local:
@@ -69,4 +68,6 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
     for _ in blockwise_forward(model, tokens, min(chunk, length), spec=FULL_SPEC, observer=observe, features_only=True):
         pass
-    return sums / (bsz * (length - 1))
+    mass = sums / (bsz * (length - 1))
+    mass[local] = float("nan")  # a local layer: not measured
+    return mass

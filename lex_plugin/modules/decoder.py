@@ -72,8 +72,9 @@ class DecoderStack:
             layer_norm: the LayerNorm class of the embedding and final norms (fairseq's fused one under fairseq).
 
         Raises:
-            ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme cannot take; a design that
-                chooses its blocks (MoBA) on a bias scheme.
+            ValueError: an unknown ``pos_emb`` or options it cannot take; a spec the scheme or the designs cannot take
+                (:meth:`check_spec`, run here on ``spec``: a design that chooses its blocks on a bias scheme is refused
+                before any update).
         """
         dim = config.decoder_embed_dim
         self.embed_dim = dim
@@ -88,11 +89,6 @@ class DecoderStack:
         self.random_positions = int(getattr(config, "random_positions", 0) or 0)  # L_max, 0: off
         # the trained designs this model has (modules.designs), each with what it does in a layer and in the stack
         self.designs = build_designs(config)
-        for design, layer in self.designs:  # (the executor refuses it too, for a retrieval given at evaluation)
-            if layer.retrieves and self.position_kind == "bias":
-                raise ValueError(f"{design.name} scores blocks by q . mean(K): it takes a rotary position scheme or none, "
-                                 f"not the bias of --pos-emb {self.pos_emb}, which would not enter that gate; train it "
-                                 "with --pos-emb xpos, rope or none.")
         self._num_updates = 0  # fairseq's (set_num_updates: each training step, and when it loads a checkpoint)
         for _, design in self.designs:
             design.attach_decoder(self)
@@ -325,7 +321,8 @@ class DecoderStack:
             ValueError: a RoPE scaling on a scheme that is not rotary or does not rotate; a position map on a scheme without
                 distances (NoPE, absolute), or with fractional distances on a bias scheme, or on a scheme that is
                 not translation-invariant; log-n on learned positions or on a model whose design refuses it (``DesignSpec.refuses_logn``);
-                a block retrieval on a bias scheme, a MoBA model or an SSMax model; sink tokens, a position map or a block
+                a block retrieval on a bias scheme, a MoBA model or an SSMax model; a model whose design chooses its
+                blocks (MoBA) on a bias scheme, whatever the spec; sink tokens, a position map or a block
                 retrieval on a forget gate's model.
         """
         if not isinstance(spec, AttentionSpec):
@@ -369,9 +366,15 @@ class DecoderStack:
                 raise ValueError(f"{what} on a model trained with {design.name}: each key decays by the forget gates "
                                  "since it, which is defined at true positions only. Evaluate it with full attention, "
                                  "--bca or --sliding-window.")
-        if spec.retrieval is not None and self.active_position_kind == "bias":
-            raise ValueError(f"--retrieval-blocks scores blocks by q . mean(K); --pos-emb {self.pos_emb}'s bias would not "
-                             "enter that gate. Use it with rotary, absolute or no positions.")
+        if self.active_position_kind == "bias":  # (the executor refuses both too, where it is reached directly)
+            if spec.retrieval is not None:
+                raise ValueError(f"--retrieval-blocks scores blocks by q . mean(K); --pos-emb {self.pos_emb}'s bias would "
+                                 "not enter that gate. Use it with rotary, absolute or no positions.")
+            for design, layer in self.designs:
+                if layer.retrieves:
+                    raise ValueError(f"{design.name} scores blocks by q . mean(K): it takes a rotary position scheme or "
+                                     f"none, not the bias of --pos-emb {self.pos_emb}, which would not enter that gate; "
+                                     "train it with --pos-emb xpos, rope or none.")
         if spec.logn and self.pos_emb == "learned":
             raise ValueError("log-n scaling matters only past the training length, where a learned position table ends "
                              "(--pos-emb learned); use it with relative schemes.")
