@@ -122,11 +122,12 @@ class LexCache(Cache):
     def __init__(self):
         super().__init__(layers=[])
         self.state: IncrementalState = {}
-        self.sink_positions = 0  # positions the model places before the tokens (its sink token), set by the model
+        # the tokens among the positions the layers ran, set by the model: its sink token and landmarks not counted
+        self.tokens_in = lambda positions: positions
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens processed so far (what the next token's index is; the model's sink token not counted)."""
-        return max(0, max((cache.end for cache in self.state.values()), default=0) - self.sink_positions)
+        """Tokens processed so far (what the next token's index is; the model's sink token and landmarks not counted)."""
+        return self.tokens_in(max((cache.end for cache in self.state.values()), default=0))
 
     def held_positions(self) -> int:
         """Key positions held now by the largest layer cache (window and sinks)."""
@@ -243,7 +244,7 @@ class LexPreTrainedModel(PreTrainedModel):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         cache = past_key_values if past_key_values is not None else (LexCache() if use_cache else None)
         if cache is not None:
-            cache.sink_positions = self.decoder.sink_positions  # the model's, whoever made the cache
+            cache.tokens_in = self.decoder.tokens_in  # the model's, whoever made the cache
         past = 0 if cache is None else cache.get_seq_length()
         if position_ids is not None:
             expected = torch.arange(past, past + input_ids.size(1), device=input_ids.device).expand_as(input_ids)

@@ -164,12 +164,23 @@ class DecoderStack:
         """Positions the model places before the tokens: 1 with a design's prefix (the sink token), else 0."""
         return 0 if self._prefix() is None else 1
 
+    def _interleave(self) -> Optional[Tuple[int, Tensor]]:
+        """(b, the (C,) vector) a design places after every b tokens (landmark tokens), or None."""
+        return next((v for v in (design.interleave(self) for _, design in self.designs) if v is not None), None)
+
+    def tokens_in(self, positions: int) -> int:
+        """The tokens among the first ``positions`` positions the model has run: without the sink token
+        (:attr:`sink_positions`) and the landmarks (one after every b tokens: P = b + 1 positions per block)."""
+        tokens = max(0, positions - self.sink_positions)
+        interleave = self._interleave()
+        return tokens if interleave is None else tokens - tokens // (interleave[0] + 1)
+
     def past_length(self, incremental_state: Optional[IncrementalState]) -> int:
         """Tokens already run through ``incremental_state`` (0 without one); the positions the caches hold are
-        this plus :attr:`sink_positions` once a token has run."""
+        this plus :attr:`sink_positions` once a token has run, plus one landmark per b tokens with landmark tokens."""
         if incremental_state is None:
             return 0
-        return max(0, self.layers[0].self_attn.cached_length(incremental_state) - self.sink_positions)
+        return self.tokens_in(self.layers[0].self_attn.cached_length(incremental_state))
 
     def stack_features(self, prev_output_tokens: Tensor, incremental_state: Optional[IncrementalState] = None,
                        spec: Optional[AttentionSpec] = None, observer: Optional[Callable] = None,
@@ -214,10 +225,14 @@ class DecoderStack:
             padding_mask = tokens.eq(self.padding_idx)
         elif padding_mask.shape != tokens.shape:
             raise ValueError(f"the padding mask is {tuple(padding_mask.shape)}; the new positions are {tuple(tokens.shape)}.")
-        if not padding_mask.any() or (incremental_state is None and is_right_padded(padding_mask)):
-            padding_mask = None  # causal attention never lets a real token see trailing pads
 
         x = self.embed_scale * self.embed_tokens(tokens)
+        interleave = self._interleave()
+        kept = None  # the token positions of x once landmarks are placed (None: every position is a token's)
+        if interleave is not None:  # landmark tokens after every b tokens, counted from the first
+            x, padding_mask, kept = _interleave(x, padding_mask, past, *interleave, self.embed_scale)
+        if not padding_mask.any() or (incremental_state is None and is_right_padded(padding_mask)):
+            padding_mask = None  # causal attention never lets a real token see trailing pads
         if sink:  # the sink token at position 0, before the first token
             x = torch.cat([(self.embed_scale * vector).to(x.dtype).expand(x.size(0), 1, -1), x], dim=1)
             if padding_mask is not None:
@@ -245,6 +260,8 @@ class DecoderStack:
             x = self.layer_norm(x)
         if sink:  # the sink's outputs are no token's
             x, inner_states = x[:, 1:], [state[:, 1:] for state in inner_states]
+        if kept is not None:  # nor the landmarks'
+            x, inner_states = x[:, kept], [state[:, kept] for state in inner_states]
         return x, inner_states
 
     def run_layer(self, layer: nn.Module, x: Tensor, *args) -> Tensor:
@@ -450,6 +467,24 @@ class DecoderStack:
         """The scheme's limit (the learned table size); otherwise unbounded, not the training length:
         every other scheme takes any length (see ``UNBOUNDED_POSITIONS``)."""
         return self.positions[0].max_positions or UNBOUNDED_POSITIONS
+
+
+def _interleave(x: Tensor, padding_mask: Tensor, first: int, block: int, vector: Tensor, scale: float):
+    """x (B, T, C) of tokens first .. first + T - 1 with ``scale * vector`` (C,) placed after each token t with
+    (t + 1) % block == 0 (a landmark closes its block in the call that completes it). Returns the (B, T', C) positions,
+    their (B, T') padding (a landmark is padding where the token before it is) and the (T,) int64 indices of the
+    tokens among them, T' = T + the landmarks placed."""
+    length = x.size(1)
+    t = torch.arange(first, first + length, device=x.device)
+    at = t - first + (t // block - first // block)  # each token's index among the new positions
+    closes = (t + 1) % block == 0
+    total = length + int(closes.sum())
+    out = (scale * vector).to(x.dtype).expand(x.size(0), total, -1).clone()
+    out[:, at] = x
+    padding = padding_mask.new_zeros(x.size(0), total)
+    padding[:, at] = padding_mask
+    padding[:, at[closes] + 1] = padding_mask[:, closes]
+    return out, padding, at
 
 
 def is_right_padded(key_padding_mask: Tensor) -> bool:

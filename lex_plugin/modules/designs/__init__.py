@@ -11,10 +11,11 @@ from .learned_sinks import LEARNED_SINKS, LearnedSinks
 from .gated_attention import ATTENTION_GATE, AttentionGate
 from .differential_attention import DIFFERENTIAL_ATTENTION, DifferentialAttention
 from .moba import MOBA, MoBA
+from .landmark import LANDMARK, Landmark
 from .forget_gate import FORGET_GATE, ForgetGate
 from .sink_token import SINK_TOKEN, SinkToken
 from .drope import DROPE, DroPE
 
-__all__ = ["ATTENTION_GATE", "AttentionGate", "DESIGN_OPTIONS", "DIFFERENTIAL_ATTENTION", "DifferentialAttention", "DROPE", "DroPE", "FORGET_GATE", "ForgetGate", "SINK_TOKEN", "SinkToken", "DESIGNS", "DesignOption", "DesignSpec", "LEARNED_SINKS", "LayerDesign", "LearnedSinks", "MOBA", "MoBA",
+__all__ = ["ATTENTION_GATE", "AttentionGate", "DESIGN_OPTIONS", "DIFFERENTIAL_ATTENTION", "DifferentialAttention", "DROPE", "DroPE", "FORGET_GATE", "ForgetGate", "LANDMARK", "Landmark", "SINK_TOKEN", "SinkToken", "DESIGNS", "DesignOption", "DesignSpec", "LEARNED_SINKS", "LayerDesign", "LearnedSinks", "MOBA", "MoBA",
            "QKNorm", "QK_NORM", "QueryContext", "SSMAX", "SSMax", "TEMPERATURE_TUNING", "TemperatureTuning",
            "build_designs", "design_table", "register_design", "unregister_design"]

@@ -30,7 +30,9 @@ and of the decoder (``modules.decoder.DecoderStack``):
 9. ``prefix(decoder)``: a (C,) vector placed before every sequence at position 0, its output dropped (the sink
    token); at most one design per model;
 10. ``drops_positions(num_updates)``: whether the layers run without positions (NoPE) after that many training
-   updates (DroPE).
+   updates (DroPE);
+11. ``interleave(decoder)``: (b, a (C,) vector) placed after every b tokens, its outputs dropped (landmark tokens),
+   or None; at most one design per model.
 
 A design is a :class:`DesignSpec` (registered by its module, :func:`register_design`) that builds a
 :class:`LayerDesign` from the model's configuration, or None where it is off; the layer's parameters keep the
@@ -119,6 +121,10 @@ class LayerDesign:
     def drops_positions(self, num_updates: int) -> bool:
         """Whether the layers run without positions after ``num_updates`` training updates."""
         return False
+
+    def interleave(self, decoder) -> Optional[Tuple[int, Tensor]]:
+        """(b, a (C,) vector) the decoder places after every b tokens (their outputs dropped), or None."""
+        return None
 
     sinks = False  # whether sink_logits gives logits: at most one design of a model may
 

@@ -1,0 +1,135 @@
+"""The landmarks kernel: landmark attention's grouped softmax (Mohtashami & Jaggi 2023, arXiv 2305.16300, section 3.1,
+the grouping G and AttWeight), with the retrieval of section 3.2 (each query keeps its k highest-scoring earlier
+landmarks) when :class:`~..retrieval.LandmarkRetrieval` has a top-k.
+
+Layout: position p is the landmark of block p // P when p % P == b (P = b + 1, the period), a token otherwise; the
+decoder places the landmarks (``modules.designs.landmark``). For a query at n in block c, with logits z (q k^T / sqrt(D),
+the keys rotated as the chunk's attention rotates them):
+
+* the outer softmax runs over the tokens m <= n of block c and the landmarks of the blocks i < c (a landmark query
+  leaves itself out: the paper's G_{i,j} = -1 at p_i = j);
+* a token m of an earlier block i gets w(landmark_i) * exp(z_m) / sum_{m' in block i} exp(z_m');
+* landmarks get no weight of their own (their share is their block's).
+
+The weights of a row sum to one. With a top-k, the landmarks outside a query's k best (per head) leave the outer
+softmax and their blocks with them; top-k at least the earlier blocks is the grouped softmax itself.
+
+Explicit fp32 logits (float64 for a float64 model), O(Tq Tk) per slice of queries, slices bounded by
+:data:`SLICE_BYTES`: a kernel for training at l and evaluation to 16l, not a fused one. Keys must start at position 0
+(full attention's cache: the layout counts from the first position). Notation: :mod:`..executor`'s legend; nb the
+blocks the keys span, b the tokens of a block, P = b + 1.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..planner import Chunk
+from ..retrieval import LandmarkRetrieval
+from .run import ChunkRun
+
+__all__ = ["SLICE_BYTES", "attend_landmarks"]
+
+# one slice of queries holds about six (B, H, t, Tk) fp32 tensors under this many bytes: 256 MiB
+SLICE_BYTES = 256 * 2**20
+
+
+def attend_landmarks(run: ChunkRun, chunk: Chunk) -> Tensor:
+    """A dense chunk under ``run.retrieval`` (a :class:`LandmarkRetrieval`): queries rotated with their keys
+    (``run.dense_inputs``), the grouped softmax of the module docstring, dropout on the weights at training. Returns
+    (B, H, Tq, D) in q's dtype.
+
+    Padded keys (``run.kpm``) leave every group; a row left with no key (a padded query whose whole context is padding)
+    sees itself, so no row is empty (the loss ignores it).
+
+    Raises:
+        ValueError: keys that do not start at position 0; learned sink logits (the grouped softmax has no slot for
+            them); a bias scheme (the position scheme must be rotary or none).
+    """
+    retrieval: LandmarkRetrieval = run.retrieval
+    if run.sink_logits is not None:
+        raise ValueError(f"{retrieval}: learned sink logits would join a softmax the grouped softmax splits in two; "
+                         "train landmark tokens without --learned-sinks.")
+    qc, kc, vc, bias, query, key = run.dense_inputs(chunk)
+    if bias is not None:
+        raise ValueError(f"{retrieval} takes a rotary position scheme or none, not an additive bias.")
+    if run.k_start + chunk.k0 != 0:
+        raise ValueError(f"{retrieval}: the keys held start at position {run.k_start + chunk.k0}; landmark attention "
+                         "needs every key from position 0 on (a full-attention cache).")
+    bsz, heads, tq, dim = qc.shape
+    per_query = 6 * bsz * heads * kc.size(2) * 4
+    step = max(1, SLICE_BYTES // per_query)
+    padding = None if run.kpm is None else run.kpm[:, chunk.k0 : chunk.k1]
+    outs = []
+    for s in range(0, tq, step):
+        rows = slice(s, min(s + step, tq))
+        logits, out = _grouped(qc[:, :, rows], kc, vc, query[rows, 0], padding, retrieval, run.dropout_p,
+                               observe=run.observer is not None)
+        if run.observer is not None:
+            run.observer(logits, query[rows] - key, torch.isfinite(logits))
+        outs.append(out)
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval: LandmarkRetrieval,
+             dropout_p: float, observe: bool = False):
+    """Queries q (B, H, t, D) at absolute positions q_pos (t,) over keys and values (B, H, Tk, D) from position 0,
+    ``padding`` (B, Tk) or None. Returns the logits each query sees in its groups ((B, H, t, Tk), -inf elsewhere: the
+    observer's; None unless ``observe``) and the output (B, H, t, D) in q's dtype."""
+    b, period = retrieval.block, retrieval.period
+    bsz, heads, t, dim = q.shape
+    tk = k.size(2)
+    nb = -(-tk // period)
+    width = nb * period
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    device = q.device
+    logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(dim)  # (B, H, t, Tk)
+    grid = F.pad(logits, (0, width - tk), value=float("-inf")).unflatten(-1, (nb, period))  # (B, H, t, nb, P)
+    position = torch.arange(width, device=device).view(nb, period)  # (nb, P)
+    present = position < tk
+    if padding is not None:
+        present = present & ~F.pad(padding, (0, width - tk), value=True).view(bsz, 1, 1, nb, period)
+    else:
+        present = present.view(1, 1, 1, nb, period)
+    block = torch.arange(nb, device=device)  # (nb,)
+    own = (q_pos // period)[:, None]  # (t, 1)
+    token = position[:, :b]  # (nb, b)
+    own_seen = (block[None, :, None] == own[..., None]) & (token[None] <= q_pos[:, None, None])  # (t, nb, b)
+    own_seen = own_seen & present[..., :b]  # (B or 1, 1, t, nb, b)
+    earlier = (block[None, :] < own).view(1, 1, t, nb)  # (1, 1, t, nb)
+    land_seen = earlier & present[..., b]  # (B or 1, 1, t, nb)
+    land = grid[..., b]  # (B, H, t, nb)
+    land_seen = land_seen.expand(bsz, heads, t, nb)
+    if retrieval.topk is not None and retrieval.topk < nb:
+        scores = land.masked_fill(~land_seen, float("-inf"))
+        top = scores.topk(retrieval.topk, dim=-1).indices
+        chosen = torch.zeros_like(land_seen).scatter_(-1, top, True)
+        land_seen = land_seen & chosen
+    inner_seen = land_seen[..., None] & present[..., :b]  # (B, H, t, nb, b): the chosen earlier blocks' tokens
+    tokens = grid[..., :b]
+    outer = torch.cat([tokens.masked_fill(~own_seen, float("-inf")).flatten(-2),
+                       land.masked_fill(~land_seen, float("-inf"))], dim=-1)  # (B, H, t, nb b + nb)
+    empty = ~torch.isfinite(outer).any(-1)  # (B, H, t): a padded query with nothing to see
+    lse_outer = torch.logsumexp(outer, dim=-1).masked_fill(empty, 0.0)  # (B, H, t)
+    inner = tokens.masked_fill(~inner_seen, float("-inf"))
+    lse_inner = torch.logsumexp(inner, dim=-1)  # (B, H, t, nb), -inf where a block is not seen
+    lse_inner = lse_inner.masked_fill(~torch.isfinite(lse_inner), 0.0)
+    share = torch.exp(land.masked_fill(~land_seen, float("-inf")) - lse_outer[..., None])  # (B, H, t, nb)
+    weights = (torch.exp(tokens.masked_fill(~own_seen, float("-inf")) - lse_outer[..., None, None])
+               + share[..., None] * torch.exp(inner - lse_inner[..., None]))  # (B, H, t, nb, b)
+    values = F.pad(v.to(dtype), (0, 0, 0, width - tk)).unflatten(2, (nb, period))[:, :, :, :b]  # (B, H, nb, b, D)
+    weights = weights.flatten(-2)  # (B, H, t, nb b)
+    if empty.any():  # such a row takes its own value (its own position: a token, or a landmark's)
+        own_value = v.to(dtype)[:, :, q_pos]  # (B, H, t, D)
+    if dropout_p:
+        weights = F.dropout(weights, p=dropout_p)
+    out = weights @ values.flatten(2, 3)  # (B, H, t, D)
+    if empty.any():
+        out = torch.where(empty[..., None], own_value, out)
+    if not observe:
+        return None, out.to(q.dtype)
+    seen = torch.cat([own_seen.expand(bsz, heads, t, nb, b) | inner_seen, land_seen[..., None]], dim=-1)
+    observed = grid.masked_fill(~seen, float("-inf")).flatten(-2)[..., :tk]
+    return observed, out.to(q.dtype)
