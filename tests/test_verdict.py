@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, closest, design_figures, markdown_verdict, plot_verdict, reference_figures)
+    GOALS, Figures, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -108,6 +108,13 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     shutil.copy(tmp_path / "lp.json", run / "longppl.json")
     assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.75)
     assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
+    # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
+    (tmp_path / "lp0.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0),
+                                                               _row("full", 4096, ppl=1.0, longppl=None, key_tokens=0)]}))
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp0.json")
+    assert f.longppl_ratio is None and figure_meets(f, "longppl_ratio", lambda v: v < 1) is False
+    table = markdown_verdict([f])
+    assert "| no key token |" in table and "| 0 of 3 measured |" in table and "longppl_ratio: no key token;" in table
     with pytest.raises(KeyError, match="not a run"):
         design_figures(tmp_path, "nope", 256, 300)
     with pytest.raises(FileNotFoundError, match="irope has not been evaluated"):

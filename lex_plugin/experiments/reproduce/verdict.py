@@ -47,6 +47,8 @@ class Figures:
         spread: for a figure measured over several fine-tuning seeds, {field: (lowest, highest, seeds)}; the field
             itself then holds the mean, and a goal on it is met only when every seed meets it.
         reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
+        without_value: {field: what the cell says} for a figure measured that has no value, and so misses its goal (a
+            LongPPL report whose evaluator found no key token at l or 16l: nothing the long context helps).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Figures:
     measured_on: str = "unknown"
     spread: Dict[str, Tuple[float, float, int]] = field(default_factory=dict)
     reference: bool = False
+    without_value: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,12 @@ CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l"
 
 
 def figure_meets(f: Figures, key: str, test: Callable[[float], bool]) -> Optional[bool]:
-    """Whether ``f``'s figure ``key`` passes ``test`` (None: not measured); over several seeds, whether every seed does
-    (the lowest and the highest both pass the one-sided test). The verdict and the decision table read a goal so."""
+    """Whether ``f``'s figure ``key`` passes ``test`` (None: not measured; False: measured without a value,
+    ``f.without_value``); over several seeds, whether every seed does (the lowest and the highest both pass the
+    one-sided test). The verdict and the decision table read a goal so."""
     value = getattr(f, key)
     if value is None:
-        return None
+        return False if key in f.without_value else None
     if key in f.spread:
         low, high, _ = f.spread[key]
         return bool(test(low)) and bool(test(high))
@@ -114,8 +118,11 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
 
 
 def shown(f: Figures, key: str, fmt: str) -> str:
-    """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds."""
+    """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds; what
+    ``f.without_value`` says for a figure measured without a value; "-" not measured."""
     value = getattr(f, key)
+    if value is None:
+        return f.without_value.get(key, "-")
     if key in f.spread:
         low, high, n = f.spread[key]
         return f"{fmt.format(value)} ({fmt.format(low)}-{fmt.format(high)}, {n} seeds)"
@@ -137,7 +144,8 @@ def closest(rows: Sequence[Figures]) -> Optional[Figures]:
 
 
 def _shortfalls(f: Figures) -> List[str]:
-    return [f"{g.key} {shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
+    return [f"{g.key}: {shown(f, g.key, g.fmt)}" if getattr(f, g.key) is None else
+            f"{g.key} {shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
 
 
 def markdown_verdict(rows: Sequence[Figures]) -> str:
@@ -151,10 +159,10 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
         cells = []
         for g in GOALS:
             value, met = getattr(f, g.key), _met(f, g)
-            cells.append("-" if value is None else f"**{shown(f, g.key, g.fmt)}**" if met else shown(f, g.key, g.fmt))
+            cells.append(f"**{shown(f, g.key, g.fmt)}**" if met else shown(f, g.key, g.fmt))
         met = sum(_met(f, g) is True for g in GOALS)
         measured = sum(_met(f, g) is not None for g in GOALS)
-        context = ["-" if getattr(f, key) is None else shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
+        context = [shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
         body.append(f"| {f.label} | {f.updates:,} | " + " | ".join(cells) + f" | {met} of {measured} measured | "
                     + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
@@ -189,7 +197,8 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
                 value = getattr(f, g.key)
-                ax.text(j, i, "not measured" if value is None else shown(f, g.key, g.fmt).replace(" (", "\n("), ha="center", va="center",
+                text = "not measured" if value is None and g.key not in f.without_value else shown(f, g.key, g.fmt)
+                ax.text(j, i, text.replace(" (", "\n("), ha="center", va="center",
                         fontsize=8)
         ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
@@ -396,12 +405,15 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    longppl_ratio = None
+    longppl_ratio, without_value = None, {}
     longppl = run / LONGPPL_REPORT if longppl is None else longppl
     if longppl.is_file():
-        lp = {L: rows[0].get("longppl") for L, rows in mode_rows(json.loads(longppl.read_text())).items()}
+        scored = {L: rows[0] for L, rows in mode_rows(json.loads(longppl.read_text())).items()}
+        lp = {L: row.get("longppl") for L, row in scored.items()}
         if lp.get(l) and lp.get(16 * l):
             longppl_ratio = lp[16 * l] / lp[l]
+        elif any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)):
+            without_value["longppl_ratio"] = "no key token"
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
     cost = _costs_row(costs, name, l, context) or {}
@@ -412,5 +424,5 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
                    eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
-                   source=str(run), measured_on=provenance_cell(report), spread=spread)
+                   source=str(run), measured_on=provenance_cell(report), spread=spread, without_value=without_value)
 
