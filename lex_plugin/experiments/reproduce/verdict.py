@@ -158,8 +158,7 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
     for f in rows:
         cells = []
         for g in GOALS:
-            value, met = getattr(f, g.key), _met(f, g)
-            cells.append(f"**{shown(f, g.key, g.fmt)}**" if met else shown(f, g.key, g.fmt))
+            cells.append(f"**{shown(f, g.key, g.fmt)}**" if _met(f, g) else shown(f, g.key, g.fmt))
         met = sum(_met(f, g) is True for g in GOALS)
         measured = sum(_met(f, g) is not None for g in GOALS)
         context = [shown(f, key, fmt) for key, _, fmt in CONTEXT_COLUMNS]
