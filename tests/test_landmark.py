@@ -158,6 +158,22 @@ def test_generation_equals_the_parallel_forward_and_the_export_gives_the_same_lo
     check_design_model(model, options, L, specs=[AttentionSpec()], flips=0.1 if topk else 0.0)
 
 
+def test_without_positions_and_without_top_k_generation_equals_the_parallel_forward():
+    """Without positions every landmark enters the first layer as the same vector: their scores tie, which the grouped
+    softmax over every landmark shares evenly (no choice to flip); a top-k is refused there (below)."""
+    options = dict(pos_emb="none", landmark_block_size=4)
+    check_design_model(build_lex_model(tokens_per_sample=L, seed=6, **options), options, L, specs=[AttentionSpec()])
+
+
+def test_equal_scores_choose_the_later_blocks_in_every_pass():
+    """Keys equal for every landmark (a value each block's tokens share, the landmarks one key): the top 2 are the two
+    most recent earlier blocks for every query, in one pass as in a pass per query."""
+    from lex_plugin.modules.attention.kernels.landmarks import _top
+    scores = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.5], [3.0, 3.0, float("-inf"), 1.0, 1.0]])
+    assert _top(scores, 2).tolist() == [[False, False, True, True, False], [True, True, False, False, False]]
+    assert _top(scores, 3).tolist() == [[False, True, True, True, False], [True, True, False, False, True]]
+
+
 def test_chunks_that_cross_blocks_equal_one_pass_and_the_cache_counts_tokens():
     model = build_lex_model(tokens_per_sample=L, seed=4, pos_emb="rope", landmark_block_size=3, landmark_topk=2)
     tokens = random_tokens(model.decoder.dictionary, 2, 4 * L, seed=5)
@@ -187,6 +203,11 @@ def test_what_it_cannot_take_is_refused():
         build_lex_model(tokens_per_sample=L, landmark_block_size=4, pos_emb="alibi")
     with pytest.raises(ValueError, match="with --sink-token"):
         build_lex_model(tokens_per_sample=L, landmark_block_size=4, sink_token=True)
+    with pytest.raises(ValueError, match="their scores tie exactly"):  # NoPE in the first (landmark) layer
+        build_lex_model(tokens_per_sample=L, landmark_block_size=4, landmark_topk=2, pos_emb="none")
+    with pytest.raises(ValueError, match="their scores tie exactly"):
+        build_lex_model(tokens_per_sample=L, landmark_block_size=4, landmark_topk=2, pos_emb="xpos",
+                        layer_pattern="none/full,xpos/bca*3")
     with pytest.raises(ValueError, match="with --learned-sinks"):
         build_lex_model(tokens_per_sample=L, landmark_block_size=4, learned_sinks=True)
     model = build_lex_model(tokens_per_sample=L, landmark_block_size=4)

@@ -56,9 +56,11 @@ RUNS: Dict[str, tuple] = {
     # the forgetting transformer's forget gate in every layer, without positions (the paper's FoX) and with RoPE
     "fox_nope": (["--pos-emb", "none", "--forget-gate"], "design"),
     "fox_rope": (["--pos-emb", "rope", "--forget-gate"], "design"),
-    # landmark tokens after every l/8 tokens, each query its own block and its 3 best earlier landmarks' blocks (the
-    # paper's retrieval, kept at training so that every length sees the same structure), without positions
-    "landmark_nope": (["--pos-emb", "none", "--landmark-block-size", "{b}", "--landmark-topk", 3], "design"),
+    # landmark tokens after every l/8 tokens in the pattern's global layer: each query its own block and its 3 best
+    # earlier landmarks' blocks (the paper's retrieval, kept at training so that every length sees the same structure)
+    "xpos_bca_nope_landmark": (["--pos-emb", "xpos", "--layer-pattern", "xpos/bca*3,none/full",
+                                "--temperature-tuning-beta", 0.1, "--landmark-block-size", "{b}", "--landmark-topk", 3],
+                               "design"),
 }
 LOCAL_WINDOW_DIVISOR = 4  # the layer patterns' local window (sliding W, chunk C): l / 4
 MOBA_BLOCK_DIVISOR = 8  # the MoBA runs' block ("{b}"): l / 8
@@ -181,7 +183,7 @@ LABELS = {
     "xpos_bca_nope_gate": "xPos BCA x3 + NoPE global with an elementwise gate on it, temperature tuning",
     "fox_nope": "FoX: forget gate without positions (Lin et al. 2025)",
     "fox_rope": "RoPE + forget gate (FoX with positions)",
-    "landmark_nope": "Landmark tokens without positions (blocks of l/8, top 3; Mohtashami & Jaggi 2023)",
+    "xpos_bca_nope_landmark": "xPos BCA x3 + NoPE global with landmark tokens (blocks of l/8, top 3), temperature tuning",
 }
 WINDOW_LABEL = {
     "full": "full attention", "bca": "BCA", "sliding": "sliding window (W = l)",

@@ -15,7 +15,8 @@ positions), so the caches hold it as the parallel pass does. The kernel: ``atten
 
 In the global layers of a ``--layer-pattern`` only (the local layers see the landmarks as tokens in their windows);
 full attention in those layers (no ``--bca``, sliding window, sinks or position map there); a rotary scheme or none
-(xpos, rope, none); no sink token, learned sinks or randomized positions beside it.
+(xpos, rope, none; a top-k needs positions in the first layer, where every landmark is otherwise the same vector and
+the scores tie); no sink token, learned sinks or randomized positions beside it.
 """
 
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.retrieval import LandmarkRetrieval
+from ..layer_pattern import parse_layer_pattern
 from ..positions.scheme import get_scheme
 from .registry import DesignOption, DesignSpec, LayerDesign, register_design
 
@@ -68,8 +70,23 @@ def _build(config) -> Optional[Landmark]:
         if on:
             raise ValueError(f"--landmark-block-size with {flag}: the grouped softmax splits each query's softmax by "
                              f"blocks, and {flag} would place a key or positions outside them. Use one of the two.")
+    if topk is not None and _first_layer_without_positions(config, pos_emb):
+        raise ValueError(f"--landmark-topk {topk} with landmarks in a first layer without positions: every landmark "
+                         "enters that layer as the same vector, so their scores tie exactly and the top k is a tie "
+                         "broken by rounding. Give the first layer positions (--pos-emb xpos / rope, or a "
+                         "--layer-pattern whose landmark layers come after a positioned one), or drop --landmark-topk.")
     return Landmark(LandmarkRetrieval(block=int(block), topk=None if topk is None else int(topk)),
                     int(config.decoder_embed_dim))
+
+
+def _first_layer_without_positions(config, pos_emb: str) -> bool:
+    """Whether the model's first layer is a landmark layer (global) without positions."""
+    pattern = getattr(config, "layer_pattern", None)
+    if not pattern:
+        return get_scheme(pos_emb).kind == "none"
+    kinds = parse_layer_pattern(pattern, pos_emb, getattr(config, "decoder_layers", None),
+                                getattr(config, "tokens_per_sample", None))
+    return kinds[0].is_global and not kinds[0].positions
 
 
 LANDMARK = register_design(DesignSpec(

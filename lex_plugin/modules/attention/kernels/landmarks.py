@@ -11,8 +11,9 @@ the keys rotated as the chunk's attention rotates them):
 * a token m of an earlier block i gets w(landmark_i) * exp(z_m) / sum_{m' in block i} exp(z_m');
 * landmarks get no weight of their own (their share is their block's).
 
-The weights of a row sum to one. With a top-k, the landmarks outside a query's k best (per head) leave the outer
-softmax and their blocks with them; top-k at least the earlier blocks is the grouped softmax itself.
+The weights of a row sum to one. With a top-k, the landmarks outside a query's k best (per head; among equal scores the
+later blocks first) leave the outer softmax and their blocks with them; top-k at least the earlier blocks is the
+grouped softmax itself.
 
 Explicit fp32 logits (float64 for a float64 model), O(Tq Tk) per slice of queries, slices bounded by
 :data:`SLICE_BYTES`: a kernel for training at l and evaluation to 16l, not a fused one. Keys must start at position 0
@@ -103,10 +104,7 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval:
     land = grid[..., b]  # (B, H, t, nb)
     land_seen = land_seen.expand(bsz, heads, t, nb)
     if retrieval.topk is not None and retrieval.topk < nb:
-        scores = land.masked_fill(~land_seen, float("-inf"))
-        top = scores.topk(retrieval.topk, dim=-1).indices
-        chosen = torch.zeros_like(land_seen).scatter_(-1, top, True)
-        land_seen = land_seen & chosen
+        land_seen = land_seen & _top(land.masked_fill(~land_seen, float("-inf")), retrieval.topk)
     inner_seen = land_seen[..., None] & present[..., :b]  # (B, H, t, nb, b): the chosen earlier blocks' tokens
     tokens = grid[..., :b]
     outer = torch.cat([tokens.masked_fill(~own_seen, float("-inf")).flatten(-2),
@@ -133,3 +131,12 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval:
     seen = torch.cat([own_seen.expand(bsz, heads, t, nb, b) | inner_seen, land_seen[..., None]], dim=-1)
     observed = grid.masked_fill(~seen, float("-inf")).flatten(-2)[..., :tk]
     return observed, out.to(q.dtype)
+
+
+def _top(scores: Tensor, k: int) -> Tensor:
+    """(..., nb) bool: the k highest of ``scores`` (..., nb) along the last axis, ties going to the later block (a
+    landmark's key can equal another's exactly: without positions every landmark enters the first layer as the same
+    vector), so the choice is the same in every pass, whatever its shape. -inf entries may be chosen where fewer than k
+    are finite; the caller masks them."""
+    order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., :k]  # latest first among ties
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.size(-1) - 1 - order, True)
