@@ -218,7 +218,8 @@ def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_loca
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
                                               ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8*4"}, "no global layer"),
-                                              ({"differential_attention": True}, "several maps")])
+                                              ({"differential_attention": True}, "several maps"),
+                                              ({"landmark_block_size": 4}, "landmark tokens")])
 def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     from lex_plugin.analysis.first_token import first_token_mass
 

@@ -18,6 +18,7 @@ L = 32  # training length: BCA blocks of 16, the layer patterns' windows and chu
     ("irope", [L // 4 - 1] * 3 + [CACHE_CONTEXT]),
     ("rope_ssmax", [CACHE_CONTEXT] * 4),
     ("xpos_sink_token", [CACHE_CONTEXT + 1] * 4),
+    ("xpos_bca_nope_landmark", [L - 1] * 3 + [CACHE_CONTEXT + CACHE_CONTEXT // (L // 8)]),  # a landmark per l/8 tokens
 ])
 def test_the_cache_is_read_from_each_layer_and_the_base_has_the_runs_depth(run, design):
     row = measure_design_costs(run, L, context=8 * L, repeats=1)

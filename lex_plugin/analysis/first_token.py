@@ -35,7 +35,8 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     Raises:
         ValueError: L < 2; a model with learned sink logits (their share of the softmax is not observed, so the
             text's would be overstated), a sink token (position 0 is the sink, ahead of the text), differential
-            attention (two maps per head), or a pattern without a global layer (nothing to measure).
+            attention (two maps per head), landmark tokens (a grouped softmax), or a pattern without a global layer
+            (nothing to measure).
     """
     decoder = model.decoder
     bsz, length = tokens.shape
@@ -51,6 +52,10 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     if any(design.takes_attention for design in attention.designs):
         raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
                          "each map's probabilities would be counted as one head's. Measure models with one softmax.")
+    if any(design.interleave(decoder) is not None for _, design in getattr(decoder, "designs", ())):
+        raise ValueError("this checkpoint has landmark tokens (--landmark-block-size): its landmark layers weigh an "
+                         "earlier block's tokens by their landmark's share, not by one softmax over the observed logits, "
+                         "and its positions count the landmarks. Measure models without them.")
     local = [i for i in range(len(decoder.layers)) if decoder.layer_spec(i, FULL_SPEC).window.bounded]
     if len(local) == len(decoder.layers):
         raise ValueError("this checkpoint's --layer-pattern has no global layer: every layer's window starts past "

@@ -42,15 +42,16 @@ def _kept(model, state: dict) -> List[int]:
 
 def _positions_at(start: List[int], end: List[int], peak: List[int], steps: int, at: int, context: int) -> List[int]:
     """Each layer's positions kept at ``at`` from what it held after the prefill (``start``, at ``context``), after
-    ``steps`` more tokens (``end``) and at most over them (``peak``).
+    ``steps`` more tokens (``end``) and at most over them (``peak``): a layer that grew by at least one position a token
+    grows at that rate to ``at`` (landmark tokens: one more position every b tokens).
 
     Raises:
-        RuntimeError: a layer that neither grew by one position a step nor came back to what it held.
+        RuntimeError: a layer that neither grew by at least one position a step nor came back to what it held.
     """
     out = []
     for i, (s, e, p) in enumerate(zip(start, end, peak)):
-        if e - s == steps:  # keeps every position
-            out.append(e + at - (context + steps))
+        if e - s >= steps:  # keeps every position (and what a design places between the tokens: a landmark per block)
+            out.append(e + (at - (context + steps)) * (e - s) // steps)
         elif e == s:  # bounded: its count repeats with the window's period
             out.append(p)
         else:
