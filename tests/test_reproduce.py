@@ -620,7 +620,8 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
 
     monkeypatch.setattr(reproduce.steps, "Runner", Recording)
     o = reproduce.ReproduceOptions(**{**o.as_json(), "max_update": 300, "methods": []})
-    reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax", "rnope_swa", "gemma_5to1"], tmp_path, data)
+    reproduce.reproduce(work, o, ["rope_drope", "none_tt", "rope_qknorm", "rope_ssmax", "rnope_swa", "gemma_5to1",
+                                  "xpos_bca_nope_landmark"], tmp_path, data)
     drope = commands["train rope_drope"]
     assert drope[drope.index("--drope-start") + 1] == "264" and "--qk-norm" in drope
     assert drope[drope.index("--max-update") + 1] == "300"
@@ -633,6 +634,12 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     assert gemma[gemma.index("--decoder-layers") + 1] == "6"
     evaluated = commands["eval none_tt"]
     assert evaluated[evaluated.index("--eval-windows") + 1] == "full,sliding,bca"
+    # landmark tokens choose their keys in the global layer: full attention only, no resolution analysis
+    landmark = commands["train xpos_bca_nope_landmark"]
+    assert landmark[landmark.index("--landmark-block-size") + 1] == str(L // 8)
+    evaluated = commands["eval xpos_bca_nope_landmark"]
+    assert evaluated[evaluated.index("--eval-windows") + 1] == "full"
+    assert "resolution xpos_bca_nope_landmark full" not in commands and "resolution none_tt full" in commands
     # a pattern whose global layers are NoPE has no positions to remap: its probes leave the position maps out
     o = reproduce.ReproduceOptions(**{**o.as_json(), "methods": ["passkey_finetuned"]})
     (work / "passkey-bin").mkdir(exist_ok=True)

@@ -99,16 +99,20 @@ def _has_sink_token(run_args) -> bool:
     return "--sink-token" in map(str, run_args)
 
 
+# the training flags of the designs whose global layers choose their own keys: MoBA's blocks, landmark tokens' groups
+CHOOSES_KEYS = frozenset({"--moba-topk", "--landmark-block-size"})
+
+
 def _resolution_refused(run_args) -> bool:
     """Whether the resolution analysis refuses a run's checkpoint (``analysis.resolution``): a sink token ahead of the
-    text, differential attention's two maps per head, or MoBA's keys chosen per head and query."""
-    return _has_sink_token(run_args) or bool({"--differential-attention", "--moba-topk"} & set(map(str, run_args)))
+    text, differential attention's two maps per head, or keys chosen per head and query (:data:`CHOOSES_KEYS`)."""
+    return _has_sink_token(run_args) or bool(({"--differential-attention"} | CHOOSES_KEYS) & set(map(str, run_args)))
 
 
 def _full_attention_only(run_args) -> bool:
-    """Whether a run's global layers choose their own keys (MoBA, ``--moba-topk``): evaluated under full attention
-    only, since the executor refuses a bounded window there."""
-    return "--moba-topk" in map(str, run_args)
+    """Whether a run's global layers choose their own keys (:data:`CHOOSES_KEYS`: MoBA, landmark tokens): evaluated
+    under full attention only, since the executor refuses a bounded window there."""
+    return bool(CHOOSES_KEYS & set(map(str, run_args)))
 
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
