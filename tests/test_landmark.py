@@ -217,3 +217,20 @@ def test_what_it_cannot_take_is_refused():
     with pytest.raises(ValueError, match="--retrieval-blocks on a model trained with landmark"):
         from lex_plugin.modules.attention import AttentionOptions
         model.under(AttentionOptions("bca", retrieval_blocks=2).spec(L))
+
+
+def test_the_probes_candidates_over_one_cache_equal_each_candidate_run_alone():
+    """The passkey and RULER probes score N right-padded candidates as branches of the prompt's cache; with blocks of
+    4 tokens, prompts of 58 .. 61 tokens put block ends (and so landmarks) at every offset inside the candidates."""
+    from lex_plugin.evaluation.passkey import score_candidates
+
+    model = build_lex_model(tokens_per_sample=L, seed=3, pos_emb="xpos", landmark_block_size=4, landmark_topk=2).eval()
+    d = model.decoder.dictionary
+    for length in (58, 59, 60, 61):
+        prompt = random_tokens(d, 1, length, seed=length)[0]
+        candidates = [random_tokens(d, 1, n, seed=10 + n)[0] for n in (1, 3, 5, 6)]
+        got = score_candidates(model, prompt, candidates, AttentionSpec(), d.eos(), d.pad()).logprob
+        for c, score in zip(candidates, got):
+            with torch.no_grad():
+                lp = model(torch.cat([torch.tensor([d.eos()]), prompt, c])[None])[0][0].double().log_softmax(-1)
+            assert abs(score - sum(lp[length + i, c[i]] for i in range(c.numel()))) < 1e-5
