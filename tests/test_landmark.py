@@ -13,6 +13,7 @@ import torch
 
 from conftest import build_lex_model, check_against_float64, check_design_model, random_tokens
 from lex_plugin.modules.attention import AttentionSpec, AttentionWindow, LexSelfAttention
+from lex_plugin.modules.attention.kernels import landmarks
 from lex_plugin.modules.attention.retrieval import LandmarkRetrieval
 from lex_plugin.modules.designs.landmark import Landmark
 from lex_plugin.modules.positions import XPos
@@ -78,8 +79,14 @@ def _landmark(block: int, topk=None, seed: int = 0) -> LexSelfAttention:
 
 
 @pytest.mark.parametrize("scheme", [NoPositions(), XPos(D, use_scale=False), XPos(D)], ids=["nope", "rope", "xpos"])
-@pytest.mark.parametrize("block,topk,length", [(4, None, 23), (3, None, 32), (4, 2, 30), (2, 1, 17)], ids=str)
-def test_the_grouped_softmax_equals_the_papers_formula_in_float64_with_its_gradients(scheme, block, topk, length):
+@pytest.mark.parametrize("block,topk,length,path", [
+    (4, None, 23, "explicit"), (3, None, 32, "explicit"),  # without a top-k every key is read: the explicit way only
+    (4, 2, 30, "explicit"), (2, 1, 17, "explicit"), (3, 3, 45, "explicit"),
+    (4, 2, 30, "gathered"), (2, 1, 17, "gathered"), (3, 3, 45, "gathered")], ids=str)
+def test_the_grouped_softmax_equals_the_papers_formula_in_float64_with_its_gradients(scheme, block, topk, length, path,
+                                                                                       monkeypatch):
+    """Both of the kernel's ways with a top-k: explicit logits over every key, and each query's blocks gathered."""
+    monkeypatch.setattr(landmarks, "DENSE_FACTOR", 1000 if path == "explicit" else 0)
     attn = _landmark(block, topk)
     x = torch.randn(2, length, 64)
     got = attn(x, scheme=scheme)
@@ -113,7 +120,9 @@ def test_an_output_reads_its_own_block_and_the_chosen_blocks_only():
         assert (attn(x, scheme=XPos(D)) - 1.0).abs().max() < 1e-6
 
 
-def test_padded_keys_leave_every_group():
+@pytest.mark.parametrize("path", ["explicit", "gathered"])
+def test_padded_keys_leave_every_group(path, monkeypatch):
+    monkeypatch.setattr(landmarks, "DENSE_FACTOR", 1000 if path == "explicit" else 0)
     attn = _landmark(4, 2)
     x = torch.randn(2, 40, 64)
     padding = torch.zeros(2, 40, dtype=torch.bool)

@@ -15,8 +15,10 @@ The weights of a row sum to one. With a top-k, the landmarks outside a query's k
 later blocks first) leave the outer softmax and their blocks with them; top-k at least the earlier blocks is the
 grouped softmax itself.
 
-Explicit fp32 logits (float64 for a float64 model), O(Tq Tk) per slice of queries, slices bounded by
-:data:`SLICE_BYTES`: a kernel for training at l and evaluation to 16l, not a fused one. Keys must start at position 0
+Two exact ways, chosen by cost, both fp32 (float64 for a float64 model) and in slices of queries bounded by
+:data:`SLICE_BYTES`: explicit (Tq, Tk) logits over every key (training, and chunks of few keys); with a top-k over
+many keys (beyond :data:`DENSE_FACTOR` (k + 1) P), each query scores the landmarks' keys and gathers its own block and
+its k chosen blocks: O(Tk / P + k P) work and memory a query instead of O(Tk). Keys must start at position 0
 (full attention's cache: the layout counts from the first position). Notation: :mod:`..executor`'s legend; nb the
 blocks the keys span, b the tokens of a block, P = b + 1.
 """
@@ -31,10 +33,14 @@ from ..planner import Chunk
 from ..retrieval import LandmarkRetrieval
 from .run import ChunkRun
 
-__all__ = ["SLICE_BYTES", "attend_landmarks"]
+__all__ = ["DENSE_FACTOR", "SLICE_BYTES", "attend_landmarks"]
 
-# one slice of queries holds about six (B, H, t, Tk) fp32 tensors under this many bytes: 256 MiB
+# one slice of queries holds about six (B, H, t, Tk) fp32 tensors (gathered: each query's blocks) under this many bytes
 SLICE_BYTES = 256 * 2**20
+
+# with a top-k, a chunk of Tk keys runs the explicit (Tq, Tk) grouped softmax up to DENSE_FACTOR (k + 1) P keys, and
+# gathers each query's blocks beyond (at training, under an observer or with dropout: explicit whatever Tk)
+DENSE_FACTOR = 4
 
 
 def attend_landmarks(run: ChunkRun, chunk: Chunk) -> Tensor:
@@ -60,18 +66,84 @@ def attend_landmarks(run: ChunkRun, chunk: Chunk) -> Tensor:
         raise ValueError(f"{retrieval}: the keys held start at position {run.k_start + chunk.k0}; landmark attention "
                          "needs every key from position 0 on (a full-attention cache).")
     bsz, heads, tq, dim = qc.shape
-    per_query = 6 * bsz * heads * kc.size(2) * 4
-    step = max(1, SLICE_BYTES // per_query)
+    tk = kc.size(2)
     padding = None if run.kpm is None else run.kpm[:, chunk.k0 : chunk.k1]
+    gathered = (retrieval.topk is not None and run.observer is None and not run.dropout_p
+                and tk > DENSE_FACTOR * (retrieval.topk + 1) * retrieval.period)
+    if gathered:  # each query's own block, its landmarks' scores and its k chosen blocks: O(Tk / P + k P) a query
+        per_query = 4 * bsz * heads * ((retrieval.topk + 1) * retrieval.period * (dim + 2) + tk // retrieval.period) * 4
+    else:
+        per_query = 6 * bsz * heads * tk * 4
+    step = max(1, SLICE_BYTES // per_query)
     outs = []
     for s in range(0, tq, step):
         rows = slice(s, min(s + step, tq))
+        if gathered:
+            outs.append(_gathered(qc[:, :, rows], kc, vc, query[rows, 0], padding, retrieval))
+            continue
         logits, out = _grouped(qc[:, :, rows], kc, vc, query[rows, 0], padding, retrieval, run.dropout_p,
                                observe=run.observer is not None)
         if run.observer is not None:
             run.observer(logits, query[rows] - key, torch.isfinite(logits))
         outs.append(out)
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def _gathered(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval: LandmarkRetrieval) -> Tensor:
+    """The grouped softmax with a top-k (:func:`_grouped`'s, equal to it up to rounding) from the keys each query
+    reads: the landmarks' keys (scored), the blocks its slice of queries lies in (its own among them) and its k chosen
+    blocks (gathered). Queries q (B, H, t, D) at consecutive positions q_pos (t,), keys and values (B, H, Tk, D) from
+    position 0, ``padding`` (B, Tk) or None; no dropout, no observer. Returns (B, H, t, D) in q's dtype."""
+    b, period, topk = retrieval.block, retrieval.period, retrieval.topk
+    bsz, heads, t, dim = q.shape
+    tk = k.size(2)
+    nb = -(-tk // period)
+    width = nb * period
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    device = q.device
+    scale = 1.0 / math.sqrt(dim)
+    qf = q.to(dtype)
+    kb = F.pad(k.to(dtype), (0, 0, 0, width - tk)).unflatten(2, (nb, period))  # (B, H, nb, P, D)
+    vb = F.pad(v.to(dtype), (0, 0, 0, width - tk)).unflatten(2, (nb, period))
+    position = torch.arange(width, device=device).view(nb, period)
+    present = (position < tk).expand(bsz, nb, period)
+    if padding is not None:
+        present = present & ~F.pad(padding, (0, width - tk), value=True).view(bsz, nb, period)
+    own = q_pos // period  # (t,)
+    # the landmarks: scored by every query; those of blocks before its own, not padded, compete
+    land = (qf @ kb[:, :, :, b].transpose(-1, -2)) * scale  # (B, H, t, nb)
+    land_seen = (torch.arange(nb, device=device)[None, :] < own[:, None])[None, None] & present[:, None, None, :, b]
+    land = land.masked_fill(~land_seen, float("-inf"))
+    chosen = nb - 1 - torch.sort(land.flip(-1), dim=-1, descending=True, stable=True).indices[..., :topk]  # (_top's)
+    share_logit = torch.gather(land, -1, chosen)  # (B, H, t, k'), -inf where fewer than k' landmarks compete
+    # each (batch, head, block)'s b tokens as one row of a table, the chosen rows copied whole (index_select)
+    rows = (torch.arange(bsz * heads, device=device).view(bsz, heads, 1, 1) * nb + chosen).flatten()
+    picked_k = kb[:, :, :, :b].reshape(bsz * heads * nb, b * dim).index_select(0, rows).view(bsz, heads, t, -1, dim)
+    picked_v = vb[:, :, :, :b].reshape(bsz * heads * nb, b * dim).index_select(0, rows).view(bsz, heads, t, -1, dim)
+    rows = (torch.arange(bsz, device=device).view(bsz, 1, 1, 1) * nb + chosen).flatten()
+    picked_present = present[:, :, :b].reshape(bsz * nb, b).index_select(0, rows).view(bsz, heads, t, -1)  # (B, H, t, k' b)
+    inner = (picked_k @ qf[..., None]).squeeze(-1) * scale  # (B, H, t, k' b)
+    inner = inner.masked_fill(~picked_present, float("-inf")).unflatten(-1, (-1, b))  # (B, H, t, k', b)
+    # the blocks the slice lies in, each query its own one up to itself
+    first, last = int(own[0]), int(own[-1])
+    span = slice(first, last + 1)
+    near_k = kb[:, :, span, :b].flatten(2, 3)  # (B, H, n b, D), n the blocks of the slice
+    near_v = vb[:, :, span, :b].flatten(2, 3)
+    near = position[span, :b].flatten()  # (n b,)
+    own_seen = ((near[None, :] // period == own[:, None]) & (near[None, :] <= q_pos[:, None]))[None, None]
+    own_seen = own_seen & present[:, span, :b].flatten(1)[:, None, None, :]  # (B, 1, t, n b)
+    local = (qf @ near_k.transpose(-1, -2)) * scale
+    local = local.masked_fill(~own_seen, float("-inf"))  # (B, H, t, n b)
+    lse_outer = torch.logsumexp(torch.cat([local, share_logit], dim=-1), dim=-1)[..., None]  # (B, H, t, 1)
+    empty = ~torch.isfinite(lse_outer)
+    lse_outer = lse_outer.masked_fill(empty, 0.0)
+    lse_inner = torch.logsumexp(inner, dim=-1, keepdim=True)
+    lse_inner = lse_inner.masked_fill(~torch.isfinite(lse_inner), 0.0)
+    far = (torch.exp(share_logit - lse_outer)[..., None] * torch.exp(inner - lse_inner)).flatten(-2)  # (B, H, t, k' b)
+    out = torch.exp(local - lse_outer) @ near_v + (far[..., None, :] @ picked_v).squeeze(-2)
+    if empty.any():  # such a row takes its own value (as _grouped's)
+        out = torch.where(empty, v.to(dtype)[:, :, q_pos], out)
+    return out.to(q.dtype)
 
 
 def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval: LandmarkRetrieval,
