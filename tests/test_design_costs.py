@@ -32,7 +32,8 @@ def test_the_cache_is_read_from_each_layer_and_the_base_has_the_runs_depth(run, 
 
 def test_a_layer_neither_global_nor_bounded_is_refused():
     assert _positions_at([100, 7], [110, 7], [110, 9], 10, 1000, 100) == [1000, 9]
-    with pytest.raises(RuntimeError, match="layer 1 held 7 positions at 100 and 12 after 10 more tokens"):
-        _positions_at([100, 7], [110, 12], [110, 12], 10, 1000, 100)
+    assert _positions_at([100, 7], [110, 12], [110, 14], 10, 1000, 100) == [1000, 14]  # a window at another phase
+    with pytest.raises(RuntimeError, match="layer 1 held 40 positions at 100 and 12 after 10 more tokens"):
+        _positions_at([100, 40], [110, 12], [110, 40], 10, 1000, 100)
     with pytest.raises(ValueError, match="must be above the training length"):
         measure_design_costs("irope", L, context=L)

@@ -46,13 +46,16 @@ def _positions_at(start: List[int], end: List[int], peak: List[int], steps: int,
     grows at that rate to ``at`` (landmark tokens: one more position every b tokens).
 
     Raises:
-        RuntimeError: a layer that neither grew by at least one position a step nor came back to what it held.
+        RuntimeError: a layer that neither grew by at least one position a step nor stayed within ``steps`` positions of
+            what it held (it lost more than it could have held in a window).
     """
     out = []
     for i, (s, e, p) in enumerate(zip(start, end, peak)):
         if e - s >= steps:  # keeps every position (and what a design places between the tokens: a landmark per block)
             out.append(e + (at - (context + steps)) * (e - s) // steps)
-        elif e == s:  # bounded: its count repeats with the window's period
+        elif abs(e - s) < steps:
+            # bounded: its count repeats with the window's period (at another phase where a design places positions
+            # between the tokens: landmarks shift a window's blocks), its peak over the steps kept
             out.append(p)
         else:
             raise RuntimeError(f"layer {i} held {s} positions at {context} and {e} after {steps} more tokens: neither "
