@@ -199,7 +199,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
                 text = "not measured" if value is None and g.key not in f.without_value else shown(f, g.key, g.fmt)
                 ax.text(j, i, text.replace(" (", "\n("), ha="center", va="center",
                         fontsize=8)
-        ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 18)) for g in GOALS], fontsize=8)
+        ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 15)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
         ax.set_yticks(range(len(rows)), [f"{f.label} ({f.updates:,} upd.)" for f in rows], fontsize=8)
         ax.set_xticks([x + 0.5 for x in range(len(GOALS) - 1)], minor=True)
