@@ -89,6 +89,18 @@ def attend_landmarks(run: ChunkRun, chunk: Chunk) -> Tensor:
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
+def _layout(tk: int, period: int, padding, device):
+    """The blocks of Tk keys from position 0: nb blocks of P positions (the last padded out to ``width`` = nb P), the
+    (nb, P) int64 position of each slot, and (B or 1, nb, P) bool: a key there, not padded (``padding`` (B, Tk))."""
+    nb = -(-tk // period)
+    width = nb * period
+    position = torch.arange(width, device=device).view(nb, period)
+    present = (position < tk)[None]
+    if padding is not None:
+        present = present & ~F.pad(padding, (0, width - tk), value=True).view(-1, nb, period)
+    return nb, width, position, present
+
+
 def _gathered(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval: LandmarkRetrieval) -> Tensor:
     """The grouped softmax with a top-k (:func:`_grouped`'s, equal to it up to rounding) from the keys each query
     reads: the landmarks' keys (scored), the blocks its slice of queries lies in (its own among them) and its k chosen
@@ -97,18 +109,13 @@ def _gathered(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval
     b, period, topk = retrieval.block, retrieval.period, retrieval.topk
     bsz, heads, t, dim = q.shape
     tk = k.size(2)
-    nb = -(-tk // period)
-    width = nb * period
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    device = q.device
+    dtype, device = torch.promote_types(q.dtype, torch.float32), q.device
+    nb, width, position, present = _layout(tk, period, padding, device)
+    present = present.expand(bsz, nb, period)
     scale = 1.0 / math.sqrt(dim)
     qf = q.to(dtype)
     kb = F.pad(k.to(dtype), (0, 0, 0, width - tk)).unflatten(2, (nb, period))  # (B, H, nb, P, D)
     vb = F.pad(v.to(dtype), (0, 0, 0, width - tk)).unflatten(2, (nb, period))
-    position = torch.arange(width, device=device).view(nb, period)
-    present = (position < tk).expand(bsz, nb, period)
-    if padding is not None:
-        present = present & ~F.pad(padding, (0, width - tk), value=True).view(bsz, nb, period)
     own = q_pos // period  # (t,)
     # the landmarks: scored by every query; those of blocks before its own, not padded, compete
     land = (qf @ kb[:, :, :, b].transpose(-1, -2)) * scale  # (B, H, t, nb)
@@ -154,18 +161,11 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval:
     b, period = retrieval.block, retrieval.period
     bsz, heads, t, dim = q.shape
     tk = k.size(2)
-    nb = -(-tk // period)
-    width = nb * period
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    device = q.device
+    dtype, device = torch.promote_types(q.dtype, torch.float32), q.device
+    nb, width, position, present = _layout(tk, period, padding, device)
+    present = present[:, None, None]  # (B or 1, 1, 1, nb, P)
     logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(dim)  # (B, H, t, Tk)
     grid = F.pad(logits, (0, width - tk), value=float("-inf")).unflatten(-1, (nb, period))  # (B, H, t, nb, P)
-    position = torch.arange(width, device=device).view(nb, period)  # (nb, P)
-    present = position < tk
-    if padding is not None:
-        present = present & ~F.pad(padding, (0, width - tk), value=True).view(bsz, 1, 1, nb, period)
-    else:
-        present = present.view(1, 1, 1, nb, period)
     block = torch.arange(nb, device=device)  # (nb,)
     own = (q_pos // period)[:, None]  # (t, 1)
     token = position[:, :b]  # (nb, b)
