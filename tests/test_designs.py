@@ -84,6 +84,19 @@ def test_the_registry_refuses_what_it_cannot_tell_apart(toy):
             build_designs(type("Config", (), {"learned_sinks": True, "toy_sinks": True})())
     finally:
         unregister_design("toy_sinks")
+
+    @dataclass(frozen=True)
+    class _Placer(LayerDesign):
+        interleaves = True
+
+    register_design(DesignSpec(name="toy_placer", summary="", source="", options=(DesignOption("toy_placer", bool, False, ""),),
+                               build=lambda config: _Placer() if getattr(config, "toy_placer", False) else None))
+    try:
+        with pytest.raises(ValueError, match="landmark and toy_placer both place vectors between the tokens"):
+            build_designs(type("Config", (), {"landmark_block_size": 4, "toy_placer": True, "decoder_embed_dim": 8,
+                                              "pos_emb": "xpos"})())
+    finally:
+        unregister_design("toy_placer")
     assert list(DESIGNS)[:4] == ["qk_norm", "ssmax", "temperature_tuning", "learned_sinks"] and list(DESIGNS)[-1] == "toy_query_factor"
 
 

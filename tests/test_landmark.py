@@ -136,6 +136,24 @@ def test_padded_keys_leave_every_group(path, monkeypatch):
     assert (got[0, :30].double() - expected[0, :30]).abs().max() < 1e-5 and (got[0, :30] - alone[0]).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("path", ["explicit", "gathered"])
+def test_a_padded_query_with_nothing_to_see_takes_its_own_value(path, monkeypatch):
+    """A row whose first positions are padding (as a cache continued after a padded start holds): those queries' groups
+    are empty, and each takes its own value (finite; the loss ignores it); the real queries after them equal the
+    float64 formula with the padded keys left out."""
+    monkeypatch.setattr(landmarks, "DENSE_FACTOR", 1000 if path == "explicit" else 0)
+    attn = _landmark(4, 2)
+    x = torch.randn(2, 40, 64)
+    padding = torch.zeros(2, 40, dtype=torch.bool)
+    padding[1, :3] = True  # the first three tokens of block 0: nothing before them, no earlier landmark
+    with torch.no_grad():
+        got = attn(x, scheme=XPos(D), key_padding_mask=padding)
+        expected = reference(attn, x, XPos(D), 4, 2, padding=padding)
+        own = attn.out_proj(attn.v_proj(x[1, :3]))
+    assert (got[1, :3] - own).abs().max() < 1e-5
+    assert (got[1, 3:].double() - expected[1, 3:]).abs().max() < 1e-5 and (got[0].double() - expected[0]).abs().max() < 1e-5
+
+
 def test_the_decoder_places_a_landmark_after_every_b_tokens_and_drops_its_output():
     model = build_lex_model(tokens_per_sample=L, seed=2, pos_emb="xpos", landmark_block_size=4)
     decoder = model.decoder

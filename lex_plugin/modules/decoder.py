@@ -230,7 +230,7 @@ class DecoderStack:
         interleave = self._interleave()
         kept = None  # the token positions of x once landmarks are placed (None: every position is a token's)
         if interleave is not None:  # landmark tokens after every b tokens, counted from the first
-            x, padding_mask, kept = _interleave(x, padding_mask, past, *interleave, self.embed_scale)
+            x, padding_mask, kept = _place_after_blocks(x, padding_mask, past, *interleave, self.embed_scale)
         if not padding_mask.any() or (incremental_state is None and is_right_padded(padding_mask)):
             padding_mask = None  # causal attention never lets a real token see trailing pads
         if sink:  # the sink token at position 0, before the first token
@@ -469,7 +469,7 @@ class DecoderStack:
         return self.positions[0].max_positions or UNBOUNDED_POSITIONS
 
 
-def _interleave(x: Tensor, padding_mask: Tensor, first: int, block: int, vector: Tensor, scale: float):
+def _place_after_blocks(x: Tensor, padding_mask: Tensor, first: int, block: int, vector: Tensor, scale: float):
     """x (B, T, C) of tokens first .. first + T - 1 with ``scale * vector`` (C,) placed after each token t with
     (t + 1) % block == 0 (a landmark closes its block in the call that completes it). Returns the (B, T', C) positions,
     their (B, T') padding (a landmark is padding where the token before it is) and the (T,) int64 indices of the

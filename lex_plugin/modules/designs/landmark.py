@@ -41,6 +41,7 @@ class Landmark(LayerDesign):
     landmarks: LandmarkRetrieval
     dim: int
     retrieves = True
+    interleaves = True
     global_only = True
 
     def retrieval(self, attention) -> LandmarkRetrieval:

@@ -122,6 +122,8 @@ class LayerDesign:
         """Whether the layers run without positions after ``num_updates`` training updates."""
         return False
 
+    interleaves = False  # whether interleave places vectors: at most one design of a model may
+
     def interleave(self, decoder) -> Optional[Tuple[int, Tensor]]:
         """(b, a (C,) vector) the decoder places after every b tokens (their outputs dropped), or None."""
         return None
@@ -211,7 +213,8 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
 
     Raises:
         ValueError: as a design's ``build``; two designs with sink logits, two that replace the attention call, two
-            that choose the keys each query sees, two with forget gates, or a forget gate with a block retrieval.
+            that choose the keys each query sees, two with forget gates, two that place vectors between the tokens, or a
+            forget gate with a block retrieval.
     """
     built = tuple((spec, layer) for spec in DESIGNS.values() for layer in [spec.build(config)] if layer is not None)
     sinks = [spec.name for spec, layer in built if layer.sinks]
@@ -226,6 +229,9 @@ def build_designs(config) -> Tuple[Tuple[DesignSpec, LayerDesign], ...]:
     decays = [spec.name for spec, layer in built if layer.decays]
     if len(decays) > 1:
         raise ValueError(f"{' and '.join(decays)} both decay the logits by forget gates; use one of them.")
+    placers = [spec.name for spec, layer in built if layer.interleaves]
+    if len(placers) > 1:
+        raise ValueError(f"{' and '.join(placers)} both place vectors between the tokens; use one of them.")
     if decays and retrievers:
         raise ValueError(f"{decays[0]} and {retrievers[0]}: a forget gate's decay is defined over every key at its true "
                          "position, and a block retrieval chooses the keys each query sees; train with one of them.")

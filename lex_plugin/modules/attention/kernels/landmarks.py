@@ -121,7 +121,7 @@ def _gathered(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval
     land = (qf @ kb[:, :, :, b].transpose(-1, -2)) * scale  # (B, H, t, nb)
     land_seen = (torch.arange(nb, device=device)[None, :] < own[:, None])[None, None] & present[:, None, None, :, b]
     land = land.masked_fill(~land_seen, float("-inf"))
-    chosen = nb - 1 - torch.sort(land.flip(-1), dim=-1, descending=True, stable=True).indices[..., :topk]  # (_top's)
+    chosen = _top_indices(land, topk)  # (B, H, t, k')
     share_logit = torch.gather(land, -1, chosen)  # (B, H, t, k'), -inf where fewer than k' landmarks compete
     # each (batch, head, block)'s b tokens as one row of a table, the chosen rows copied whole (index_select)
     rows = (torch.arange(bsz * heads, device=device).view(bsz, heads, 1, 1) * nb + chosen).flatten()
@@ -205,10 +205,14 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, padding, retrieval:
     return observed, out.to(q.dtype)
 
 
+def _top_indices(scores: Tensor, k: int) -> Tensor:
+    """(..., k) int64: the indices of the k highest of ``scores`` (..., nb) along the last axis, ties going to the later
+    block (a landmark's key can equal another's exactly: without positions every landmark enters the first layer as the
+    same vector), so the choice is the same in every pass, whatever its shape. -inf entries may be among them where
+    fewer than k are finite; the caller masks them."""
+    return scores.size(-1) - 1 - torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def _top(scores: Tensor, k: int) -> Tensor:
-    """(..., nb) bool: the k highest of ``scores`` (..., nb) along the last axis, ties going to the later block (a
-    landmark's key can equal another's exactly: without positions every landmark enters the first layer as the same
-    vector), so the choice is the same in every pass, whatever its shape. -inf entries may be chosen where fewer than k
-    are finite; the caller masks them."""
-    order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., :k]  # latest first among ties
-    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.size(-1) - 1 - order, True)
+    """(..., nb) bool: True at :func:`_top_indices` (the k highest of ``scores``, ties to the later block)."""
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, _top_indices(scores, k), True)
