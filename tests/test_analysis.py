@@ -218,8 +218,7 @@ def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_loca
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
                                               ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8*4"}, "no global layer"),
-                                              ({"differential_attention": True}, "several maps"),
-                                              ({"landmark_block_size": 4}, "landmark tokens")])
+                                              ({"differential_attention": True}, "several maps")])
 def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     from lex_plugin.analysis.first_token import first_token_mass
 
@@ -235,3 +234,35 @@ def test_resolution_refuses_differential_attention():
     model = build_lex_model(differential_attention=True).eval()
     with pytest.raises(ValueError, match="several maps over the same keys"):
         score_by_distance(model, random_tokens(model.decoder.dictionary, 1, 16, seed=0), AttentionSpec())
+
+
+@pytest.mark.parametrize("topk", [None, 2])
+def test_first_token_mass_of_landmark_layers_is_the_papers_attweight_in_float64(topk):
+    """Landmark tokens (blocks of 4, RoPE): each layer's mass on token 0 equals AttWeight_i0 of section 3.1 (the
+    grouped softmax written out query by query in float64, test_landmark.paper_weights) from the layer's own input,
+    averaged over the tokens' queries 1 .. L - 1 (the landmarks' queries left out) and texts."""
+    from test_landmark import paper_weights
+    from test_xpos import rotated_qkv64
+    from lex_plugin.analysis.first_token import first_token_mass
+    from lex_plugin.modules.positions import XPos
+
+    model = build_lex_model(pos_emb="rope", landmark_block_size=4, landmark_topk=topk, seed=6).eval()
+    seen = {i: [] for i in range(len(model.decoder.layers))}
+    handles = [layer.self_attn.register_forward_pre_hook(lambda module, args, i=i: seen[i].append(args[0].detach()))
+               for i, layer in enumerate(model.decoder.layers)]
+    length = 57  # 14 blocks and one token: landmarks at 4, 9, ... 69
+    mass = first_token_mass(model, random_tokens(model.decoder.dictionary, 2, length, seed=2))
+    for h in handles:
+        h.remove()
+    for i, layer in enumerate(model.decoder.layers):
+        attn = layer.self_attn
+        x = torch.cat(seen[i], dim=1)
+        T = x.size(1)
+        assert T == length + length // 4
+        q, k, _ = rotated_qkv64(attn, x, XPos(attn.head_dim, use_scale=False))
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)
+        on_first = paper_weights(logits, 4, topk)[..., 0]  # (B, H, T)
+        s = torch.arange(T)
+        token = (s % 5 != 4) & (s > 0)
+        expected = on_first[..., token].mean(dim=(0, 2))
+        assert (mass[i] - expected).abs().max() < 1e-6, i

@@ -24,24 +24,21 @@ L = 16
 D = 16  # head dimension: 64 / 4 heads
 
 
-def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk=None, padding=None) -> torch.Tensor:
-    """Landmark attention in float64 over positions laid out as the decoder lays them (position s a landmark when
-    s % (b + 1) == b), from section 3.1: p_j the landmark of j's block (j itself for a landmark; the sequence's length
-    for the last, incomplete block); for query i the group of key j <= i is G_ij = p_j for a token, -1 (left out) for
-    j = p_i, p_i for the other landmarks; S_i = GroupedSoftmax(q_i k^T / sqrt(d), G_i); AttWeight_ij = 0 for a
-    landmark, S_ij in i's own group (p_i: a landmark query's own group is its block's, itself left out), S_ij S_i,p_j
-    otherwise. ``topk``: the other landmarks outside query i's k highest logits (per head) leave its softmax, and with
-    them their blocks. ``padding`` (B, T) bool: those keys leave every group. Then the output projection."""
-    B, T, C = x.shape
-    H, d = attn.num_heads, attn.head_dim
+def paper_weights(logits: torch.Tensor, block: int, topk=None, padding=None) -> torch.Tensor:
+    """AttWeight (B, H, T, T) float64 of section 3.1 from the logits (B, H, T, T) over positions laid out as the decoder
+    lays them (position s a landmark when s % (b + 1) == b): p_j the landmark of j's block (j itself for a landmark;
+    the sequence's length for the last, incomplete block); for query i the group of key j <= i is G_ij = p_j for a
+    token, -1 (left out) for j = p_i, p_i for the other landmarks; S_i = GroupedSoftmax(logits_i, G_i); AttWeight_ij =
+    0 for a landmark, S_ij in i's own group (p_i: a landmark query's own group is its block's, itself left out),
+    S_ij S_i,p_j otherwise. ``topk``: the other landmarks outside query i's k highest logits (per head) leave its
+    softmax, and with them their blocks. ``padding`` (B, T) bool: those keys leave every group."""
+    B, H, T, _ = logits.shape
     P = block + 1
-    q, k, v = rotated_qkv64(attn, x, scheme)
-    logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, T)
     s = torch.arange(T)
     landmark = s % P == block
     p = torch.where(landmark, s, s // P * P + block)
     p = torch.where(p < T, p, torch.full_like(p, T))
-    out = torch.zeros(B, H, T, d, dtype=torch.float64)
+    weights = torch.zeros(B, H, T, T, dtype=torch.float64)
     for i in range(T):
         j = s[: i + 1]
         group = torch.where(~landmark[j], p[j], p[i].expand(i + 1))
@@ -59,16 +56,24 @@ def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk=
                 score = score.masked_fill(chosen, float("-inf"))
             dropped = others & ~chosen  # (B, H, i + 1): unchosen landmarks, and their blocks' tokens below
             keep &= ~dropped & ~(~landmark[j] & dropped[..., p[j].clamp(max=i)] & (p[j] <= i))
-        z = logits[:, :, i, : i + 1]
+        z = logits[:, :, i, : i + 1].double()
         S = torch.zeros_like(z)
         for g in group.unique().tolist():
             member = (group == g) & keep
             zg = z.masked_fill(~member, float("-inf"))
             rows = member.any(-1, keepdim=True)
             S = S + torch.where(member, torch.softmax(zg.masked_fill(~rows, 0.0), -1), torch.zeros_like(z))
-        weight = torch.where(landmark[j], torch.zeros_like(S),
-                             torch.where(group == p[i], S, S * S[..., p[j].clamp(max=i)]))
-        out[:, :, i] = (weight[..., None] * v[:, :, : i + 1]).sum(-2)
+        weights[:, :, i, : i + 1] = torch.where(landmark[j], torch.zeros_like(S),
+                                                torch.where(group == p[i], S, S * S[..., p[j].clamp(max=i)]))
+    return weights
+
+
+def reference(attn: LexSelfAttention, x: torch.Tensor, scheme, block: int, topk=None, padding=None) -> torch.Tensor:
+    """Landmark attention in float64 (:func:`paper_weights` on q k^T / sqrt(d) of q, k rotated in float64), then the
+    output projection."""
+    B, T, C = x.shape
+    q, k, v = rotated_qkv64(attn, x, scheme)
+    out = paper_weights((q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim), block, topk, padding) @ v
     out = out.transpose(1, 2).reshape(B, T, C)
     return out @ attn.out_proj.weight.double().T + attn.out_proj.bias.double()
 

@@ -7,12 +7,18 @@ the attention without the output gate, 4.8% with it, averaged over the layers of
 (the model's ``observer``), under full attention: every chunk's keys then start at position 0, and a query's
 distance to its first key is its own position. In a ``--layer-pattern`` the global layers are measured so; the local
 layers, whose windows (and chunks) start past position 0 for most queries, are not (NaN).
+
+In a landmark layer (Mohtashami & Jaggi 2023, section 3.1) the weight on token 0 is the paper's AttWeight, not one
+softmax over the observed logits: a query of block 0 weighs it within its own block's softmax; a later query gives it
+block 0's landmark's share of its softmax (zero where a top-k leaves that landmark out) times token 0's softmax within
+block 0. The landmarks' own queries are left out (their outputs are dropped), and the first token keeps position 0.
 """
 
 import torch
 from torch import Tensor
 
 from ..evaluation.length_eval import blockwise_forward
+from ..modules.attention.retrieval import LandmarkRetrieval
 from ..modules.attention.spec import FULL_SPEC
 
 __all__ = ["first_token_mass"]
@@ -35,8 +41,7 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     Raises:
         ValueError: L < 2; a model with learned sink logits (their share of the softmax is not observed, so the
             text's would be overstated), a sink token (position 0 is the sink, ahead of the text), differential
-            attention (two maps per head), landmark tokens (a grouped softmax), or a pattern without a global layer
-            (nothing to measure).
+            attention (two maps per head), or a pattern without a global layer (nothing to measure).
     """
     decoder = model.decoder
     bsz, length = tokens.shape
@@ -52,23 +57,26 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     if any(design.takes_attention for design in attention.designs):
         raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
                          "each map's probabilities would be counted as one head's. Measure models with one softmax.")
-    if any(design.interleave(decoder) is not None for _, design in getattr(decoder, "designs", ())):
-        raise ValueError("this checkpoint has landmark tokens (--landmark-block-size): its landmark layers weigh an "
-                         "earlier block's tokens by their landmark's share, not by one softmax over the observed logits, "
-                         "and its positions count the landmarks. Measure models without them.")
     local = [i for i in range(len(decoder.layers)) if decoder.layer_spec(i, FULL_SPEC).window.bounded]
     if len(local) == len(decoder.layers):
         raise ValueError("this checkpoint's --layer-pattern has no global layer: every layer's window starts past "
                          "position 0 for most queries; measure models with a */full entry.")
     heads = attention.num_heads
     sums = torch.zeros(len(decoder.layers), heads, dtype=torch.float64)
+    grouped = {i: d.retrieval(layer.self_attn) for i, layer in enumerate(decoder.layers) for d in layer.self_attn.designs
+               if d.retrieves and isinstance(d.retrieval(layer.self_attn), LandmarkRetrieval)}
+    period = next(iter(grouped.values())).period if grouped else None  # the decoder's landmarks, in every layer
 
     def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
         if layer in local:
             return
-        probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)  # (B, H, Tq, Tk), key 0 first
-        later = (distance[..., :, 0] > 0).to(probs.dtype)  # (Tq,): the query's position n = its distance to key 0
-        sums[layer] += (probs[..., 0] * later).double().sum(dim=(0, 2)).cpu()
+        n = distance[..., :, 0]  # (Tq,): the query's position = its distance to key 0
+        later = n > 0
+        if period is not None:  # a landmark's query: its output is dropped
+            later = later & (n % period != period - 1)
+        z = logits.masked_fill(~visible, float("-inf")).double()  # (B, H, Tq, Tk), key 0 first
+        on_first = landmark_weight(z, n, grouped[layer]) if layer in grouped else torch.softmax(z, dim=-1)[..., 0]
+        sums[layer] += (on_first * later).sum(dim=(0, 2)).cpu()
 
     chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
     for _ in blockwise_forward(model, tokens, min(chunk, length), spec=FULL_SPEC, observer=observe, features_only=True):
@@ -76,3 +84,34 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     mass = sums / (bsz * (length - 1))
     mass[local] = float("nan")  # a local layer: not measured
     return mass
+
+
+def landmark_weight(logits: Tensor, query: Tensor, retrieval: LandmarkRetrieval) -> Tensor:
+    """AttWeight on key 0 under landmark attention's grouped softmax (Mohtashami & Jaggi 2023, section 3.1), from the
+    logits a landmark layer's queries see.
+
+    Args:
+        logits: (B, H, Tq, Tk) float, keys from position 0 (position = index), -inf where a query does not see a key
+            (later keys; with a top-k, the unchosen landmarks and their blocks).
+        query: (Tq,) int64, each query's position (landmarks counted).
+        retrieval: the layer's landmarks (block b, period b + 1).
+
+    Returns:
+        (B, H, Tq) float: a query of block 0, key 0's share of the softmax over its own block; a later query, block 0's
+        landmark's share of the softmax over its own block and the earlier landmarks it sees, times key 0's softmax
+        within block 0 (zero where it does not see that landmark).
+    """
+    b, period = retrieval.block, retrieval.period
+    tk = logits.size(-1)
+    key = torch.arange(tk, device=logits.device)
+    landmark = key % period == b  # (Tk,)
+    q_block, k_block = (query // period)[:, None], (key // period)[None]  # (Tq, 1), (1, Tk)
+    outer = ((k_block == q_block) & ~landmark) | (landmark & (k_block < q_block))  # (Tq, Tk): the query's softmax
+    lse_outer = torch.logsumexp(logits.masked_fill(~outer, float("-inf")), dim=-1)  # (B, H, Tq)
+    direct = torch.exp(logits[..., 0] - lse_outer)
+    if tk <= b:  # no landmark among the keys: every query is in block 0
+        return direct
+    chosen = torch.isfinite(logits[..., b])  # (B, H, Tq): block 0's landmark seen
+    lse_inner = torch.logsumexp(logits[..., :b], dim=-1).masked_fill(~chosen, 0.0)
+    via = torch.exp(logits[..., b].masked_fill(~chosen, float("-inf")) - lse_outer) * torch.exp(logits[..., 0] - lse_inner)
+    return torch.where(q_block[:, 0] == 0, direct, torch.where(chosen, via, torch.zeros_like(via)))
