@@ -6,6 +6,12 @@ measurements alternated in that process).
     python scripts/bench_design_costs.py --runs xpos_bca_nope,rnope_swa,gemma_5to1 --training-length 256 \\
         --context 16384 --json-out examples/lex_lm/designs_1000/costs16k.json
 
+A reference method of the verdict (``xpos+bca``, ``xpos+rerope``, ``rope+rerope``: an evaluation mode of a model
+trained without a design) is measured the same way, against the same model under full attention:
+
+    python scripts/bench_design_costs.py --runs xpos+bca,xpos+rerope,rope+rerope --training-length 256 \\
+        --context 16384 --json-out examples/lex_lm/designs_1000/costs16k_references.json
+
 The report holds one row per run and its provenance (command, commit, device, versions, wall time);
 ``scripts/verdict.py --costs`` reads it.
 """
@@ -24,10 +30,12 @@ from lex_plugin.options import parse_name_list  # noqa: E402
 
 
 def main():
+    from lex_plugin.experiments.design_costs import REFERENCE_MODES
     from lex_plugin.experiments.reproduce.catalogue import RUNS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", help="comma-separated runs of scripts/reproduce.py with a design (catalogue.RUNS)")
+    p.add_argument("--runs", help="comma-separated runs of scripts/reproduce.py with a design (catalogue.RUNS), or the "
+                   "verdict's reference methods (design_costs.REFERENCE_MODES)")
     p.add_argument("--training-length", type=int, default=256)
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--arch", default="lex_lm_tiny")
@@ -45,9 +53,10 @@ def main():
     if not args.runs:
         p.error("--runs: give the runs to measure.")
     runs = parse_name_list(args.runs, "--runs")
-    unknown = [r for r in runs if r not in RUNS]
+    unknown = [r for r in runs if r not in RUNS and r not in REFERENCE_MODES]
     if unknown:
-        p.error(f"--runs: {', '.join(unknown)} not runs of scripts/reproduce.py ({', '.join(RUNS)}).")
+        p.error(f"--runs: {', '.join(unknown)} not runs of scripts/reproduce.py ({', '.join(RUNS)}) nor reference "
+                f"methods ({', '.join(REFERENCE_MODES)}).")
     start, rows = time.perf_counter(), []
     for run in runs:
         row = benchmark.run_isolated(Path(__file__), [run, "--training-length", args.training_length, "--context",

@@ -329,3 +329,47 @@ def test_results_gate_and_differential_attention_figures_are_the_committed_repor
     for run, label in [("rope_gate_elementwise", "gate"), ("rope_diff", "differential attention")]:
         c = costs[run]
         assert f"| {label} | {c['eval_time']:.2f}x | {c['gen_time']:.2f}x | {c['cache_64k']:.3f}x |" in results, run
+
+
+def test_a_reference_reads_its_costs_from_a_cost_report(tmp_path):
+    """A reference row's time and cache come from its row of a bench_design_costs report, measured at the verdict's
+    16k and at its length report's l; a report without its row, at another context, or a figure also typed is refused."""
+    import shutil
+
+    shutil.copy(REPO / "examples/lex_lm/longppl_xpos.json", tmp_path / "length.json")
+    row = {"run": "xpos+bca", "context": 16384, "training_length": 256, "eval_time": 0.25, "gen_time": 0.5,
+           "cache_64k": 0.0039}
+    (tmp_path / "costs.json").write_text(json.dumps({"rows": [row]}))
+    ref = {"name": "xpos+bca", "label": "LeX", "updates": 1000, "length": {"report": "length.json", "mode": "bca"},
+           "costs": {"report": "costs.json"}}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps([ref]))
+    (got,) = reference_figures(path)
+    assert (got.eval_time, got.gen_time, got.cache_64k) == (0.25, 0.5, 0.0039) and got.ratio is not None
+    for bad, match in (({**ref, "name": "rope+rerope"}, "has no row 'rope\\+rerope'"),
+                       ({**ref, "eval_time": 0.3}, "gives eval_time and reads it"),
+                       ({k: v for k, v in ref.items() if k != "length"}, "without a length report")):
+        path.write_text(json.dumps([bad]))
+        with pytest.raises(ValueError, match=match):
+            reference_figures(path)
+    (tmp_path / "costs.json").write_text(json.dumps({"rows": [{**row, "context": 8192}]}))
+    path.write_text(json.dumps([ref]))
+    with pytest.raises(ValueError, match="measured at context 8192"):
+        reference_figures(path)
+
+
+def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_same_model():
+    """BCA keeps at most l positions a layer against full attention's 64k, ReRoPE keeps them all; both models are the
+    reference's --pos-emb with the same weights' shapes."""
+    from lex_plugin.experiments.design_costs import CACHE_CONTEXT, REFERENCE_MODES, _cost_models, measure_design_costs
+
+    for name, (mode, pos_emb) in REFERENCE_MODES.items():
+        models = _cost_models(name, "lex_lm_tiny", 32)
+        assert models["design"].decoder.pos_emb == models["base"].decoder.pos_emb == pos_emb
+        row = measure_design_costs(name, 32, 96, repeats=1)
+        layers = len(models["base"].decoder.layers)
+        assert row["kept"]["base"] == [CACHE_CONTEXT] * layers, name
+        if mode == "bca":
+            assert max(row["kept"]["design"]) <= 32 and row["cache_64k"] < 0.001
+        else:
+            assert row["kept"]["design"] == [CACHE_CONTEXT] * layers and row["cache_64k"] == 1.0

@@ -14,25 +14,45 @@ same process, and every measurement alternates the two, so the machine's drift a
   layers keep at :data:`CACHE_CONTEXT`: a growing layer extended to it, a bounded layer at the most it held, design /
   base. A layer that does neither is refused rather than guessed.
 
+The verdict's reference methods (:data:`REFERENCE_MODES`: an evaluation mode of a model trained without a design,
+LeX's BCA or ReRoPE) are measured the same way: the model under that mode against the same model under full attention.
+
 The random weights leave every figure as trained weights would: the time does not depend on the training.
 """
 
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
 from . import benchmark
 
-__all__ = ["CACHE_CONTEXT", "base_mode", "measure_design_costs"]
+__all__ = ["CACHE_CONTEXT", "REFERENCE_MODES", "base_mode", "measure_design_costs"]
 
 CACHE_CONTEXT = 65536  # the verdict's cache goal is read at 64k
+# the verdict's reference rows (verdict_reference.json's names): (attention mode at evaluation, --pos-emb); each is
+# compared with the same model under full attention
+REFERENCE_MODES: Dict[str, Tuple[str, str]] = {"xpos+bca": ("bca", "xpos"), "xpos+rerope": ("rerope", "xpos"),
+                                               "rope+rerope": ("rerope", "rope")}
 
 
 def base_mode(run: str) -> str:
-    """The benchmark mode of run ``run``'s base model: its --pos-emb and depth under full attention (``full@base:RUN``)."""
+    """The benchmark mode of run ``run``'s base model: its --pos-emb and depth under full attention (``full@base:RUN``);
+    for a reference method (:data:`REFERENCE_MODES`), its model under full attention (``full`` with its --pos-emb)."""
+    if run in REFERENCE_MODES:
+        return f"full (--pos-emb {REFERENCE_MODES[run][1]})"
     return f"full@base:{run}"
+
+
+def _cost_models(run: str, arch: str, training_length: int) -> dict:
+    """{"design": the model run ``run`` is timed as, "base": what it is compared with}, random weights."""
+    if run in REFERENCE_MODES:
+        mode, pos_emb = REFERENCE_MODES[run]
+        return {"design": benchmark.bench_model(mode, arch, training_length, pos_emb=pos_emb)[0],
+                "base": benchmark.bench_model("full", arch, training_length, pos_emb=pos_emb)[0]}
+    return {"design": benchmark.bench_model(f"full@{run}", arch, training_length)[0],
+            "base": benchmark.bench_model(base_mode(run), arch, training_length)[0]}
 
 
 def _kept(model, state: dict) -> List[int]:
@@ -69,7 +89,8 @@ def measure_design_costs(run: str, training_length: int, context: int = 16384, a
     """The cost figures of reproduction run ``run`` against its base model, both measured in this process.
 
     Args:
-        run: a run of ``scripts/reproduce.py`` (``catalogue.RUNS``); training_length: l (its windows' spans).
+        run: a run of ``scripts/reproduce.py`` (``catalogue.RUNS``), or a reference method of the verdict
+            (:data:`REFERENCE_MODES`); training_length: l (its windows' spans).
         context: the tokens evaluated and read before the generation steps (the verdict's 16k).
         arch: the model preset (``lex_lm_tiny``, the reproduction's); repeats: evaluation forwards per model after the
             warm-up (the best is kept).
@@ -80,7 +101,7 @@ def measure_design_costs(run: str, training_length: int, context: int = 16384, a
         "base": ...} pair, and the verdict's figures "eval_time", "gen_time", "cache_64k" (design / base)}.
 
     Raises:
-        ValueError: ``run`` is not a run of the reproduction, or a context not above l.
+        ValueError: ``run`` is neither a run of the reproduction nor a reference method, or a context not above l.
         RuntimeError: a layer whose cache neither keeps every position nor stays bounded (:func:`_positions_at`).
     """
     from ..evaluation.length_eval import blockwise_forward
@@ -88,8 +109,7 @@ def measure_design_costs(run: str, training_length: int, context: int = 16384, a
     if context <= training_length:
         raise ValueError(f"context {context} must be above the training length {training_length}.")
     torch.set_num_threads(benchmark.thread_count())
-    models = {"design": benchmark.bench_model(f"full@{run}", arch, training_length)[0],
-              "base": benchmark.bench_model(base_mode(run), arch, training_length)[0]}
+    models = _cost_models(run, arch, training_length)
     steps = 2 * training_length
     tokens = torch.randint(4, benchmark.BENCH_VOCAB_SYMBOLS, (1, context + steps))
     forward = {k: (lambda m: lambda: m(tokens[:, :context], features_only=True))(m) for k, m in models.items()}

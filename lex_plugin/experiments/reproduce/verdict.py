@@ -95,6 +95,7 @@ GOALS = (
     Goal("eval_time", "eval time 16k <= 1.1x full", lambda v: v <= 1.1, 1.1, "{:.2f}x"),
     Goal("cache_64k", "cache 64k <= 0.5x full", lambda v: v <= 0.5, 0.5, "{:.3f}x"),
 )
+CONTEXT = 16384  # the tokens the cost columns are measured at (the verdict's 16k)
 # shown beside the goals, judged by nothing
 CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l", "greedy 8l", "{:.2f}"),
                    ("gen_time", "gen time 16k", "{:.2f}x"))
@@ -217,7 +218,9 @@ def reference_figures(path: Path) -> List[Figures]:
     ``full``, ``bca``, ``rerope`` ...), as a design's are read (:func:`design_figures`):
 
     - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_ratio``;
-    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`).
+    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
+    - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
+      ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l).
 
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
@@ -228,24 +231,48 @@ def reference_figures(path: Path) -> List[Figures]:
     rows = []
     for raw in json.loads(Path(path).read_text()):
         raw = dict(raw)
-        read = {key: raw.pop(key) for key in ("length", "ruler") if key in raw}
+        read = {key: raw.pop(key) for key in ("length", "ruler", "costs") if key in raw}
         unknown = sorted(set(raw) - known)
         if unknown or not {"name", "label", "updates"} <= set(raw):
-            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length and ruler (name, label and updates "
+            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, ruler and costs (name, label and updates "
                              f"required); got {sorted(raw)}.")
+        length = (int(json.loads((Path(path).parent / read["length"]["report"]).read_text())["training_length"])
+                  if "length" in read else None)  # l, at which a cost row must have been measured
         for key, given in read.items():
-            raw.update(_read_figures(Path(path), raw, key, given))
+            raw.update(_read_figures(Path(path), raw, key, given, length))
         if "length" in read:
             raw["measured_on"] = provenance_cell(json.loads((Path(path).parent / read["length"]["report"]).read_text()))
         rows.append(Figures(**raw, reference=True))
     return rows
 
 
-def _read_figures(path: Path, raw: dict, key: str, given: dict) -> dict:
-    """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length or
-    ruler; :func:`reference_figures`)."""
-    report = json.loads((path.parent / given["report"]).read_text())
-    l, mode = int(report["training_length"]), given["mode"]
+def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional[int]) -> dict:
+    """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length,
+    ruler or costs; ``length``: l of the row's length report, None without one; :func:`reference_figures`)."""
+    if key == "costs":
+        if length is None:
+            raise ValueError(f"{path}: {raw['name']} reads its costs without a length report, whose l they must have "
+                             "been measured at: give \"length\" too.")
+        row = _costs_row([path.parent / given["report"]], raw["name"], length, CONTEXT)
+        if row is None:
+            raise ValueError(f"{path}: {given['report']} has no row {raw['name']!r}: measure it with "
+                             f"scripts/bench_design_costs.py --runs {raw['name']}.")
+        figures = {k: row[k] for k in ("eval_time", "gen_time", "cache_64k")}
+    else:
+        report = json.loads((path.parent / given["report"]).read_text())
+        figures = _report_figures(report, key, given["mode"])
+    twice = sorted(set(figures) & set(raw))
+    if twice:
+        raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {given['report']}; give one.")
+    if any(value is None for value in figures.values()):
+        raise ValueError(f"{path}: {given['report']} lacks the {given.get('mode')} rows {raw['name']} reads "
+                         f"({', '.join(figures)}).")
+    return figures
+
+
+def _report_figures(report: dict, key: str, mode: str) -> dict:
+    """A length (``--longppl``) or RULER-lite report's figures under attention mode ``mode``, None where it lacks them."""
+    l = int(report["training_length"])
     if key == "ruler":
         figures = {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
     else:
@@ -255,11 +282,6 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict) -> dict:
         figures = {"ratio": at[16 * l]["ppl"] / at[l]["ppl"] if both else None,
                    "longppl_ratio": (at[16 * l]["longppl"] / at[l]["longppl"]
                                      if both and at[l].get("longppl") and at[16 * l].get("longppl") else None)}
-    twice = sorted(set(figures) & set(raw))
-    if twice:
-        raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {given['report']}; give one.")
-    if any(value is None for value in figures.values()):
-        raise ValueError(f"{path}: {given['report']} lacks the {mode} rows {raw['name']} reads ({', '.join(figures)}).")
     return figures
 
 
@@ -374,7 +396,7 @@ def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: 
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
-                   costs: Sequence[Path] = (), context: int = 16384,
+                   costs: Sequence[Path] = (), context: int = CONTEXT,
                    recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
     from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
