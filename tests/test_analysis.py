@@ -218,7 +218,7 @@ def test_first_token_mass_of_a_patterns_global_layer_equals_float64_and_its_loca
 
 @pytest.mark.parametrize("overrides, match", [({"learned_sinks": True}, "learned sink"), ({"sink_token": True}, "sink-token"),
                                               ({"pos_emb": "rope", "layer_pattern": "rope/sliding:8*4"}, "no global layer"),
-                                              ({"differential_attention": True}, "several maps")])
+                                              ])
 def test_first_token_mass_refuses_what_it_would_misread(overrides, match):
     from lex_plugin.analysis.first_token import first_token_mass
 
@@ -266,3 +266,36 @@ def test_first_token_mass_of_landmark_layers_is_the_papers_attweight_in_float64(
         token = (s % 5 != 4) & (s > 0)
         expected = on_first[..., token].mean(dim=(0, 2))
         assert (mass[i] - expected).abs().max() < 1e-6, i
+
+
+def test_first_token_share_of_differential_attention_is_the_net_weight_over_one_minus_lambda_in_float64(monkeypatch):
+    """Differential attention (RoPE): each layer's share on token 0 equals (p1 - lambda p2)[0] / (1 - lambda) from the
+    layer's own input in float64, the maps' queries and keys being the even and the odd pairs of each head (d' = d / 2),
+    averaged over queries 1 .. L - 1 and texts; a chunked forward gives the same."""
+    from test_xpos import rotated_qkv64
+    from lex_plugin.analysis import first_token
+    from lex_plugin.modules.designs.differential_attention import diff_lambda
+    from lex_plugin.modules.positions import XPos
+
+    model = build_lex_model(pos_emb="rope", differential_attention=True, attention_dropout=0.0, seed=7).eval()
+    seen = {i: [] for i in range(len(model.decoder.layers))}
+    handles = [layer.self_attn.register_forward_pre_hook(lambda module, args, i=i: seen[i].append(args[0].detach()))
+               for i, layer in enumerate(model.decoder.layers)]
+    tokens = random_tokens(model.decoder.dictionary, 2, 90, seed=2)
+    mass = first_token.first_token_mass(model, tokens)
+    for h in handles:
+        h.remove()
+    for i, layer in enumerate(model.decoder.layers):
+        attn = layer.self_attn
+        x = torch.cat(seen[i], dim=1)
+        q, k, _ = rotated_qkv64(attn, x, XPos(attn.head_dim, use_scale=False))
+        T, d = x.size(1), attn.head_dim
+        first = (torch.arange(d) // 2) % 2 == 0
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        p1, p2 = (torch.softmax((q[..., m] @ k[..., m].transpose(-1, -2) / math.sqrt(d // 2)).masked_fill(~causal, float("-inf")), -1)
+                  for m in (first, ~first))
+        lam = float(diff_lambda(attn))
+        expected = ((p1[..., 1:, 0] - lam * p2[..., 1:, 0]) / (1 - lam)).mean(dim=(0, 2))
+        assert (mass[i] - expected).abs().max() < 1e-6, i
+    monkeypatch.setattr(first_token, "CHUNK_ELEMENTS", 2 * 4 * 90 * 7)  # 7 queries a block: several calls of each map
+    assert (first_token.first_token_mass(model, tokens) - mass).abs().max() < 1e-6

@@ -12,6 +12,10 @@ In a landmark layer (Mohtashami & Jaggi 2023, section 3.1) the weight on token 0
 softmax over the observed logits: a query of block 0 weighs it within its own block's softmax; a later query gives it
 block 0's landmark's share of its softmax (zero where a top-k leaves that landmark out) times token 0's softmax within
 block 0. The landmarks' own queries are left out (their outputs are dropped), and the first token keeps position 0.
+
+Under differential attention (Ye et al., ICLR 2025, Eq. 1) a head's weights are p1 - lambda p2, which sum to
+1 - lambda over the keys; the share on token 0 is (p1 - lambda p2)[0] / (1 - lambda), each map's probabilities
+observed from its own executor call (the first map's calls come first, then the second's, chunk for chunk).
 """
 
 import torch
@@ -20,6 +24,7 @@ from torch import Tensor
 from ..evaluation.length_eval import blockwise_forward
 from ..modules.attention.retrieval import LandmarkRetrieval
 from ..modules.attention.spec import FULL_SPEC
+from ..modules.designs.differential_attention import DifferentialAttention, diff_lambda
 
 __all__ = ["first_token_mass"]
 
@@ -54,9 +59,10 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     if getattr(attention, "sink_logits", None) is not None:
         raise ValueError("this checkpoint has learned sink logits (--learned-sinks): the sink's share of each softmax is "
                          "not observed, so the first token's would be overstated. Measure models without them.")
-    if any(design.takes_attention for design in attention.designs):
-        raise ValueError("this checkpoint takes attention as several maps over the same keys (--differential-attention): "
-                         "each map's probabilities would be counted as one head's. Measure models with one softmax.")
+    taker = next((d for d in attention.designs if d.takes_attention), None)
+    if taker is not None and not isinstance(taker, DifferentialAttention):
+        raise ValueError(f"this checkpoint takes attention by {type(taker).__name__}, whose weights this measure does "
+                         "not know; measure models with one softmax or differential attention.")
     local = [i for i in range(len(decoder.layers)) if decoder.layer_spec(i, FULL_SPEC).window.bounded]
     if len(local) == len(decoder.layers):
         raise ValueError("this checkpoint's --layer-pattern has no global layer: every layer's window starts past "
@@ -66,6 +72,9 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
     grouped = {i: d.retrieval(layer.self_attn) for i, layer in enumerate(decoder.layers) for d in layer.self_attn.designs
                if d.retrieves and isinstance(d.retrieval(layer.self_attn), LandmarkRetrieval)}
     period = next(iter(grouped.values())).period if grouped else None  # the decoder's landmarks, in every layer
+    two_maps = {i: float(diff_lambda(layer.self_attn)) for i, layer in enumerate(decoder.layers)
+                if taker is not None and i not in local}  # differential attention: lambda of each measured layer
+    pending = {i: [] for i in two_maps}  # each map's (B, H, Tq) weight on key 0 and its queries' mask, in call order
 
     def observe(layer: int, logits: Tensor, distance: Tensor, visible: Tensor) -> None:
         if layer in local:
@@ -76,11 +85,24 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
             later = later & (n % period != period - 1)
         z = logits.masked_fill(~visible, float("-inf")).double()  # (B, H, Tq, Tk), key 0 first
         on_first = landmark_weight(z, n, grouped[layer]) if layer in grouped else torch.softmax(z, dim=-1)[..., 0]
+        if layer in two_maps:
+            pending[layer].append((on_first, later))
+            return
         sums[layer] += (on_first * later).sum(dim=(0, 2)).cpu()
+
+    def difference() -> None:  # after a forward: each two-map layer's first-map calls, then as many second-map ones
+        for layer, seen in pending.items():
+            half, lam = len(seen) // 2, two_maps[layer]
+            if len(seen) != 2 * half or lam >= 1.0:
+                raise RuntimeError(f"layer {layer}: {len(seen)} observed maps (two per call expected) and lambda {lam:.3f} "
+                                   "(the weights sum to 1 - lambda, which must be positive).")
+            for (one, later), (two, _) in zip(seen[:half], seen[half:]):
+                sums[layer] += ((one - lam * two) / (1.0 - lam) * later).sum(dim=(0, 2)).cpu()
+            seen.clear()
 
     chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * heads * length))
     for _ in blockwise_forward(model, tokens, min(chunk, length), spec=FULL_SPEC, observer=observe, features_only=True):
-        pass
+        difference()
     mass = sums / (bsz * (length - 1))
     mass[local] = float("nan")  # a local layer: not measured
     return mass

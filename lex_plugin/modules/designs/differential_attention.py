@@ -28,13 +28,20 @@ from torch import Tensor, nn
 
 from .registry import LayerDesign, switch_design
 
-__all__ = ["DIFFERENTIAL_ATTENTION", "DifferentialAttention", "lambda_init"]
+__all__ = ["DIFFERENTIAL_ATTENTION", "DifferentialAttention", "diff_lambda", "lambda_init"]
 
 
 def lambda_init(depth: int) -> float:
     """lambda_init of the layer at ``depth`` (0 first): 0.8 - 0.6 exp(-0.3 (l - 1)) with l = depth + 1 (Ye et al.,
     section 2.1)."""
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+def diff_lambda(attention) -> Tensor:
+    """lambda of a differential-attention layer (Ye et al., Eq. 2): exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init,
+    a 0-d fp32 tensor (differentiable in the four vectors)."""
+    return (torch.exp(torch.dot(attention.lambda_q1.float(), attention.lambda_k1.float()))
+            - torch.exp(torch.dot(attention.lambda_q2.float(), attention.lambda_k2.float())) + lambda_init(attention.depth))
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,7 @@ class DifferentialAttention(LayerDesign):
         one = run((q.float() * (first * scale)).to(q.dtype)).float()
         two = run((q.float() * ((1.0 - first) * scale)).to(q.dtype)).float()
         init = lambda_init(attention.depth)
-        lam = (torch.exp(torch.dot(attention.lambda_q1.float(), attention.lambda_k1.float()))
-               - torch.exp(torch.dot(attention.lambda_q2.float(), attention.lambda_k2.float())) + init)
-        diff = one - lam * two  # (B, H, T, d) fp32
+        diff = one - diff_lambda(attention) * two  # (B, H, T, d) fp32
         norm = attention.diff_norm
         out = diff * torch.rsqrt(diff.pow(2).mean(dim=-1, keepdim=True) + norm.eps) * norm.weight.float()
         return (out * (1.0 - init)).to(q.dtype)
