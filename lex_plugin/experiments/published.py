@@ -52,7 +52,7 @@ VERDICT_1000 = VerdictRun(
     work="examples/lex_lm/designs_1000",
     runs=("irope", "xpos_bca_nope", "rnope_swa", "gemma_5to1", "rope_ssmax", "rope_learned_sinks", "rope_drope",
           "rope_drope/recalibrated", "xpos_sink_token", "rope_gate_elementwise", "rope_diff", "xpos_moba",
-          "xpos_bca_nope_moba", "xpos_bca_nope_landmark", "fox_nope"),
+          "xpos_bca_nope_moba", "xpos_bca_nope_landmark", "xpos_bca_nope_gate", "fox_nope"),
     updates=1000, training_length=256,
     costs=("examples/lex_lm/designs_1000/costs16k.json", "examples/lex_lm/designs_1000/costs16k_gate_diff.json",
            "examples/lex_lm/designs_1000/costs16k_moba.json", "examples/lex_lm/designs_1000/costs16k_fox.json",
