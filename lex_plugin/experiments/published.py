@@ -56,7 +56,8 @@ VERDICT_1000 = VerdictRun(
     updates=1000, training_length=256,
     costs=("examples/lex_lm/designs_1000/costs16k.json", "examples/lex_lm/designs_1000/costs16k_gate_diff.json",
            "examples/lex_lm/designs_1000/costs16k_moba.json", "examples/lex_lm/designs_1000/costs16k_fox.json",
-           "examples/lex_lm/designs_1000/costs16k_moba_landmark.json"),
+           "examples/lex_lm/designs_1000/costs16k_moba_landmark.json",
+           "examples/lex_lm/designs_1000/costs16k_gate_references.json"),
     references=("examples/lex_lm/verdict_reference.json",))
 
 
