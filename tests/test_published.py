@@ -80,7 +80,8 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     rows = verdict_1000_rows(REPO)
     table = decision_table(rows)
     assert "| flat perplexity at any length, on an existing checkpoint | LeX: xPos + BCA (reference) |" in table
-    assert "| one passkey, written by greedy decoding at 16l | RNoPE-SWA (RoPE sliding x3 + NoPE global) |" in table
+    # RNoPE-SWA wrote the key at 16l in 46, 41 and 43 of 50 prompts over three seeds: not every seed retrieves
+    assert "| one passkey, written by greedy decoding at 16l | none at this scale | - | - | 0 |" in table
 
 
 def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_figure():

@@ -229,10 +229,11 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.19)
     assert f.spread["greedy_16l"] == (0.0, 0.92, 3)
-    # RNoPE-SWA: the same five goals, RULER-lite closer (0.25)
+    # RNoPE-SWA: RULER-lite closer (0.25); greedy at 16l over three seeds 46, 41, 43 of 50: the lowest misses 0.90
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.92, 0.25)
-    assert (round(f.passkey_8l, 2), f.greedy_8l, round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.98, 0.41, 0.60)
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.25)
+    assert f.spread["greedy_16l"] == (0.82, 0.92, 3)
+    assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2), round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.87, 0.41, 0.60)
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
     expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.34), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 0.99),
                 "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.11), "rope_drope": (1.083, 0.53, 0.0, 0.19, 0.99),
