@@ -237,7 +237,7 @@ def test_resolution_refuses_differential_attention():
 
 
 @pytest.mark.parametrize("topk", [None, 2])
-def test_first_token_mass_of_landmark_layers_is_the_papers_attweight_in_float64(topk):
+def test_first_token_mass_of_landmark_layers_is_the_papers_attweight_in_float64(topk, monkeypatch):
     """Landmark tokens (blocks of 4, RoPE): each layer's mass on token 0 equals AttWeight_i0 of section 3.1 (the
     grouped softmax written out query by query in float64, test_landmark.paper_weights) from the layer's own input,
     averaged over the tokens' queries 1 .. L - 1 (the landmarks' queries left out) and texts."""
@@ -266,6 +266,12 @@ def test_first_token_mass_of_landmark_layers_is_the_papers_attweight_in_float64(
         token = (s % 5 != 4) & (s > 0)
         expected = on_first[..., token].mean(dim=(0, 2))
         assert (mass[i] - expected).abs().max() < 1e-6, i
+    # in blocks of 3 tokens: the first call's keys hold no landmark yet (every query in block 0)
+    from lex_plugin.analysis import first_token as module
+
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 2 * 4 * length * 3)
+    chunked = first_token_mass(model, random_tokens(model.decoder.dictionary, 2, length, seed=2))
+    assert (chunked - mass).abs().max() < 1e-6
 
 
 def test_first_token_share_of_differential_attention_is_the_net_weight_over_one_minus_lambda_in_float64(monkeypatch):

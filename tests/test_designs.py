@@ -73,30 +73,18 @@ def test_the_registry_refuses_what_it_cannot_tell_apart(toy):
     with pytest.raises(ValueError, match="--toy-query-factor is declared by two designs"):
         register_design(DesignSpec(name="other", summary="", source="", options=TOY.options, build=_toy_build))
 
-    @dataclass(frozen=True)
-    class _Sinks(LayerDesign):
-        sinks = True
-
-    register_design(DesignSpec(name="toy_sinks", summary="", source="", options=(DesignOption("toy_sinks", bool, False, ""),),
-                               build=lambda config: _Sinks() if getattr(config, "toy_sinks", False) else None))
-    try:
-        with pytest.raises(ValueError, match="learned_sinks and toy_sinks both add a logit"):
-            build_designs(type("Config", (), {"learned_sinks": True, "toy_sinks": True})())
-    finally:
-        unregister_design("toy_sinks")
-
-    @dataclass(frozen=True)
-    class _Placer(LayerDesign):
-        interleaves = True
-
-    register_design(DesignSpec(name="toy_placer", summary="", source="", options=(DesignOption("toy_placer", bool, False, ""),),
-                               build=lambda config: _Placer() if getattr(config, "toy_placer", False) else None))
-    try:
-        with pytest.raises(ValueError, match="landmark and toy_placer both place vectors between the tokens"):
-            build_designs(type("Config", (), {"landmark_block_size": 4, "toy_placer": True, "decoder_embed_dim": 8,
-                                              "pos_emb": "xpos"})())
-    finally:
-        unregister_design("toy_placer")
+    for name, flag, config, match in (
+            ("toy_sinks", "sinks", {"learned_sinks": True}, "learned_sinks and toy_sinks both add a logit"),
+            ("toy_placer", "interleaves", {"landmark_block_size": 4, "decoder_embed_dim": 8, "pos_emb": "xpos"},
+             "landmark and toy_placer both place vectors between the tokens")):
+        design = dataclass(frozen=True)(type("_Toy", (LayerDesign,), {flag: True}))()
+        register_design(DesignSpec(name=name, summary="", source="", options=(DesignOption(name, bool, False, ""),),
+                                   build=lambda config, name=name, design=design: design if getattr(config, name, False) else None))
+        try:
+            with pytest.raises(ValueError, match=match):
+                build_designs(type("Config", (), {**config, name: True})())
+        finally:
+            unregister_design(name)
     assert list(DESIGNS)[:4] == ["qk_norm", "ssmax", "temperature_tuning", "learned_sinks"] and list(DESIGNS)[-1] == "toy_query_factor"
 
 

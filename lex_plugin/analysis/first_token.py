@@ -45,8 +45,10 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
 
     Raises:
         ValueError: L < 2; a model with learned sink logits (their share of the softmax is not observed, so the
-            text's would be overstated), a sink token (position 0 is the sink, ahead of the text), differential
-            attention (two maps per head), or a pattern without a global layer (nothing to measure).
+            text's would be overstated), a sink token (position 0 is the sink, ahead of the text), a design that
+            takes attention otherwise than one softmax or differential attention's two, or a pattern without a global
+            layer (nothing to measure).
+        RuntimeError: a differential layer whose lambda is >= 1 (its weights would sum to 1 - lambda <= 0).
     """
     decoder = model.decoder
     bsz, length = tokens.shape
@@ -69,8 +71,9 @@ def first_token_mass(model, tokens: Tensor) -> Tensor:
                          "position 0 for most queries; measure models with a */full entry.")
     heads = attention.num_heads
     sums = torch.zeros(len(decoder.layers), heads, dtype=torch.float64)
-    grouped = {i: d.retrieval(layer.self_attn) for i, layer in enumerate(decoder.layers) for d in layer.self_attn.designs
-               if d.retrieves and isinstance(d.retrieval(layer.self_attn), LandmarkRetrieval)}
+    retrievals = {i: d.retrieval(layer.self_attn) for i, layer in enumerate(decoder.layers)
+                  for d in layer.self_attn.designs if d.retrieves}
+    grouped = {i: r for i, r in retrievals.items() if isinstance(r, LandmarkRetrieval)}
     period = next(iter(grouped.values())).period if grouped else None  # the decoder's landmarks, in every layer
     two_maps = {i: float(diff_lambda(layer.self_attn)) for i, layer in enumerate(decoder.layers)
                 if taker is not None and i not in local}  # differential attention: lambda of each measured layer

@@ -236,12 +236,12 @@ def reference_figures(path: Path) -> List[Figures]:
         if unknown or not {"name", "label", "updates"} <= set(raw):
             raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, ruler and costs (name, label and updates "
                              f"required); got {sorted(raw)}.")
-        length = (int(json.loads((Path(path).parent / read["length"]["report"]).read_text())["training_length"])
-                  if "length" in read else None)  # l, at which a cost row must have been measured
+        length_report = json.loads((Path(path).parent / read["length"]["report"]).read_text()) if "length" in read else None
+        length = None if length_report is None else int(length_report["training_length"])  # the l cost rows must have
         for key, given in read.items():
             raw.update(_read_figures(Path(path), raw, key, given, length))
-        if "length" in read:
-            raw["measured_on"] = provenance_cell(json.loads((Path(path).parent / read["length"]["report"]).read_text()))
+        if length_report is not None:
+            raw["measured_on"] = provenance_cell(length_report)
         rows.append(Figures(**raw, reference=True))
     return rows
 
