@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures)
+    GOALS, Figures, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures, shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -48,11 +48,31 @@ def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
     assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: ruler_8l."
             in text)
     assert "| design C | 300 | 1.2000 | - |" in text
-    # a tie is named: the first tied row is the closest, the others are listed beside it
-    twin = Figures("t", "design T", 300, **dict(ALL_MET, greedy_16l=0.1, ruler_8l=None))
-    text = markdown_verdict([near, twin, far])
+    # as many goals met, missed and not measured: the smaller summed shortfall wins, wherever the row stands, and the
+    # rows it was chosen over are named with theirs; a row equal in that too is named as tied
+    worse = Figures("w", "design W", 300, **dict(ALL_MET, greedy_16l=0.1, ruler_8l=None))
+    twin = Figures("t", "design T", 300, **dict(ALL_MET, greedy_16l=0.5, ruler_8l=None))
+    assert closest([worse, near, far]) is near
+    text = markdown_verdict([worse, near, twin, far])
     assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: "
-            "ruler_8l; tied with design T (as many goals met, missed and not measured).") in text
+            "ruler_8l; shortfalls summing to 0.44 of their bars, against design W 0.89 (as many goals met, missed and "
+            "not measured); tied with design T (as many goals met, missed and not measured, the same summed "
+            "shortfall).") in text
+
+
+def test_a_shortfall_is_relative_to_the_bar_and_reads_the_worst_seed():
+    """|value - bar| / bar of the farthest failing figure among the mean and the seeds' range; 0 for a goal met or not
+    measured, 1 for a figure measured without a value; summed over goals, it breaks ties between rows."""
+    goals = {g.key: g for g in GOALS}
+    f = Figures("s", "design S", 1000, **dict(ALL_MET, greedy_16l=0.87, cache_64k=1.0, ruler_8l=None, longppl_ratio=None),
+                spread={"greedy_16l": (0.82, 0.92, 3)}, without_value={"longppl_ratio": "no key token"})
+    assert shortfall(f, goals["greedy_16l"]) == pytest.approx((0.90 - 0.82) / 0.90)
+    assert shortfall(f, goals["cache_64k"]) == pytest.approx(1.0)
+    assert shortfall(f, goals["longppl_ratio"]) == 1.0
+    assert shortfall(f, goals["ruler_8l"]) == 0.0 and shortfall(f, goals["ratio"]) == 0.0
+    # a mean that passes with one seed failing: the failing seed's distance
+    g = Figures("g", "design G", 1000, **dict(ALL_MET, greedy_16l=0.92), spread={"greedy_16l": (0.80, 0.98, 3)})
+    assert shortfall(g, goals["greedy_16l"]) == pytest.approx(0.10 / 0.90)
 
 
 def _row(mode, length, **extra):
