@@ -13,6 +13,7 @@ import torch
 from conftest import build_lex_model, check_against_float64, check_design_model, heads64, random_tokens, window_mask
 from lex_plugin.modules.attention import AttentionOptions, AttentionSpec, AttentionWindow, LexSelfAttention
 from lex_plugin.modules.attention.branch_cache import branch_incremental_state
+from lex_plugin.modules.attention.kernels.run import ChunkRun
 from lex_plugin.modules.attention.kv_cache import fork_incremental_state
 from lex_plugin.modules.designs import ForgetGate, LearnedSinks
 from lex_plugin.modules.positions import XPos
@@ -105,6 +106,30 @@ def test_finite_and_exact_where_the_running_sum_is_large():
         assert torch.isfinite(got).all()
         tail = reference(attn, x[:, -200:], XPos(D))  # the decay is by index: the last 200 positions alone
         assert (got[:, -1].double() - tail[:, -1]).abs().max() < 1e-5
+
+
+def test_keys_beyond_the_decays_horizon_are_left_out_and_the_output_is_unchanged(monkeypatch):
+    """Gates near 0.05 (log f = -3 a token) over 5,000 positions, planned in chunks of 838 queries: each chunk after the first
+    leaves out the keys whose weights the bound puts below exp(-110) of the row's largest (all but a few dozen), and the output
+    equals the same attention over every key (an observer's run keeps them all) to fp32's rounding, at every query.
+    Gates that never forget (a bias of +40) leave out nothing."""
+    attn = _fox()
+    skipped = []
+    horizon = ChunkRun.decay_horizon
+    monkeypatch.setattr(ChunkRun, "decay_horizon", lambda run, *a: skipped.append(horizon(run, *a)) or skipped[-1])
+    with torch.no_grad():
+        attn.forget_proj.weight.mul_(0.01)
+        attn.forget_proj.bias.fill_(-3.0)
+        x = torch.randn(1, 5000, 64)
+        got = attn(x, scheme=XPos(D))
+        # chunk i starts at query 838 i and keeps under 64 keys before it (e^(-3 * 64) is far below e^(-110))
+        assert len(skipped) == 6 and all(max(0, 838 * i - 64) <= s <= 838 * i for i, s in enumerate(skipped)), skipped
+        every = attn(x, scheme=XPos(D), observer=lambda *args: None)
+        assert (got - every).abs().max() <= 1e-6
+        skipped.clear()
+        attn.forget_proj.bias.fill_(40.0)
+        attn(x, scheme=XPos(D))
+        assert skipped and not any(skipped)
 
 
 @pytest.mark.parametrize("padded", [False, True])

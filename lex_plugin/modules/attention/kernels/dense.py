@@ -1,5 +1,7 @@
 """The dense kernel: one chunk of queries against its keys at their true positions (:func:`attend_dense`)."""
 
+from dataclasses import replace
+
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
@@ -14,8 +16,16 @@ def attend_dense(run: ChunkRun, chunk: Chunk) -> Tensor:
     """A dense chunk (full, causal, chunked or a window too short to batch) at true positions: one SDPA
     call with the cheapest exact mask (none, ``is_causal``, ``causal_lower_right``, or an explicit boolean / additive
     one); one query over a feature-major cache, or on CUDA, or in half precision on CPU, as two products
-    (:func:`~.ops.one_query`). Returns (B, H, Tq, D) in q's dtype."""
+    (:func:`~.ops.one_query`). Under a forget gate's decay, the keys beyond its horizon (``run.decay_horizon``:
+    weighed below any dtype's rounding) are left out, unless an observer wants every logit. Returns (B, H, Tq, D) in
+    q's dtype."""
     qc, kc, vc, bias, query, key = run.dense_inputs(chunk)
+    if bias is None and run.observer is None:
+        skip = run.decay_horizon(chunk, qc, kc)
+        if skip:
+            chunk = replace(chunk, k0=chunk.k0 + skip)
+            kc, vc, key = kc[:, :, skip:], vc[:, :, skip:], key[..., skip:]
+    bias = run.with_decay(bias, chunk)
     allowed = None
     if chunk.mask == "explicit" or bias is not None or run.observer is not None:
         allowed = run.allowed(chunk, query, key)
