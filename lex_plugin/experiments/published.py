@@ -288,14 +288,24 @@ def _bench_report(root: Path, path: str) -> dict:
     return json.loads((root / path).read_text())
 
 
-def design_costs_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
-    """The cost reports the verdict reads, each its table and its provenance line."""
+def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
+    """Cost reports of ``scripts/bench_design_costs.py`` (paths from the repository's root), each its link, its table
+    and its provenance line."""
     parts = []
-    for path in run.costs:
+    for path in paths:
         report = _bench_report(root, path)
         parts += [f"[`{Path(path).name}`]({Path(path).relative_to('examples/lex_lm')}):", "",
                   design_costs_markdown(report["rows"]), "", provenance_line(report["provenance"]), ""]
     return "\n".join(parts)
+
+
+def design_costs_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """The cost reports the verdict reads, each its table and its provenance line."""
+    return cost_report_tables(root, run.costs)
+
+
+# the forget gate's cost before its decay horizon (every key of a chunk attended) and after (the verdict's report)
+FOX_HORIZON = ("examples/lex_lm/designs_1000/costs16k_fox_before_horizon.json", "examples/lex_lm/designs_1000/costs16k_fox.json")
 SHORT, LONG = "reproduce_results.json", "reproduce_long_results.json"  # 300 and 1,000 updates
 BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "definitions", lambda root: definitions_table()),
@@ -315,6 +325,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "claims_300", lambda root: _claims(root, SHORT)),
     Block(RESULTS, "wall_300", lambda root: _wall_times(root, SHORT)),
     Block(BENCHMARKS, "design_costs", design_costs_tables),
+    Block(BENCHMARKS, "fox_horizon", lambda root: cost_report_tables(root, FOX_HORIZON)),
     Block(BENCHMARKS, "limits", lambda root: limits_markdown(_bench_report(root, "examples/lex_lm/limits.json"))),
     Block(README, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(README, "schemes_1000", schemes_1000),
