@@ -379,6 +379,29 @@ def test_a_reference_reads_its_costs_from_a_cost_report(tmp_path):
         reference_figures(path)
 
 
+def test_a_reference_reads_its_passkey_under_its_mode_from_the_probes_reports(tmp_path):
+    """A reference row's ranked and greedy passkey at 8l and greedy at 16l come from the probe's reports under the row's
+    mode alone (full attention's rows beside it are not read), summed over depths; a mode the reports lack is refused."""
+    import shutil
+
+    shutil.copy(REPO / "examples/lex_lm/longppl_rope.json", tmp_path / "length.json")
+    (tmp_path / "pk.json").write_text(json.dumps({"results": [
+        _row("rerope", 2048, retrieved=5, greedy=4, trials=5), _row("rerope", 2048, retrieved=4, greedy=2, trials=5),
+        _row("full", 2048, retrieved=0, greedy=0, trials=10)]}))
+    (tmp_path / "pk16.json").write_text(json.dumps({"results": [
+        _row("rerope", 4096, retrieved=10, greedy=9, trials=10), _row("full", 4096, retrieved=1, greedy=0, trials=10)]}))
+    ref = {"name": "rope+rerope", "label": "RoPE + ReRoPE", "updates": 1000,
+           "length": {"report": "length.json", "mode": "rerope"},
+           "passkey": {"reports": ["pk.json", "pk16.json"], "mode": "rerope"}}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps([ref]))
+    (got,) = reference_figures(path)
+    assert (got.passkey_8l, got.greedy_8l, got.greedy_16l) == (0.9, 0.6, 0.9)
+    path.write_text(json.dumps([{**ref, "passkey": {**ref["passkey"], "mode": "bca"}}]))
+    with pytest.raises(ValueError, match="lacks the bca rows"):
+        reference_figures(path)
+
+
 def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_same_model():
     """BCA keeps at most l positions a layer against full attention's 64k, ReRoPE keeps them all; both models are the
     reference's --pos-emb with the same weights' shapes."""

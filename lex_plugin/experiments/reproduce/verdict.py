@@ -249,7 +249,10 @@ def reference_figures(path: Path) -> List[Figures]:
     - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_ratio``;
     - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
-      ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l).
+      ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l);
+    - ``"passkey"``: the passkey reports after fine-tuning (``{"reports": [PATH, ...], "mode": MODE}``: the probe's
+      report to 8l and its 16l report) give ``passkey_8l``, ``greedy_8l`` and ``greedy_16l`` at the length
+      report's l, summed over depths as a design's are (:func:`_passkey`).
 
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
@@ -260,10 +263,10 @@ def reference_figures(path: Path) -> List[Figures]:
     rows = []
     for raw in json.loads(Path(path).read_text()):
         raw = dict(raw)
-        read = {key: raw.pop(key) for key in ("length", "ruler", "costs") if key in raw}
+        read = {key: raw.pop(key) for key in ("length", "ruler", "costs", "passkey") if key in raw}
         unknown = sorted(set(raw) - known)
         if unknown or not {"name", "label", "updates"} <= set(raw):
-            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, ruler and costs (name, label and updates "
+            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, ruler, costs and passkey (name, label and updates "
                              f"required); got {sorted(raw)}.")
         length_report = json.loads((Path(path).parent / read["length"]["report"]).read_text()) if "length" in read else None
         length = None if length_report is None else int(length_report["training_length"])  # the l cost rows must have
@@ -277,11 +280,16 @@ def reference_figures(path: Path) -> List[Figures]:
 
 def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional[int]) -> dict:
     """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length,
-    ruler or costs; ``length``: l of the row's length report, None without one; :func:`reference_figures`)."""
-    if key == "costs":
-        if length is None:
-            raise ValueError(f"{path}: {raw['name']} reads its costs without a length report, whose l they must have "
-                             "been measured at: give \"length\" too.")
+    ruler, costs or passkey; ``length``: l of the row's length report, None without one; :func:`reference_figures`)."""
+    if key in ("costs", "passkey") and length is None:
+        raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
+                         "been measured at: give \"length\" too.")
+    if key == "passkey":
+        reports = [json.loads((path.parent / p).read_text()) for p in given["reports"]]
+        ranked_8l, greedy_8l = _passkey(reports, 8 * length, given["mode"])
+        figures = {"passkey_8l": ranked_8l, "greedy_8l": greedy_8l,
+                   "greedy_16l": _passkey(reports, 16 * length, given["mode"])[1]}
+    elif key == "costs":
         row = _costs_row([path.parent / given["report"]], raw["name"], length, CONTEXT)
         if row is None:
             raise ValueError(f"{path}: {given['report']} has no row {raw['name']!r}: measure it with "
@@ -290,11 +298,12 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     else:
         report = json.loads((path.parent / given["report"]).read_text())
         figures = _report_figures(report, key, given["mode"])
+    source = given.get("report") or ", ".join(given["reports"])
     twice = sorted(set(figures) & set(raw))
     if twice:
-        raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {given['report']}; give one.")
+        raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {source}; give one.")
     if any(value is None for value in figures.values()):
-        raise ValueError(f"{path}: {given['report']} lacks the {given.get('mode')} rows {raw['name']} reads "
+        raise ValueError(f"{path}: {source} lacks the {given.get('mode')} rows {raw['name']} reads "
                          f"({', '.join(figures)}).")
     return figures
 
@@ -353,10 +362,10 @@ def mode_rows(report: Optional[dict], mode: str = "full") -> Dict[int, List[dict
     return out
 
 
-def _passkey(reports: Sequence[Optional[dict]], length: int) -> tuple:
-    """(ranked accuracy, greedy fraction) of the full-attention prompts at ``length`` in the passkey reports, or
-    (None, None) where none was probed there."""
-    rows = [r for report in reports for r in mode_rows(report).get(length, [])]
+def _passkey(reports: Sequence[Optional[dict]], length: int, mode: str = "full") -> tuple:
+    """(ranked accuracy, greedy fraction) of the prompts at ``length`` under attention ``mode`` (default full
+    attention) in the passkey reports, or (None, None) where none was probed there."""
+    rows = [r for report in reports for r in mode_rows(report, mode).get(length, [])]
     trials = sum(r["trials"] for r in rows)
     if not trials:
         return None, None
