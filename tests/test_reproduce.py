@@ -653,6 +653,17 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     at_16l = commands["passkey_finetuned rnope_swa 16l"]
     assert at_16l[at_16l.index("--lengths") + 1] == str(16 * L) and at_16l[at_16l.index("--windows") + 1] == "full"
     assert at_16l[at_16l.index("--json") + 1].endswith("rnope_swa/passkey_finetuned_16l.json")
+    # a run that is no design (a reference method) is probed at 16l under the windows --probe-windows names, and not at
+    # 16l where it names none
+    for windows, expected in ((["full", "rerope"], "full,rerope"), ([], None)):
+        other = tmp_path / f"work_{len(windows)}"
+        (other / "passkey-bin").mkdir(parents=True)
+        (other / "passkey-bin" / "train.idx").touch()
+        commands.clear()
+        reproduce.reproduce(other, reproduce.ReproduceOptions(**{**o.as_json(), "probe_windows": windows}), ["rope"],
+                            tmp_path, data)
+        at_16l = commands.get("passkey_finetuned rope 16l")
+        assert (at_16l and at_16l[at_16l.index("--windows") + 1]) == expected, at_16l
 
 
 def _write_grid_report(done, cmd, valid_ppl):

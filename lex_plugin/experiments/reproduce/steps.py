@@ -191,8 +191,8 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
 
 def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
     """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
-    (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention,
-    ``passkey_finetuned_16l.json``), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``); the passkey probe
+    (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention, and another
+    run's at 16l under the windows ``--probe-windows`` names where it names some: ``passkey_finetuned_16l.json``), or at 8l under each RoPE scaling (``passkey_finetuned_scaled``); the passkey probe
     again after a fine-tuning under each of ``o.extra_seeds`` (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``,
     ``passkey_finetuned_16l_seedN.json``)."""
     l, passkey_bin, tuned = o.training_length, work / "passkey-bin", r.dir / "passkey_ft" / "checkpoint_last.pt"
@@ -218,9 +218,13 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                                                           ["--logn"] if method.endswith("_logn") else list(r.probe_flags(o)),
                                                           position_maps=r.position_maps),
             r.dir / f"{method}{suffix}.log", out)
-        if method == "passkey_finetuned" and is_design(r.role):  # the trained designs' verdict reads 16l too
+        # the verdict reads 16l too: a trained design's under full attention; a reference method's (a run probed under
+        # the windows --probe-windows names) under those windows
+        windows_16l = ["full"] if is_design(r.role) else None
+        if method == "passkey_finetuned" and (is_design(r.role) or o.probe_windows):
             out = r.dir / f"passkey_finetuned_16l{suffix}.json"
-            run(f"{method} {r.name} 16l{suffix}", passkey_command(data, tuned, out, o, lengths=[16 * l], windows=["full"]),
+            run(f"{method} {r.name} 16l{suffix}", passkey_command(data, tuned, out, o, r.rotary, lengths=[16 * l],
+                                                                  windows=windows_16l, position_maps=r.position_maps),
                 r.dir / f"passkey_16l{suffix}.log", out)
 
 
