@@ -607,12 +607,12 @@ def _recorded_steps(tmp_path, monkeypatch, methods, record):
 def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_percent(tmp_path, monkeypatch):
     """The trained designs are runs of the reproduction: each trains with its options (DroPE with --drope-start at
     88% of --max-update), is evaluated like the main runs, and gets its own table beside RoPE and NoPE."""
-    commands = {}
+    commands, announced = {}, []
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, [], lambda key, done: None)
 
     class Recording:
         def __init__(self, work, steps, in_process=False):
-            pass
+            announced.append(steps)
 
         def __call__(self, key, cmd, log, done, stamp=False, then=None):
             commands[key] = [str(c) for c in cmd]
@@ -654,7 +654,7 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
     assert at_16l[at_16l.index("--lengths") + 1] == str(16 * L) and at_16l[at_16l.index("--windows") + 1] == "full"
     assert at_16l[at_16l.index("--json") + 1].endswith("rnope_swa/passkey_finetuned_16l.json")
     # a run that is no design (a reference method) is probed at 16l under the windows --probe-windows names, and not at
-    # 16l where it names none
+    # 16l where it names none; the steps announced count it
     for windows, expected in ((["full", "rerope"], "full,rerope"), ([], None)):
         other = tmp_path / f"work_{len(windows)}"
         (other / "passkey-bin").mkdir(parents=True)
@@ -664,6 +664,7 @@ def test_design_runs_train_their_design_and_drope_switches_for_the_last_12_perce
                             tmp_path, data)
         at_16l = commands.get("passkey_finetuned rope 16l")
         assert (at_16l and at_16l[at_16l.index("--windows") + 1]) == expected, at_16l
+        assert announced[-1] == len(commands)  # the steps announced are the steps taken
 
 
 def _write_grid_report(done, cmd, valid_ppl):

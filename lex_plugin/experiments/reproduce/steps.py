@@ -124,15 +124,22 @@ def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
     return any(k.is_global and k.positions for k in kinds)
 
 
-def _steps_of(method: str, design: bool = False) -> int:
-    """The runner steps of one method on one run (a trained ``design``, or not): a probe after fine-tuning is the
-    fine-tuning and its probes (a design's passkey also at 16l)."""
+def _passkey_at_16l(role: str, probe_windows: Sequence[str]) -> bool:
+    """Whether a run's fine-tuned passkey is also probed at 16l (the verdict's greedy column): a trained design's
+    (under full attention), and another run's where ``--probe-windows`` names windows (a reference method's battery,
+    under them)."""
+    return is_design(role) or bool(probe_windows)
+
+
+def _steps_of(method: str, at_16l: bool = False) -> int:
+    """The runner steps of one method on one run: a probe after fine-tuning is the fine-tuning and its probes (the
+    passkey also at 16l where ``at_16l``, :func:`_passkey_at_16l`)."""
     if method in ("ruler", "babilong"):
         return 2
     if method == "passkey_finetuned_scaled":
         return 1 + len(SCALED_PASSKEY)
     if method == "passkey_finetuned":
-        return 3 if design else 2
+        return 3 if at_16l else 2
     return 2 if method.startswith("passkey_finetuned") else 1
 
 
@@ -144,16 +151,17 @@ def _recalibration_steps(methods: Sequence[str]) -> int:
 
 
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int],
-                extra_seeds: int = 0) -> int:
+                extra_seeds: int = 0, probe_windows: Sequence[str] = ()) -> int:
     """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4; 2 with a
     sink token), two per budget, its methods' steps, a DroPE run's recalibration; the data-bin and each probe's data
-    once, unless already written; ``extra_seeds`` more fine-tunings of the passkey probe per run that takes it."""
+    once, unless already written; ``extra_seeds`` more fine-tunings of the passkey probe per run that takes it
+    (``probe_windows``: ``--probe-windows``, which decides the passkey's 16l step)."""
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
             + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else 2) + 2 * len(budgets)
-                  + sum(_steps_of(m, is_design(RUNS[n][1])) for m in run_methods[n])
-                  + (extra_seeds * _steps_of("passkey_finetuned", is_design(RUNS[n][1]))
+                  + sum(_steps_of(m, _passkey_at_16l(RUNS[n][1], probe_windows)) for m in run_methods[n])
+                  + (extra_seeds * _steps_of("passkey_finetuned", _passkey_at_16l(RUNS[n][1], probe_windows))
                      if "passkey_finetuned" in run_methods[n] else 0)
                   + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
@@ -221,7 +229,7 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
         # the verdict reads 16l too: a trained design's under full attention; a reference method's (a run probed under
         # the windows --probe-windows names) under those windows
         windows_16l = ["full"] if is_design(r.role) else None
-        if method == "passkey_finetuned" and (is_design(r.role) or o.probe_windows):
+        if method == "passkey_finetuned" and _passkey_at_16l(r.role, o.probe_windows):
             out = r.dir / f"passkey_finetuned_16l{suffix}.json"
             run(f"{method} {r.name} 16l{suffix}", passkey_command(data, tuned, out, o, r.rotary, lengths=[16 * l],
                                                                   windows=windows_16l, position_maps=r.position_maps),
@@ -395,7 +403,8 @@ def reproduce(work: Path, o: ReproduceOptions, runs: Sequence[str], corpus: Path
                     raise ReproduceError(f"{r.name}, {method}: {e}") from None
     check_options(work, o)
     data = data_bin or work / "data-bin"
-    run = Runner(work, _step_count(work, data, runs, run_methods, budgets, len(o.extra_seeds)), in_process=in_process)
+    run = Runner(work, _step_count(work, data, runs, run_methods, budgets, len(o.extra_seeds), o.probe_windows),
+                 in_process=in_process)
     if not (data / "dict.txt").exists():
         run("prepare", prepare_command(corpus, data), work / "prepare.log", data / "dict.txt")
     for r in made:
