@@ -201,7 +201,8 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
     """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
     (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention, and another
     run's at 16l under the windows ``--probe-windows`` names where it names some: ``passkey_finetuned_16l.json``), or
-    at 8l under each RoPE scaling (``passkey_finetuned_scaled``); the passkey probe again after a fine-tuning under each of ``o.extra_seeds`` (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``,
+    at 8l under each RoPE scaling (``passkey_finetuned_scaled``); the passkey probe again after a fine-tuning under
+    each of ``o.extra_seeds`` (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``,
     ``passkey_finetuned_16l_seedN.json``)."""
     l, passkey_bin, tuned = o.training_length, work / "passkey-bin", r.dir / "passkey_ft" / "checkpoint_last.pt"
     if not (passkey_bin / "train.idx").exists():
