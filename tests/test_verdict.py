@@ -243,7 +243,10 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     f = design_figures(work, "irope", 256, 1000, costs=[work / "costs16k.json"])
     assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
-    assert (round(f.eval_time, 2), round(f.gen_time, 2), round(f.cache_64k, 3)) == (0.44, 0.62, 0.251)
+    # the costs are the cost report's row (its own ratios), the cache a quarter: 3 of 4 layers hold l - 1 keys
+    costs = {r["run"]: r for r in json.loads((work / "costs16k.json").read_text())["rows"]}
+    assert (f.eval_time, f.gen_time, f.cache_64k) == tuple(costs["irope"][k] for k in ("eval_time", "gen_time", "cache_64k"))
+    assert round(f.cache_64k, 3) == 0.251 and f.eval_time < 0.5
     # the xPos BCA + NoPE pattern over three fine-tuning seeds: 46, 44 and 0 of 50 keys written at 16l, so "retrieves"
     # is not met by every seed; RULER-lite missed
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
@@ -253,23 +256,24 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.25)
     assert f.spread["greedy_16l"] == (0.82, 0.92, 3)
-    assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2), round(f.eval_time, 2), round(f.gen_time, 2)) == (1.0, 0.87, 0.41, 0.60)
+    assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2)) == (1.0, 0.87)
+    assert (f.eval_time, f.gen_time) == (costs["rnope_swa"]["eval_time"], costs["rnope_swa"]["gen_time"])
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
-    expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19, 0.34), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22, 0.99),
-                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24, 1.11), "rope_drope": (1.083, 0.53, 0.0, 0.19, 0.99),
-                "xpos_sink_token": (1.094, 0.42, 0.0, 0.3, 1.0)}
+    expected = {"gemma_5to1": (0.9967, 0.51, 0.0, 0.19), "rope_ssmax": (1.5809, 0.36, 0.0, 0.22),
+                "rope_learned_sinks": (1.7869, 0.35, 0.0, 0.24), "rope_drope": (1.083, 0.53, 0.0, 0.19),
+                "xpos_sink_token": (1.094, 0.42, 0.0, 0.3)}
     for name, figures in expected.items():
         f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
-        got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2))
-        assert got == figures, name
+        got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2))
+        assert got == figures and f.eval_time == costs[name]["eval_time"], name
     # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
     # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
     f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, costs=[work / "costs16k.json"])
     assert f.label.endswith("recalibrated (C = 0)")
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == expected["rope_drope"]
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == expected["rope_drope"]
     f = design_figures(work / "gpu", "rope_drope", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2), round(f.eval_time, 2)) == (
-        1.0842, 0.53, 0.0, 0.21, 0.99)
+    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (1.0842, 0.53, 0.0, 0.21)
+    assert f.eval_time == costs["rope_drope"]["eval_time"]
 
 
 def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypatch, capsys):
