@@ -229,11 +229,11 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
             r.dir / f"{method}{suffix}.log", out)
         # the verdict reads 16l too: a trained design's under full attention; a reference method's (a run probed under
         # the windows --probe-windows names) under those windows
-        windows_16l = ["full"] if is_design(r.role) else None
         if method == "passkey_finetuned" and _passkey_at_16l(r.role, o.probe_windows):
             out = r.dir / f"passkey_finetuned_16l{suffix}.json"
+            windows = ["full"] if is_design(r.role) else None  # (None: the --probe-windows that apply)
             run(f"{method} {r.name} 16l{suffix}", passkey_command(data, tuned, out, o, r.rotary, lengths=[16 * l],
-                                                                  windows=windows_16l, position_maps=r.position_maps),
+                                                                  windows=windows, position_maps=r.position_maps),
                 r.dir / f"passkey_16l{suffix}.log", out)
 
 
