@@ -50,8 +50,11 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=49152, show_default=True,
               help="score the first N test tokens at every length")
 @click.option("--resolution-texts", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--methods", "method_names", default=",".join([*METHODS, *PROBES]), show_default=True,
-              help="evaluation-time methods and the probes (passkey as trained and after fine-tuning on its format; RULER-lite and BABILong-lite after fine-tuning; LongPPL) on the xpos, rope and alibi checkpoints; '' for none")
+@click.option("--methods", "method_names", default=",".join(m for m in [*METHODS, *PROBES] if m != "longppl_common"),
+              show_default=True,
+              help="evaluation-time methods and the probes (passkey as trained and after fine-tuning on its format; "
+                   "RULER-lite and BABILong-lite after fine-tuning; LongPPL) on the xpos, rope and alibi checkpoints; "
+                   "'' for none; also longppl_common (LongPPL on the committed common evaluator's key tokens, l = 256)")
 @click.option("--passkey-trials", type=click.IntRange(min=1), default=10, show_default=True, help="prompts per passkey cell")
 @click.option("--budgets", default="", show_default=True,
               help="comma-separated updates below --max-update at which each run is also evaluated (snapshots of the "

@@ -160,18 +160,33 @@ def test_eval_lm_longppl_column(data_bin, trained, tmp_path):
     bca = [r for r in rows if r["attention"]["mode"] == "bca"]
     assert [r["longppl"] for r in other["results"]] == pytest.approx([r["longppl"] for r in bca], rel=1e-6)
 
+    # the report's positions are the mask; --key-tokens scores on them with no evaluator, and refuses another stream
+    assert info["positions"] == key.nonzero().flatten().tolist()
+    common = tmp_path / "common.json"
+    _eval_lm(data_bin, ckpt, "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}", "--eval-windows", "bca", "--eval-tokens",
+             2048, "--longppl", "--key-tokens", out, "--report-json", common, "--length-report-only")
+    read = json.loads(common.read_text())
+    assert read["longppl"]["from"] == str(out) and read["longppl"]["positions"] == info["positions"]
+    assert [r["longppl"] for r in read["results"]] == pytest.approx([r["longppl"] for r in bca], rel=1e-6)
+    proc = _eval_lm(data_bin, ckpt, "--eval-lengths", f"{TRAIN_LEN},{4 * TRAIN_LEN}", "--eval-tokens", 1024,
+                    "--longppl", "--key-tokens", out, "--length-report-only", check=False)
+    assert proc.returncode != 0 and "found on another stream" in proc.stderr
+
 
 @pytest.mark.parametrize("flags, message", [
     ({"longppl_alpha": 1.0}, "add --longppl"),
     ({"key_token_model": "x.pt"}, "add --longppl"),
     ({"longppl": True, "eval_lengths": None}, "give --eval-lengths"),
+    ({"key_tokens": "r.json"}, "add --longppl"),
+    ({"longppl": True, "key_tokens": "r.json", "key_token_model": "x.pt"}, "drop --key-token-model"),
+    ({"longppl": True, "key_tokens": "r.json", "longppl_alpha": 1.0}, "drop --key-token-model"),
 ])
 def test_longppl_flags_refused_without_their_owner(flags, message):
     from argparse import Namespace
 
     from lex_plugin.tasks.lex_language_modeling import _key_token_rule
 
-    args = Namespace(**{"longppl": False, "key_token_model": None, "eval_lengths": "64", **{f"longppl_{n}": None for n in
+    args = Namespace(**{"longppl": False, "key_token_model": None, "key_tokens": None, "eval_lengths": "64", **{f"longppl_{n}": None for n in
                         ("alpha", "beta", "trunc_len", "sliding_window")}, **flags})
     with pytest.raises(ValueError, match=message):
         _key_token_rule(args, bool(args.eval_lengths))
@@ -226,3 +241,23 @@ def test_crosscheck_with_the_authors_package(data_bin, trained, pg_slice, tmp_pa
     assert "same key tokens: True; LongPPL within 1e-4: True" in proc.stdout
     counts = re.findall(r"\| (?:lex score --longppl|longppl package \(compute_longppl\)) \| ([\d,]+) \|", proc.stdout)
     assert len(counts) == 2 and counts[0] == counts[1] and int(counts[0].replace(",", "")) > 0
+
+
+def test_read_key_tokens_refuses_another_stream_or_length(tmp_path):
+    """A key-token report is read back as the mask it was written from, and only for its stream and sample length."""
+    from lex_plugin.evaluation.longppl import key_token_entry, read_key_tokens
+
+    stream = torch.arange(100) % 37
+    key = torch.zeros(100, dtype=torch.bool)
+    key[[3, 50, 99]] = True
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"longppl": key_token_entry(key, stream, "ev", 64, KeyTokenRule(0.5, 8.0).resolve(32))}))
+    mask, entry = read_key_tokens(path, stream, 64)
+    assert torch.equal(mask, key) and entry["key_tokens"] == 3 and entry["trunc_len"] == 24 and entry["from"] == str(path)
+    with pytest.raises(ValueError, match="another stream"):
+        read_key_tokens(path, stream.flip(0), 64)
+    with pytest.raises(ValueError, match="samples of 64 tokens"):
+        read_key_tokens(path, stream, 128)
+    path.write_text(json.dumps({"longppl": {"key_tokens": 3}}))
+    with pytest.raises(ValueError, match="no LongPPL key-token positions"):
+        read_key_tokens(path, stream, 64)

@@ -23,9 +23,12 @@ most l tokens (K + S = l) and the evaluator never reads past its training length
 K = 4096, S = 1024 were far inside its models' windows).
 """
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,7 +37,8 @@ from ..modules.attention.spec import FULL_SPEC, AttentionSpec
 from .length_eval import _batches, _pad_batch, _token_nll, document_nll
 
 __all__ = ["KEY_TOKEN_FLAGS", "KeyTokenRule", "key_token_rule", "short_context_nll", "key_token_mask", "find_key_tokens",
-           "document_key_tokens"]
+           "document_key_tokens",
+           "stream_fingerprint", "key_token_entry", "read_key_tokens"]
 
 # the rule's flags, declared once: (KeyTokenRule field, type, help); --longppl-NAME in fairseq-eval-lm and lex score
 KEY_TOKEN_FLAGS = (
@@ -175,3 +179,50 @@ def document_key_tokens(model, tokens: Tensor, eos: int, pad: int, rule: KeyToke
     """
     long = document_nll(model, tokens, FULL_SPEC, eos)
     return find_key_tokens(model, tokens, tokens.numel(), FULL_SPEC, eos, pad, rule, max_tokens, long_nll=long)
+
+
+def stream_fingerprint(stream: Tensor) -> str:
+    """sha256 (hex) of the (T,) token ids as int64: which split, dictionary and ``--eval-tokens`` a key-token mask
+    belongs to."""
+    return hashlib.sha256(stream.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
+
+
+def key_token_entry(key: Tensor, stream: Tensor, evaluator: str, length: int, rule: KeyTokenRule) -> dict:
+    """The report's ``longppl`` entry of a key-token mask (T,) bool found on ``stream`` (T,) by ``evaluator`` (a
+    name) on samples of ``length`` under ``rule``: the rule, the count, the positions in the stream and the stream's
+    fingerprint, so that another run can score on the same tokens (:func:`read_key_tokens`)."""
+    return {"evaluator": evaluator, "window": "full", "length": int(length), **rule.to_dict(),
+            "key_tokens": int(key.sum()), "stream_sha256": stream_fingerprint(stream),
+            "positions": key.nonzero().flatten().tolist()}
+
+
+def read_key_tokens(path: Path, stream: Tensor, length: int) -> Tuple[Tensor, dict]:
+    """The key tokens an earlier run found (``fairseq-eval-lm --longppl --report-json PATH``), for scoring another
+    model on the same tokens (``--key-tokens PATH``): one common evaluator for every model (Fang et al. score every
+    model on one evaluator's key tokens).
+
+    Args:
+        path: an eval-lm report whose ``longppl`` entry holds ``positions`` (:func:`key_token_entry`).
+        stream: (T,) int64, the split being scored.
+        length: the longest ``--eval-lengths`` of this run (key tokens depend on the sample length they were found on).
+
+    Returns:
+        ((T,) bool mask on ``stream``'s device, this report's ``longppl`` entry: the source's, with ``from``: path).
+
+    Raises:
+        ValueError: no ``longppl`` positions in ``path``, another stream (split, dictionary or ``--eval-tokens``), or
+            key tokens found on samples of another length.
+    """
+    source = json.loads(Path(path).read_text()).get("longppl") or {}
+    if "positions" not in source:
+        raise ValueError(f"--key-tokens {path}: no LongPPL key-token positions there; give an eval-lm report written "
+                         "with --longppl --report-json (this version or later).")
+    if source["stream_sha256"] != stream_fingerprint(stream):
+        raise ValueError(f"--key-tokens {path} was found on another stream (split, dictionary or --eval-tokens differ: "
+                         f"{stream.numel():,} tokens here); score the split and --eval-tokens it was found on.")
+    if source["length"] != length:
+        raise ValueError(f"--key-tokens {path} holds key tokens found on samples of {source['length']} tokens; this run's "
+                         f"longest --eval-lengths is {length}: make them equal.")
+    key = torch.zeros(stream.numel(), dtype=torch.bool)
+    key[torch.tensor(source["positions"], dtype=torch.long)] = True
+    return key.to(stream.device), {**source, "from": str(path)}

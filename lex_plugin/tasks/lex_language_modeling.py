@@ -14,7 +14,8 @@
   ``--tokens-per-sample`` follows, as usual, unless ``--length-report-only``; each pass shows a progress bar.
 * ``--longppl`` adds LongPPL (:mod:`~lex_plugin.evaluation.longppl`) to every row: perplexity over the key
   tokens that an evaluator (``--key-token-model``, default the checkpoint itself, under full attention)
-  finds on samples of the longest length; the same tokens for every window and length.
+  finds on samples of the longest length; the same tokens for every window and length. ``--key-tokens REPORT``
+  reads them from an earlier run's report instead (one common evaluator for every model).
 * ``--sink-tokens k`` adds attention sinks to the bca / sliding modes (StreamingLLM); ``--lm-infinite``
   (``--n-global``, ``--l-local``) selects LM-Infinite's Λ-shaped attention, mode ``lm_infinite`` in
   ``--eval-windows``.
@@ -95,6 +96,12 @@ class LexLanguageModelingConfig(LanguageModelingConfig):
         metadata={"help": "checkpoint of the --longppl evaluator (same dictionary), under full attention; default: "
                           "the evaluated checkpoint under full attention"},
     )
+    key_tokens: Optional[str] = field(
+        default=None,
+        metadata={"help": "--longppl on the key tokens an earlier run found (its --report-json, same split, "
+                          "--eval-tokens and longest --eval-lengths): one common evaluator for every model, the "
+                          "evaluator not loaded; its rule is the report's (no --key-token-model, no --longppl-*)"},
+    )
     answer_only_loss: bool = field(
         default=False,
         metadata={"help": "fine-tuning on a probe's data-bin (lex passkey-data / ruler-data): the loss on each row's "
@@ -137,8 +144,14 @@ def _key_token_rule(args, eval_lengths: bool):
         ValueError: a ``--longppl-*`` / ``--key-token-model`` flag without ``--longppl``, or ``--longppl`` without
             ``--eval-lengths``.
     """
-    rule = key_token_rule(args.longppl, args.key_token_model,
-                          **{f"longppl_{name}": getattr(args, f"longppl_{name}") for name, _, _ in KEY_TOKEN_FLAGS})
+    flags = {f"longppl_{name}": getattr(args, f"longppl_{name}") for name, _, _ in KEY_TOKEN_FLAGS}
+    key_tokens = getattr(args, "key_tokens", None)
+    if key_tokens and not args.longppl:
+        raise ValueError("--key-tokens gives LongPPL's key tokens; add --longppl.")
+    if key_tokens and (args.key_token_model or any(v is not None for v in flags.values())):
+        raise ValueError(f"--key-tokens {key_tokens} brings its evaluator's key tokens and rule; drop --key-token-model "
+                         "and the --longppl-* flags, or drop --key-tokens to find key tokens again.")
+    rule = key_token_rule(args.longppl, args.key_token_model, **flags)
     if rule is not None and not eval_lengths:
         raise ValueError("--longppl is a column of the --eval-lengths report; give --eval-lengths.")
     return rule
@@ -304,17 +317,26 @@ class LexLanguageModelingTask(LanguageModelingTask):
 
     def _key_tokens(self, model, stream, training_length, max_tokens):
         """LongPPL's key tokens of ``stream`` (:func:`~lex_plugin.evaluation.longppl.find_key_tokens`) on samples
-        of the longest ``--eval-lengths``, by ``--key-token-model`` or ``model``, under full attention.
+        of the longest ``--eval-lengths``, by ``--key-token-model`` or ``model``, under full attention; with
+        ``--key-tokens`` those of an earlier run's report (:func:`~lex_plugin.evaluation.longppl.read_key_tokens`).
 
         Returns:
-            ((T,) bool key-token mask, the report's ``longppl`` entry: evaluator, length, rule, key tokens).
+            ((T,) bool key-token mask, the report's ``longppl`` entry: evaluator, length, rule, key tokens, their
+            positions and the stream's fingerprint).
 
         Raises:
-            ValueError: an evaluator whose dictionary differs from the data-bin's.
+            ValueError: an evaluator whose dictionary differs from the data-bin's; a ``--key-tokens`` report of
+                another stream or sample length.
         """
-        from ..evaluation.longppl import find_key_tokens
+        from ..evaluation.longppl import find_key_tokens, key_token_entry, read_key_tokens
         from ..modules.attention.spec import FULL_SPEC
 
+        length = max(self.eval_lengths)
+        if self.args.key_tokens:
+            key, entry = read_key_tokens(Path(self.args.key_tokens), stream, length)
+            logger.info("LongPPL: %d key tokens of %d by %s, from %s", int(key.sum()), stream.numel(), entry["evaluator"],
+                        self.args.key_tokens)
+            return key, entry
         evaluator, name = model, "the evaluated checkpoint"
         if self.args.key_token_model:
             from ..hub_interface import from_pretrained
@@ -326,7 +348,6 @@ class LexLanguageModelingTask(LanguageModelingTask):
                                  "the same tokens, so the evaluator must share the data-bin's dictionary.")
             evaluator, name = hub.models[0].to(next(model.parameters()).device), str(path)
         rule = self.key_token_rule.resolve(getattr(evaluator, "training_length", None) or training_length)
-        length = max(self.eval_lengths)
         if length > evaluator.max_positions():
             raise ValueError(f"the --longppl evaluator {name} takes at most {evaluator.max_positions()} positions (learned "
                              f"positions end there); it cannot read samples of {length} tokens. Give another "
@@ -335,7 +356,7 @@ class LexLanguageModelingTask(LanguageModelingTask):
         key = find_key_tokens(evaluator, stream, length, FULL_SPEC, self.dictionary.eos(), self.dictionary.pad(), rule,
                               max_tokens=max_tokens)
         logger.info("LongPPL: %d key tokens of %d", int(key.sum()), stream.numel())
-        return key, {"evaluator": name, "window": "full", "length": length, **rule.to_dict(), "key_tokens": int(key.sum())}
+        return key, key_token_entry(key, stream, name, length, rule)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         """fairseq's loader; remembers the split so the length report scores the same one. With

@@ -1,10 +1,11 @@
 """What the reproduction runs: the training runs (schemes, ablations, randomized positions), the
 evaluation-time methods and probes on their checkpoints, and the labels the tables and plots print."""
 
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_COMMON_REPORT", "LONGPPL_KEY_TOKENS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RECALIBRATED", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "drope_start", "is_design", "methods_of"]
 
@@ -116,8 +117,11 @@ PROBE_WINDOWS = ("full", "bca", "sliding", "lm_infinite", "rerope", "self_extend
 # at 8l under each of SCALINGS with the factor 8 (= auto at 8l), with and without log-n
 # "ruler": RULER-lite after fine-tuning on its own format (lex ruler-data, RULER_FINETUNE), under PROBE_WINDOWS
 # "longppl": LongPPL at LONGPPL_PROBE's lengths under PROBE_WINDOWS, the key tokens the checkpoint's own (full attention)
+# "longppl_common": the same LongPPL on the key tokens of one common evaluator (LONGPPL_KEY_TOKENS, written by
+# scripts/longppl_evaluator.py: RoPE trained at 16l), for l = 256 and the first 49,152 test tokens; not a default method
 # "babilong": BABILong-lite after fine-tuning on its own format (lex babilong-data, BABILONG_FINETUNE), under PROBE_WINDOWS
-PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled", "ruler", "longppl", "babilong")
+PROBES = ("passkey", "passkey_finetuned", "passkey_finetuned_logn", "passkey_finetuned_scaled", "ruler", "longppl", "longppl_common",
+          "babilong")
 # Fine-tuning on the probe's own format (lex passkey-data): short prompts (at most l / 2 - 8 tokens with the key)
 # make copying cheap to learn; the probe then asks how far beyond them, and beyond l, the skill carries.
 PASSKEY_FINETUNE = {"samples": 10000, "updates": 600, "batch_size": 32, "lr": "2e-3"}
@@ -133,6 +137,8 @@ RULER_PROBE = {"depths": "0.1,0.5,0.9", "trials": 4}
 # more than 0.5 nats with a loss below 8 keeps 1-6% of the tokens.
 LONGPPL_PROBE = {"multiples": (1, 4, 16), "alpha": 0.5, "beta": 8}
 LONGPPL_REPORT = "longppl.json"
+LONGPPL_COMMON_REPORT = "longppl_common.json"
+LONGPPL_KEY_TOKENS = Path(__file__).resolve().parents[3] / "examples" / "lex_lm" / "designs_1000" / "longppl_evaluator.json"
 # BABILong-lite: the one-, two- and three-fact tasks, fine-tuned as RULER-lite is (the answers' loss alone) on stories
 # below l from the training split, then probed at l..16l on the test split
 BABILONG_FINETUNE = {"tasks": "qa1,qa2,qa3", "samples": 8000, "updates": 600, "batch_size": 32, "lr": "2e-3",

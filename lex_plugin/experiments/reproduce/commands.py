@@ -177,13 +177,16 @@ def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary
 
 
 def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
-                    position_maps: bool = True, extra: Sequence = ()) -> List:
+                    position_maps: bool = True, extra: Sequence = (), key_tokens: Optional[Path] = None) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
     in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
-    itself under full attention; the length table only (``--length-report-only``), written to ``out``."""
+    itself under full attention, or with ``key_tokens`` those of that report (``--key-tokens``: one common evaluator's,
+    its own rule); the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
+    found = (["--key-tokens", key_tokens] if key_tokens is not None
+             else ["--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"]])
     return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps, o.probe_windows)), out, o,
-                        ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--length-report-only", *extra])
+                        ["--longppl", *found, "--length-report-only", *extra])
 
 
 def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
 from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_TEMPERATURES,
-                        LONGPPL_REPORT, PROBES, RECALIBRATED, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, RUNS,
+                        LONGPPL_COMMON_REPORT, LONGPPL_KEY_TOKENS, LONGPPL_REPORT, PROBES, RECALIBRATED, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, RUNS,
                         SCALED_PASSKEY, drope_start, is_design, methods_of, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
                        longppl_command, method_command, passkey_command, passkey_data_command, prepare_command, probe_windows,
@@ -270,10 +270,11 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
         _passkey_finetuned(run, r, method, work, data, o)
     elif method in ("ruler", "babilong"):
         _answer_probe(run, r, method, work, data, o)
-    elif method == "longppl":
-        out = r.dir / LONGPPL_REPORT
-        run(f"longppl {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
-                                                 extra=r.probe_flags(o)),
+    elif method in ("longppl", "longppl_common"):
+        common = method == "longppl_common"
+        out = r.dir / (LONGPPL_COMMON_REPORT if common else LONGPPL_REPORT)
+        run(f"{method} {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
+                                                  extra=r.probe_flags(o), key_tokens=LONGPPL_KEY_TOKENS if common else None),
             out.with_suffix(".log"), out)
     else:
         out = r.dir / f"method_{method}.json"
