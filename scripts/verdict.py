@@ -27,8 +27,9 @@ def main():
                    "NAME/recalibrated: a DroPE run under its recalibration (WORK/runs/NAME/recalibrated)")
     p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
     p.add_argument("--training-length", type=int, default=256)
-    p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl (e.g. one evaluator's key tokens "
-                   "for every run); default: each run's own WORK/runs/NAME/longppl.json (the reproduction's longppl probe)")
+    p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl --key-tokens "
+                   "(the common evaluator's key tokens, judged by 'reads the far context'); default: each run's "
+                   "WORK/runs/NAME/longppl_common.json (the reproduction's longppl_common probe)")
     p.add_argument("--costs", type=Path, action="append", default=[],
                    help="scripts/bench_design_costs.py --json-out: each run's evaluation time, generation time and cache "
                    "against its base model, measured in one process per run; repeat for several reports (a run in one)")

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import REPO
 
+from lex_plugin.experiments.definitions import FAR_CONTEXT
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures, shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
@@ -124,8 +125,15 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     f = design_figures(tmp_path, "rnope_swa", 256, 300)
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None and f.longppl_ratio is None
     assert f.eval_time is None and f.gen_time is None and f.cache_64k is None
-    # no LongPPL report given: the run's own (the reproduction's longppl probe, its own key tokens)
+    # no LongPPL report given: the run's longppl_common.json (the common evaluator's key tokens) is judged; its own
+    # key tokens' longppl.json is shown beside it, judged by nothing
     shutil.copy(tmp_path / "lp.json", run / "longppl.json")
+    f = design_figures(tmp_path, "rnope_swa", 256, 300)
+    assert f.longppl_self == pytest.approx(0.75) and f.longppl_ratio is None
+    head, _, row = markdown_verdict([f]).splitlines()[:3]
+    cells = dict(zip(head.split(" | "), row.split(" | ")))
+    assert cells[f"reads the far context: {FAR_CONTEXT.rule}"] == "-" and cells["LongPPL 16l / l, own key tokens"] == "0.75"
+    shutil.copy(tmp_path / "lp.json", run / "longppl_common.json")
     assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.75)
     assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
     # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
@@ -238,10 +246,10 @@ def test_a_drope_run_is_timed_with_its_positions_dropped():
 
 def test_the_committed_1000_update_reports_give_the_results_row():
     """RESULTS' "The verdict at 1,000 updates" quotes each design's row from the reports committed in
-    examples/lex_lm/designs_1000: reading them again gives the same figures (LongPPL from the run's own report)."""
+    examples/lex_lm/designs_1000: reading them again gives the same figures (LongPPL on the run's own key tokens)."""
     work = REPO / "examples/lex_lm/designs_1000"
     f = design_figures(work, "irope", 256, 1000, costs=[work / "costs16k.json"])
-    assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_ratio == pytest.approx(22.48 / 49.92, abs=1e-3)
+    assert f.ratio == pytest.approx(85.83 / 85.50, abs=1e-4) and f.longppl_self == pytest.approx(22.48 / 49.92, abs=1e-3)
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.92, 0.0, 0.0, 0.24)
     # the costs are the cost report's row (its own ratios), the cache a quarter: 3 of 4 layers hold l - 1 keys
     costs = {r["run"]: r for r in json.loads((work / "costs16k.json").read_text())["rows"]}
@@ -250,11 +258,11 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # the xPos BCA + NoPE pattern over three fine-tuning seeds: 46, 44 and 0 of 50 keys written at 16l, so "retrieves"
     # is not met by every seed; RULER-lite missed
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.19)
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.19)
     assert f.spread["greedy_16l"] == (0.0, 0.92, 3)
     # RNoPE-SWA: RULER-lite closer (0.25); greedy at 16l over three seeds 46, 41, 43 of 50: the lowest misses 0.90
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.25)
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.25)
     assert f.spread["greedy_16l"] == (0.82, 0.92, 3)
     assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2)) == (1.0, 0.87)
     assert (f.eval_time, f.gen_time) == (costs["rnope_swa"]["eval_time"], costs["rnope_swa"]["gen_time"])
@@ -264,15 +272,15 @@ def test_the_committed_1000_update_reports_give_the_results_row():
                 "xpos_sink_token": (1.094, 0.42, 0.0, 0.3)}
     for name, figures in expected.items():
         f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
-        got = (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2))
+        got = (round(f.ratio, 4), round(f.longppl_self, 2), f.greedy_16l, round(f.ruler_8l, 2))
         assert got == figures and f.eval_time == costs[name]["eval_time"], name
     # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
     # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
     f = design_figures(work, "rope_drope", 256, 1000, recalibrated=True, costs=[work / "costs16k.json"])
     assert f.label.endswith("recalibrated (C = 0)")
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == expected["rope_drope"]
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), f.greedy_16l, round(f.ruler_8l, 2)) == expected["rope_drope"]
     f = design_figures(work / "gpu", "rope_drope", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_ratio, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (1.0842, 0.53, 0.0, 0.21)
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), f.greedy_16l, round(f.ruler_8l, 2)) == (1.0842, 0.53, 0.0, 0.21)
     assert f.eval_time == costs["rope_drope"]["eval_time"]
 
 

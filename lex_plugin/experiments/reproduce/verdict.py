@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
-from .catalogue import LABELS, LONGPPL_REPORT, RECALIBRATED, RUNS
+from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
            "figure_meets", "plot_verdict", "provenance_cell", "reference_figures", "shortfall", "shown"]
@@ -34,7 +34,10 @@ class Figures:
         updates: the training budget of the checkpoint behind the quality figures.
         ratio: ppl(16l) / ppl(l) on the test stream under the row's window (a design: its full attention); None
             where 16l was not evaluated.
-        longppl_ratio: LongPPL(16l) / LongPPL(l) under the same window.
+        longppl_ratio: LongPPL(16l) / LongPPL(l) under the same window, on the key tokens of the common evaluator
+            (``scripts/longppl_evaluator.py``: RoPE trained at 16l), the figure "reads the far context" judges.
+        longppl_self: the same ratio on the row's own key tokens (its checkpoint under full attention), shown
+            beside it and judged by nothing: a checkpoint's own key tokens favour its own full attention.
         passkey_8l: passkey accuracy at 8l after fine-tuning, ranking the key among 10 (chance 0.10).
         greedy_8l, greedy_16l: the fraction of those prompts whose greedy continuation writes the key whole, at 8l / 16l.
         ruler_8l: the RULER-lite mean over its tasks at 8l (ranking), after its fine-tuning.
@@ -57,6 +60,7 @@ class Figures:
     updates: int
     ratio: Optional[float] = None
     longppl_ratio: Optional[float] = None
+    longppl_self: Optional[float] = None
     passkey_8l: Optional[float] = None
     greedy_8l: Optional[float] = None
     greedy_16l: Optional[float] = None
@@ -98,7 +102,8 @@ GOALS = (
 )
 CONTEXT = 16384  # the tokens the cost columns are measured at (the verdict's 16k)
 # shown beside the goals, judged by nothing
-CONTEXT_COLUMNS = (("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l", "greedy 8l", "{:.2f}"),
+CONTEXT_COLUMNS = (("longppl_self", "LongPPL 16l / l, own key tokens", "{:.2f}"),
+                   ("passkey_8l", "passkey 8l (ranked)", "{:.2f}"), ("greedy_8l", "greedy 8l", "{:.2f}"),
                    ("gen_time", "gen time 16k", "{:.2f}x"))
 
 
@@ -246,7 +251,10 @@ def reference_figures(path: Path) -> List[Figures]:
     ``{"report": PATH, "mode": MODE}`` (PATH relative to the list's folder; MODE the attention mode whose rows are read:
     ``full``, ``bca``, ``rerope`` ...), as a design's are read (:func:`design_figures`):
 
-    - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_ratio``;
+    - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_self``
+      (LongPPL's ratio on the checkpoint's own key tokens);
+    - ``"longppl_common"``: an eval-lm report with ``--longppl --key-tokens`` (the common evaluator's key tokens) gives
+      ``longppl_ratio``;
     - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
       ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l);
@@ -263,10 +271,10 @@ def reference_figures(path: Path) -> List[Figures]:
     rows = []
     for raw in json.loads(Path(path).read_text()):
         raw = dict(raw)
-        read = {key: raw.pop(key) for key in ("length", "ruler", "costs", "passkey") if key in raw}
+        read = {key: raw.pop(key) for key in ("length", "longppl_common", "ruler", "costs", "passkey") if key in raw}
         unknown = sorted(set(raw) - known)
         if unknown or not {"name", "label", "updates"} <= set(raw):
-            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, ruler, costs and passkey (name, label and updates "
+            raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, longppl_common, ruler, costs and passkey (name, label and updates "
                              f"required); got {sorted(raw)}.")
         length_report = json.loads((Path(path).parent / read["length"]["report"]).read_text()) if "length" in read else None
         length = None if length_report is None else int(length_report["training_length"])  # the l cost rows must have
@@ -280,7 +288,8 @@ def reference_figures(path: Path) -> List[Figures]:
 
 def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional[int]) -> dict:
     """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length,
-    ruler, costs or passkey; ``length``: l of the row's length report, None without one; :func:`reference_figures`)."""
+    longppl_common, ruler, costs or passkey; ``length``: l of the row's length report, None without one;
+    :func:`reference_figures`)."""
     if key in ("costs", "passkey") and length is None:
         raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
                          "been measured at: give \"length\" too.")
@@ -309,18 +318,19 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
 
 
 def _report_figures(report: dict, key: str, mode: str) -> dict:
-    """A length (``--longppl``) or RULER-lite report's figures under attention mode ``mode``, None where it lacks them."""
+    """A length (``--longppl``), common-evaluator LongPPL (``--longppl --key-tokens``) or RULER-lite report's figures
+    under attention mode ``mode`` (``key``: length, longppl_common or ruler), None where it lacks them."""
     l = int(report["training_length"])
     if key == "ruler":
-        figures = {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
-    else:
-        by = mode_rows(report, mode)
-        at = {n: by[n][0] for n in (l, 16 * l) if n in by}
-        both = len(at) == 2
-        figures = {"ratio": at[16 * l]["ppl"] / at[l]["ppl"] if both else None,
-                   "longppl_ratio": (at[16 * l]["longppl"] / at[l]["longppl"]
-                                     if both and at[l].get("longppl") and at[16 * l].get("longppl") else None)}
-    return figures
+        return {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
+    by = mode_rows(report, mode)
+    at = {n: by[n][0] for n in (l, 16 * l) if n in by}
+    both = len(at) == 2
+    longppl = (at[16 * l]["longppl"] / at[l]["longppl"] if both and at[l].get("longppl") and at[16 * l].get("longppl")
+               else None)
+    if key == "longppl_common":
+        return {"longppl_ratio": longppl}
+    return {"ratio": at[16 * l]["ppl"] / at[l]["ppl"] if both else None, "longppl_self": longppl}
 
 
 def provenance_cell(report: Optional[dict]) -> str:
@@ -433,13 +443,27 @@ def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: 
     return row
 
 
+def _longppl_ratio(path: Path, l: int, without_value: Dict[str, str], key: str) -> Optional[float]:
+    """LongPPL(16l) / LongPPL(l) of the eval-lm report ``path`` (``--longppl``) under its first mode; None without the
+    report, and where its evaluator found no key token, None with ``without_value[key]`` = "no key token"."""
+    if not path.is_file():
+        return None
+    scored = {L: rows[0] for L, rows in mode_rows(json.loads(path.read_text())).items()}
+    lp = {L: row.get("longppl") for L, row in scored.items()}
+    if lp.get(l) and lp.get(16 * l):
+        return lp[16 * l] / lp[l]
+    if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)):
+        without_value[key] = "no key token"
+    return None
+
+
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
                    costs: Sequence[Path] = (), context: int = CONTEXT,
                    recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
-    from ``longppl`` (an eval-lm report with ``--longppl``, e.g. every design scored on one evaluator's key tokens;
-    None: the run's own ``longppl.json``, the reproduction's ``longppl`` probe, key tokens the checkpoint's own, as
-    the reference rows' are), the passkey after fine-tuning (``passkey_finetuned.json``
+    on the common evaluator's key tokens from ``longppl`` (an eval-lm report with ``--longppl --key-tokens``; None: the
+    run's ``longppl_common.json``, the reproduction's ``longppl_common`` probe) and on its own key tokens (the run's
+    ``longppl.json``, the ``longppl`` probe), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks), and the cost figures of ``costs`` (``scripts/bench_design_costs.py``
@@ -464,15 +488,10 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    longppl_ratio, without_value = None, {}
-    longppl = run / LONGPPL_REPORT if longppl is None else longppl
-    if longppl.is_file():
-        scored = {L: rows[0] for L, rows in mode_rows(json.loads(longppl.read_text())).items()}
-        lp = {L: row.get("longppl") for L, row in scored.items()}
-        if lp.get(l) and lp.get(16 * l):
-            longppl_ratio = lp[16 * l] / lp[l]
-        elif any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)):
-            without_value["longppl_ratio"] = "no key token"
+    without_value: Dict[str, str] = {}
+    longppl_ratio = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, without_value,
+                                   "longppl_ratio")
+    longppl_self = _longppl_ratio(run / LONGPPL_REPORT, l, without_value, "longppl_self")
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
     ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
     cost = _costs_row(costs, name, l, context) or {}
@@ -480,7 +499,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     if recalibrated:
         label += f", recalibrated (C = {json.loads((run / 'choice.json').read_text())['C']:g})"
     return Figures(name=f"{name}/{RECALIBRATED}" if recalibrated else name, label=label, updates=updates, ratio=ratio,
-                   longppl_ratio=longppl_ratio, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
+                   longppl_ratio=longppl_ratio, longppl_self=longppl_self, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
                    eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
                    source=str(run), measured_on=provenance_cell(report), spread=spread, without_value=without_value)
