@@ -266,6 +266,9 @@ def test_tiny_run_end_to_end_and_resume(data_bin, tmp_path):
         assert needle in tables, (needle, tables)
     results = json.loads((work / "results.json").read_text())
     assert set(results["ppl"]) == {"xpos", "xpos_scalar_zeta", "xpos_random"}
+    # its provenance: the steps' wall time summed, the seed of its options
+    prov = results["provenance"]
+    assert prov["wall_s"] == pytest.approx(sum(results["wall_seconds"].values()), abs=0.1) and prov["seed"] == 1
     assert set(results["ppl"]["xpos"]) == {"full", "sliding", "bca", "bca_sinks", "yarn"}  # methods: xpos only
     assert set(results["ppl"]["xpos_random"]) == {"full", "sliding", "bca"}
     # the random-position run trained with L_max = the longest evaluation length; evaluation is ordinary

@@ -160,7 +160,8 @@ def _paper_table(root: Path, name: str, table: int) -> str:
     l, lengths = int(r["options"]["train_length"]), [int(n) for n in r["options"]["lengths"]]
     runs = [n for n in PAPER_RUNS if n in r["ppl"]]
     if table == 2:
-        return markdown_ppl(r["ppl"], runs, WINDOWS, lengths, l)
+        return (markdown_ppl(r["ppl"], runs, WINDOWS, lengths, l)
+                + f"\n\nReport: [`{name}`]({name}). {provenance_line(r['provenance'])}")
     if table == 3:
         return markdown_resolution(r["resolution"], [n for n in r["ppl"] if n in r["resolution"]], [l, 2 * l])
     if table == 4:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ...provenance import provenance
 from .catalogue import (BABILONG_FINETUNE, BABILONG_REPORT, LONGPPL_PROBE, LONGPPL_REPORT, METHOD_RUNS, METHODS,
                         PASSKEY_FINETUNE, PROBES, RECALIBRATED, RULER_FINETUNE, RULER_REPORT, RUNS, SCALED_PASSKEY,
                         drope_start, is_design)
@@ -193,7 +194,10 @@ def _results_json(o: ReproduceOptions, r: _Reports) -> dict:
                             for n, snaps in budgets.items()}} if budgets else {}),
             "claims": claims, "magnitudes": [{**m, "ratios": {str(k): v for k, v in m["ratios"].items()},
                                               "paper": {str(k): v for k, v in m["paper"].items()}} for m in magnitudes],
-            "wall_seconds": progress}
+            "wall_seconds": progress,
+            # the steps' wall time summed (over every invocation that ran one); the command, commit and device of this
+            # invocation, which wrote the file
+            "provenance": provenance(seed=o.seed, wall_s=sum(progress.values()) if progress else None)}
 
 
 def _plots(work: Path, o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> None:
@@ -221,7 +225,7 @@ def write_results(work: Path, o: ReproduceOptions, runs: Sequence[str]) -> str:
     """Collect every finished report under WORK/runs/RUN/ (length_report.json, resolution_{full,bca}.json,
     method_METHOD.json, passkey.json) and WORK/progress.json into WORK/tables.md (Tables 2-5 in shape,
     randomized positions, a table per method, passkey accuracy, the claims, wall time per step),
-    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds) and, once there is a
+    WORK/results.json (options, ppl, resolution, passkey, claims, wall seconds, provenance) and, once there is a
     perplexity, WORK/ppl_vs_length.png (plus methods_vs_length.png and random_positions_vs_length.png when
     those runs exist).
 
