@@ -69,7 +69,8 @@ REPO = Path(__file__).resolve().parents[1]
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default=None,
               help="a named setting: its values replace the defaults of the options not given on the command line. "
                    + "; ".join(f"{name}: {profile_flags(name)}" for name in sorted(PROFILES)))
-@click.option("--finetune-seeds", default="", help="comma-separated seeds of the passkey fine-tuning, each probed apart")
+@click.option("--finetune-seeds", default="", help="comma-separated seeds of the probes' fine-tuning (passkey_finetuned, ruler, babilong), "
+                   "each fine-tuned and probed apart")
 @click.option("--in-process", is_flag=True, default=False,
               help="run each fairseq-train, fairseq-eval-lm and lex step in this process instead of a new one (saves "
                    "~5 s of imports a step: small runs; one process's threads, no isolation between steps)")
@@ -101,9 +102,10 @@ def main(**params):
                                  param_hint="--longest")
     probed = [m for m in methods if m in PROBES and any(methods_of(r, [m]) for r in runs)]
     for option, takers in (("probe_windows", probed), ("passkey_trials", [m for m in probed if m.startswith("passkey")]),
-                           ("finetune_seeds", [m for m in probed if m == "passkey_finetuned"])):
+                           ("finetune_seeds", [m for m in probed if m in ("passkey_finetuned", "ruler", "babilong")])):
         if option in given and not takers:
-            what = {"passkey_trials": "passkey probe", "finetune_seeds": "passkey_finetuned probe"}.get(option, "probe")
+            what = {"passkey_trials": "passkey probe",
+                    "finetune_seeds": "passkey_finetuned, ruler or babilong probe"}.get(option, "probe")
             raise click.BadParameter(f"no {what} in --methods runs "
                                      "on these runs, so it would change nothing; drop it or add the probe",
                                      param_hint=f"--{option.replace('_', '-')}")

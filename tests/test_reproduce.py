@@ -579,6 +579,21 @@ def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypa
         probe = commands[f"passkey_finetuned rnope_swa_seed{seed}"]
         assert probe[probe.index("--path") + 1] == str(run / f"passkey_ft_seed{seed}" / "checkpoint_last.pt")
     assert commands["finetune rnope_swa"][commands["finetune rnope_swa"].index("--seed") + 1] == "1"
+    # RULER-lite likewise: each seed fine-tuned on the probe's data into its own directory, probed into its own report
+    calls.clear()
+    (tmp_path / "ruler").mkdir()
+    work, data, o, announced = _recorded_steps(tmp_path / "ruler", monkeypatch, ["ruler"],
+                                               lambda key, done: calls.append((key, done)))
+    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    reproduce.reproduce(work, dataclasses.replace(o, finetune_seeds=(1, 2, 3)), ["rnope_swa"], tmp_path, data)
+    done, run = dict(calls), work / "runs" / "rnope_swa"
+    assert announced == [len(calls)] and done["ruler rnope_swa"] == run / "ruler_answers.json"
+    for seed in (2, 3):
+        cmd = commands[f"ruler finetune rnope_swa_seed{seed}"]
+        assert cmd[cmd.index("--seed") + 1] == str(seed) and cmd[cmd.index("--save-dir") + 1] == str(run / f"ruler_ft_answers_seed{seed}")
+        assert done[f"ruler rnope_swa_seed{seed}"] == run / f"ruler_answers_seed{seed}.json"
+        probe = commands[f"ruler rnope_swa_seed{seed}"]
+        assert probe[probe.index("--path") + 1] == str(run / f"ruler_ft_answers_seed{seed}" / "checkpoint_last.pt")
     with pytest.raises(ValueError, match="a seed given twice"):
         dataclasses.replace(o, finetune_seeds=(2, 2))
 

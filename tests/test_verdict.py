@@ -12,7 +12,8 @@ from conftest import REPO
 
 from lex_plugin.experiments.definitions import FAR_CONTEXT
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures, shortfall)
+    GOALS, Figures, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures,
+    shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -124,6 +125,14 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     (run / "length_report.json").write_text(json.dumps({"results": [_row("full", 256, ppl=100.0), _row("full", 2048, ppl=9.0)]}))
     f = design_figures(tmp_path, "rnope_swa", 256, 300)
     assert f.ruler_8l == pytest.approx(0.3203, abs=1e-4) and f.ratio is None and f.longppl_ratio is None
+    # another fine-tuning seed's report: the mean of the two, their range
+    shutil.copy(REPO / "examples/lex_lm/ruler/ruler_rope.json", run / "ruler_answers_seed2.json")
+    two = design_figures(tmp_path, "rnope_swa", 256, 300)
+    rope = _ruler_mean(json.loads((run / "ruler_answers_seed2.json").read_text()), 2048)
+    assert rope is not None and abs(rope - 0.3203) > 0.01
+    assert two.ruler_8l == pytest.approx((0.3203 + rope) / 2, abs=1e-4)
+    assert two.spread["ruler_8l"] == (pytest.approx(min(rope, 0.3203), abs=1e-4), pytest.approx(max(rope, 0.3203), abs=1e-4), 2)
+    (run / "ruler_answers_seed2.json").unlink()
     assert f.eval_time is None and f.gen_time is None and f.cache_64k is None
     # no LongPPL report given: the run's longppl_common.json (the common evaluator's key tokens) is judged; its own
     # key tokens' longppl.json is shown beside it, judged by nothing

@@ -152,15 +152,17 @@ def ruler_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) 
 
 
 def answer_finetune_command(answers_bin: Path, ckpt: Path, save_dir: Path, run_args: List[str], o: ReproduceOptions,
-                            recipe: dict) -> List:
+                            recipe: dict, seed: Optional[int] = None) -> List:
     """fairseq-train fine-tuning ``ckpt`` (trained with ``run_args``) on a probe's data-bin of prompts with recorded
     answers (``lex ruler-data``, ``lex babilong-data``), one prompt per row at l, as :func:`finetune_command` does for
     the passkey data: ``recipe`` (:data:`RULER_FINETUNE`, :data:`BABILONG_FINETUNE`) gives the updates, batch and peak
-    lr, and whether the loss is on the answers alone (``--answer-only-loss``)."""
+    lr, and whether the loss is on the answers alone (``--answer-only-loss``); ``seed`` the fine-tuning's (default
+    ``o.seed``)."""
     return fairseq_train_command(answers_bin, save_dir, arch=o.arch, model_args=run_args,
                                  tokens_per_sample=o.training_length, batch_size=recipe["batch_size"], lr=recipe["lr"],
                                  updates=recipe["updates"], warmup=max(1, recipe["updates"] // 20), break_mode="eos",
-                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50, seed=o.seed, extra=["--finetune-from-model", ckpt,
+                                 save_interval_updates=FINETUNE_SAVE_INTERVAL, log_interval=50,
+                                 seed=o.seed if seed is None else seed, extra=["--finetune-from-model", ckpt,
                                                         *(["--answer-only-loss"] if recipe["answer_only_loss"] else [])])
 
 

@@ -29,9 +29,9 @@ class ReproduceOptions:
         probe_windows: the attention modes the probes (passkey, RULER-lite, BABILong-lite, LongPPL) compare, among
             ``catalogue.PROBE_WINDOWS`` and ``leaky_rerope``; each run takes those that apply to it
             (``commands.probe_windows``). Empty: all of them.
-        finetune_seeds: the seeds of the passkey probe's fine-tuning (``passkey_finetuned``), each fine-tuned and
-            probed apart (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``; ``seed``'s own under the plain
-            names). Empty: ``seed`` alone.
+        finetune_seeds: the seeds of the probes' fine-tuning (``passkey_finetuned``, ``ruler``, ``babilong``), each
+            fine-tuned and probed apart (``passkey_ft_seedN/``, ``passkey_finetuned_seedN.json``,
+            ``ruler_answers_seedN.json`` ...; ``seed``'s own under the plain names). Empty: ``seed`` alone.
 
     Raises:
         ValueError: an odd or non-positive l (BCA's blocks are l/2); lengths without l or with one below it;

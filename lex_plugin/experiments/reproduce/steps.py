@@ -154,15 +154,15 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
                 extra_seeds: int = 0, probe_windows: Sequence[str] = ()) -> int:
     """The number of steps :func:`reproduce` will announce: per run training, evaluation and resolution (4; 2 with a
     sink token), two per budget, its methods' steps, a DroPE run's recalibration; the data-bin and each probe's data
-    once, unless already written; ``extra_seeds`` more fine-tunings of the passkey probe per run that takes it
-    (``probe_windows``: ``--probe-windows``, which decides the passkey's 16l step)."""
+    once, unless already written; ``extra_seeds`` more fine-tunings of each fine-tuned probe (passkey, RULER-lite,
+    BABILong-lite) per run that takes it (``probe_windows``: ``--probe-windows``, which decides the passkey's 16l step)."""
     tuned = any(m.startswith("passkey_finetuned") for n in runs for m in run_methods[n])
     uses = lambda probe: any(probe in run_methods[n] for n in runs)  # noqa: E731
     return ((0 if (data / "dict.txt").exists() else 1)
             + sum(2 + (0 if _resolution_refused(RUNS[n][0]) else 2) + 2 * len(budgets)
                   + sum(_steps_of(m, _passkey_at_16l(RUNS[n][1], probe_windows)) for m in run_methods[n])
-                  + (extra_seeds * _steps_of("passkey_finetuned", _passkey_at_16l(RUNS[n][1], probe_windows))
-                     if "passkey_finetuned" in run_methods[n] else 0)
+                  + extra_seeds * sum(_steps_of(m, _passkey_at_16l(RUNS[n][1], probe_windows)) for m in run_methods[n]
+                                      if m in ("passkey_finetuned", "ruler", "babilong"))
                   + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
@@ -239,7 +239,8 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
 
 def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: ReproduceOptions) -> None:
     """RULER-lite or BABILong-lite: the probe's data-bin once (its encoding is the data-bin's), each run fine-tuned on
-    it with ``--answer-only-loss``, then probed."""
+    it with ``--answer-only-loss``, then probed; again under each of ``o.extra_seeds`` (``ruler_ft_answers_seedN/``,
+    ``ruler_answers_seedN.json``; BABILong-lite's names likewise)."""
     if probe == "ruler":
         bin_dir, done, tuned_dir, budget, report = work / "ruler-bin", RULER_DATA_DONE, RULER_TUNED, RULER_FINETUNE, RULER_REPORT
         data_command, probe_command = ruler_data_command, ruler_command
@@ -247,16 +248,20 @@ def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: R
         bin_dir, done, tuned_dir, budget, report = (work / "babilong-bin", BABILONG_DATA_DONE, BABILONG_TUNED, BABILONG_FINETUNE,
                                                     BABILONG_REPORT)
         data_command, probe_command = babilong_data_command, babilong_command
-    tuned = r.dir / tuned_dir / "checkpoint_last.pt"
     if not (bin_dir / done).exists():
         if probe == "ruler" and bin_dir.exists():  # written before rows recorded their answers: the same rows, written again
             shutil.rmtree(bin_dir)
         run(f"{probe} data", data_command(data, r.ckpt, bin_dir, o), work / f"{probe}-data.log", bin_dir / done)
-    run(f"{probe} finetune {r.name}", answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget),
-        tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
-    out = r.dir / report
-    run(f"{probe} {r.name}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps, extra=r.probe_flags(o)),
-        out.with_suffix(".log"), out)
+    # the run's seed under the plain names; each other fine-tuning seed fine-tuned and probed apart (..._seedN)
+    for seed, suffix in [(o.seed, "")] + [(s, f"_seed{s}") for s in o.extra_seeds]:
+        tuned = r.dir / f"{tuned_dir}{suffix}" / "checkpoint_last.pt"
+        run(f"{probe} finetune {r.name}{suffix}",
+            answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget, seed),
+            tuned.parent / "train.log", tuned.parent / "train.done", stamp=True)
+        out = r.dir / report.replace(".json", f"{suffix}.json")
+        run(f"{probe} {r.name}{suffix}", probe_command(data, tuned, out, o, r.rotary, position_maps=r.position_maps,
+                                                       extra=r.probe_flags(o)),
+            out.with_suffix(".log"), out)
 
 
 def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:

@@ -405,6 +405,18 @@ def _passkey_seeds(run: Path, l: int) -> tuple:
     return means["passkey_8l"], means["greedy_8l"], means["greedy_16l"], spread
 
 
+def _ruler_seeds(run: Path, l: int) -> tuple:
+    """(RULER-lite's mean at 8l, spread) of a run's reports after fine-tuning: the run's seed (``ruler_answers.json``)
+    and each other fine-tuning seed (``ruler_answers_seedN.json``); over several seeds the mean of the seeds' means and
+    ``spread`` = {"ruler_8l": (lowest, highest, seeds)}."""
+    paths = [run / "ruler_answers.json", *sorted(run.glob("ruler_answers_seed*.json"),
+                                                  key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
+    values = [v for v in (_ruler_mean(_report(p), 8 * l) for p in paths) if v is not None]
+    if not values:
+        return None, {}
+    return sum(values) / len(values), ({"ruler_8l": (min(values), max(values), len(values))} if len(values) > 1 else {})
+
+
 def _ruler_mean(report: Optional[dict], length: int, mode: str = "full") -> Optional[float]:
     """RULER-lite's mean over its tasks (each the mean over its depths, ranking) under attention ``mode`` (default full
     attention) at ``length``, as ``lex ruler`` and the RESULTS tables average it (``ruler.effective_length``); None
@@ -466,7 +478,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     ``longppl.json``, the ``longppl`` probe), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
-    at 8l (``ruler_answers.json``, the mean over tasks), and the cost figures of ``costs`` (``scripts/bench_design_costs.py``
+    at 8l (``ruler_answers.json``, the mean over tasks; over several fine-tuning seeds, with ``ruler_answers_seedN.json``,
+    the seeds' mean and range), and the cost figures of ``costs`` (``scripts/bench_design_costs.py``
     reports: evaluation and generation time at ``context``, the cache at 64k, each over the base model's measured in the
     same process; no row for the run: not measured).
     With ``recalibrated``, a DroPE run's figures under its recalibration (the same files in
@@ -493,7 +506,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                                    "longppl_ratio")
     longppl_self = _longppl_ratio(run / LONGPPL_REPORT, l, without_value, "longppl_self")
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
-    ruler_8l = _ruler_mean(_report(run / "ruler_answers.json"), 8 * l)
+    ruler_8l, ruler_spread = _ruler_seeds(run, l)
+    spread = {**spread, **ruler_spread}
     cost = _costs_row(costs, name, l, context) or {}
     label = LABELS.get(name, name)
     if recalibrated:
