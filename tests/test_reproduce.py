@@ -888,16 +888,17 @@ def test_the_script_refuses_options_that_would_change_nothing(tmp_path, monkeypa
                (["--runs", "rope", "--lengths", "256,512", "--longest", "2"], "--longest"),
                (["--runs", "rope", "--methods", "rerope", "--probe-windows", "full"], "--probe-windows"),
                (["--runs", "rope", "--methods", "ruler", "--passkey-trials", "5"], "--passkey-trials"),
-               (["--runs", "rope", "--methods", "passkey,ruler", "--finetune-seeds", "2,3"], "--finetune-seeds")]
+               (["--runs", "rope", "--methods", "passkey,longppl", "--finetune-seeds", "2,3"], "--finetune-seeds")]
     for args, message in refused:
         result = CliRunner().invoke(script.main, base + args)
         assert result.exit_code == 2 and message in result.output, (args, result.output)
     assert calls == []
     for args in (["--runs", "sinusoidal"], ["--runs", "alibi,rope", "--methods", "rerope,yarn"],
-                 ["--runs", "rope", "--methods", "passkey,ruler", "--probe-windows", "full", "--passkey-trials", "5"]):
+                 ["--runs", "rope", "--methods", "passkey,ruler", "--probe-windows", "full", "--passkey-trials", "5"],
+                 ["--runs", "rope", "--methods", "ruler", "--finetune-seeds", "2,3"]):  # RULER-lite takes seeds too
         result = CliRunner().invoke(script.main, base + args)
         assert result.exit_code == 0, (args, result.output)
-    assert [runs for runs, _ in calls] == [["sinusoidal"], ["alibi", "rope"], ["rope"]]
+    assert [runs for runs, _ in calls] == [["sinusoidal"], ["alibi", "rope"], ["rope"], ["rope"]]
 
 
 def test_a_flat_and_retrieving_row_needs_both_counts_or_neither():
