@@ -19,6 +19,7 @@ sequences), so that 16l is inside its training length. Two steps, each resumable
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,9 @@ def main(data_bin, work, out, training_length, max_update, batch_size, eval_toke
         ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--longppl-trunc-len", 3 * l // 4,
          "--longppl-sliding-window", l // 4, "--length-report-only"])]
     print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    # fairseq-eval-lm from this interpreter's environment, on PATH or not
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    subprocess.run(cmd, check=True, env=env)
     report = json.loads(out.read_text())
     report["longppl"]["evaluator"] = f"RoPE trained at {longest} tokens ({max_update} updates): {ckpt}"
     report["evaluator_training"] = {"command": train, "training_length": longest, "updates": max_update}
