@@ -207,6 +207,23 @@ def schemes_1000(root: Path) -> str:
     return "\n".join(lines)
 
 
+LONGPPL_EVALUATOR = "examples/lex_lm/designs_1000/longppl_evaluator.json"
+
+
+def longppl_evaluator_table(root: Path) -> str:
+    """The common LongPPL evaluator (``scripts/longppl_evaluator.py``): how it was trained, the rule, its key tokens,
+    its own perplexity and LongPPL at each length, and its report's provenance."""
+    r = json.loads((root / LONGPPL_EVALUATOR).read_text())
+    lp, training = r["longppl"], r["evaluator_training"]
+    lines = [f"Evaluator: RoPE, `lex_lm_tiny`, trained at {training['training_length']:,} tokens for "
+             f"{training['updates']:,} updates; rule alpha = {lp['alpha']:g}, beta = {lp['beta']:g} nats, K = "
+             f"{lp['trunc_len']}, S = {lp['sliding_window']}, on samples of {lp['length']:,}: {lp['key_tokens']:,} key "
+             f"tokens of {r['split_tokens']:,}.", "",
+             "| length | ppl | LongPPL on its own key tokens |", "|---:|---:|---:|"]
+    lines += [f"| {row['length']:,} | {row['ppl']:.2f} | {row['longppl']:.2f} |" for row in r["results"]]
+    return "\n".join(lines + ["", provenance_line(r["provenance"])])
+
+
 def designs_ppl(root: Path, run: VerdictRun = VERDICT_1000) -> str:
     """Each trained design's perplexity by length under full attention, the sliding window and BCA (its length
     report), as the reproduction's "Trained designs" table."""
@@ -310,6 +327,7 @@ FOX_HORIZON = ("examples/lex_lm/designs_1000/costs16k_fox_before_horizon.json", 
 SHORT, LONG = "reproduce_results.json", "reproduce_long_results.json"  # 300 and 1,000 updates
 BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "definitions", lambda root: definitions_table()),
+    Block(RESULTS, "longppl_evaluator", longppl_evaluator_table),
     Block(RESULTS, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(RESULTS, "verdict_1000", lambda root: f"```bash\n{VERDICT_1000.command()}\n```\n\n"
                                                  + markdown_verdict(verdict_1000_rows(root))),
