@@ -11,7 +11,7 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (1,197 tests: 1,196 took 25 min 32 s on 2 AMD EPYC cores beside a fine-tuning and a benchmark, 1,194 took 10 min 42 s beside a training job; 1,191 took 8 min 14 s with nothing else running; 1,065 took 10 min 32 s in an earlier run).
+# README command 2: the test suite (1,201 tests: all passed in 18 min 2 s on 2 AMD EPYC cores beside a training job; 1,191 took 8 min 14 s with nothing else running).
 # Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
 # The tests run `lex` commands, fairseq-train, fairseq-eval-lm and scripts/reproduce.py (--in-process) inside the test
 # process (conftest.run_cli): no new interpreter per command.
