@@ -19,7 +19,6 @@ sequences), so that 16l is inside its training length. Two steps, each resumable
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ import click
 from lex_plugin.experiments.reproduce import ReproduceOptions
 from lex_plugin.experiments.reproduce.catalogue import LONGPPL_PROBE
 from lex_plugin.experiments.reproduce.commands import eval_command
+from lex_plugin.experiments.reproduce.runner import tool_env
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,9 +59,7 @@ def main(data_bin, work, out, training_length, max_update, batch_size, eval_toke
         ["--longppl", "--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"], "--longppl-trunc-len", 3 * l // 4,
          "--longppl-sliding-window", l // 4, "--length-report-only"])]
     print(" ".join(cmd), flush=True)
-    # fairseq-eval-lm from this interpreter's environment, on PATH or not
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    subprocess.run(cmd, check=True, env=env)
+    subprocess.run(cmd, check=True, env=tool_env())  # fairseq-eval-lm of this interpreter's environment
     report = json.loads(out.read_text())
     report["longppl"]["evaluator"] = f"RoPE trained at {longest} tokens ({max_update} updates): {ckpt}"
     report["evaluator_training"] = {"command": train, "training_length": longest, "updates": max_update}

@@ -550,6 +550,28 @@ def test_the_battery_runs_its_data_once_and_counts_its_steps(tmp_path, monkeypat
     assert done["babilong xpos"] == work / "runs" / "xpos" / "babilong.json"
 
 
+def test_longppl_common_scores_a_run_on_the_committed_key_tokens(tmp_path, monkeypatch):
+    """--methods longppl,longppl_common: the own-key-token probe finds its tokens with the reproduction's rule; the
+    common one reads the committed evaluator's report (--key-tokens) with no rule of its own, into longppl_common.json."""
+    calls, commands = [], {}
+    work, data, o, announced = _recorded_steps(tmp_path, monkeypatch, ["longppl", "longppl_common"],
+                                               lambda key, done: calls.append((key, done)))
+    record = reproduce.steps.Runner.__call__
+
+    def recording(self, key, cmd, log, done, stamp=False, then=None):
+        commands[key] = [str(c) for c in cmd]
+        record(self, key, cmd, log, done, stamp, then)
+
+    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    reproduce.reproduce(work, o, ["rnope_swa"], tmp_path, data)
+    run, done = work / "runs" / "rnope_swa", dict(calls)
+    assert announced == [len(calls)] and done["longppl_common rnope_swa"] == run / "longppl_common.json"
+    own, common = commands["longppl rnope_swa"], commands["longppl_common rnope_swa"]
+    assert "--longppl-alpha" in own and "--key-tokens" not in own
+    assert common[common.index("--key-tokens") + 1] == str(reproduce.catalogue.LONGPPL_KEY_TOKENS) and "--longppl-alpha" not in common
+    assert reproduce.catalogue.LONGPPL_KEY_TOKENS == REPO / "examples/lex_lm/designs_1000/longppl_evaluator.json"
+
+
 def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypatch):
     """--finetune-seeds 1,2,3 on a design: the run's seed under the plain names, seeds 2 and 3 each fine-tuned with its
     own --seed into passkey_ft_seedN/ and probed at l..8l and 16l into their own reports; the count announced equals

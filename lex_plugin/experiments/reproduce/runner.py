@@ -14,7 +14,7 @@ from ..recipe import PLUGIN_DIR
 from .in_process import run_in_process
 from .options import ReproduceOptions
 
-__all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time"]
+__all__ = ["REPO", "ReproduceError", "Runner", "check_options", "fmt_time", "tool_env"]
 
 REPO = PLUGIN_DIR.parent  # working directory of every step
 
@@ -27,6 +27,12 @@ def fmt_time(seconds: float) -> str:
     """``seconds`` as ``1h05m`` (an hour or more) or ``4m07s``."""
     seconds = int(round(seconds))
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def tool_env() -> dict:
+    """The environment a step's command runs in: this one, with this interpreter's scripts (``fairseq-train``,
+    ``fairseq-eval-lm``, ``lex``) first on PATH, whether or not its environment is activated."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 class Runner:
@@ -66,7 +72,7 @@ class Runner:
         print(f"\n{prefix}: {' '.join(shlex.quote(str(c)) for c in cmd)}\n  log: {log}", flush=True)
         log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        env = tool_env()
         env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
         with open(log, "a") as f:
             rc = run_in_process(cmd, f, REPO) if self.in_process else None

@@ -455,18 +455,16 @@ def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: 
     return row
 
 
-def _longppl_ratio(path: Path, l: int, without_value: Dict[str, str], key: str) -> Optional[float]:
-    """LongPPL(16l) / LongPPL(l) of the eval-lm report ``path`` (``--longppl``) under its first mode; None without the
-    report, and where its evaluator found no key token, None with ``without_value[key]`` = "no key token"."""
+def _longppl_ratio(path: Path, l: int) -> Tuple[Optional[float], Optional[str]]:
+    """(LongPPL(16l) / LongPPL(l), what the cell says without a value) of the eval-lm report ``path`` (``--longppl``)
+    under its first mode: (None, None) without the report; (None, "no key token") where its evaluator found none."""
     if not path.is_file():
-        return None
+        return None, None
     scored = {L: rows[0] for L, rows in mode_rows(json.loads(path.read_text())).items()}
     lp = {L: row.get("longppl") for L, row in scored.items()}
     if lp.get(l) and lp.get(16 * l):
-        return lp[16 * l] / lp[l]
-    if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)):
-        without_value[key] = "no key token"
-    return None
+        return lp[16 * l] / lp[l], None
+    return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)) else None)
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
@@ -501,10 +499,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    without_value: Dict[str, str] = {}
-    longppl_ratio = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, without_value,
-                                   "longppl_ratio")
-    longppl_self = _longppl_ratio(run / LONGPPL_REPORT, l, without_value, "longppl_self")
+    longppl_ratio, common_note = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l)
+    longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
+    without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
     ruler_8l, ruler_spread = _ruler_seeds(run, l)
     spread = {**spread, **ruler_spread}
