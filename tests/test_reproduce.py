@@ -556,13 +556,7 @@ def test_longppl_common_scores_a_run_on_the_committed_key_tokens(tmp_path, monke
     calls, commands = [], {}
     work, data, o, announced = _recorded_steps(tmp_path, monkeypatch, ["longppl", "longppl_common"],
                                                lambda key, done: calls.append((key, done)))
-    record = reproduce.steps.Runner.__call__
-
-    def recording(self, key, cmd, log, done, stamp=False, then=None):
-        commands[key] = [str(c) for c in cmd]
-        record(self, key, cmd, log, done, stamp, then)
-
-    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    _record_commands(monkeypatch, commands)
     reproduce.reproduce(work, o, ["rnope_swa"], tmp_path, data)
     run, done = work / "runs" / "rnope_swa", dict(calls)
     assert announced == [len(calls)] and done["longppl_common rnope_swa"] == run / "longppl_common.json"
@@ -581,13 +575,7 @@ def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypa
     calls, commands = [], {}
     work, data, o, announced = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned"],
                                                lambda key, done: calls.append((key, done)))
-    record = reproduce.steps.Runner.__call__
-
-    def recording(self, key, cmd, log, done, stamp=False, then=None):
-        commands[key] = [str(c) for c in cmd]
-        record(self, key, cmd, log, done, stamp, then)
-
-    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    _record_commands(monkeypatch, commands)
     o = dataclasses.replace(o, finetune_seeds=(1, 2, 3))
     reproduce.reproduce(work, o, ["rnope_swa"], tmp_path, data)
     done = dict(calls)
@@ -606,7 +594,7 @@ def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypa
     (tmp_path / "ruler").mkdir()
     work, data, o, announced = _recorded_steps(tmp_path / "ruler", monkeypatch, ["ruler"],
                                                lambda key, done: calls.append((key, done)))
-    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
+    _record_commands(monkeypatch, commands)
     reproduce.reproduce(work, dataclasses.replace(o, finetune_seeds=(1, 2, 3)), ["rnope_swa"], tmp_path, data)
     done, run = dict(calls), work / "runs" / "rnope_swa"
     assert announced == [len(calls)] and done["ruler rnope_swa"] == run / "ruler_answers.json"
@@ -618,6 +606,17 @@ def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypa
         assert probe[probe.index("--path") + 1] == str(run / f"ruler_ft_answers_seed{seed}" / "checkpoint_last.pt")
     with pytest.raises(ValueError, match="a seed given twice"):
         dataclasses.replace(o, finetune_seeds=(2, 2))
+
+
+def _record_commands(monkeypatch, commands):
+    """Make the (recording) runner of :func:`_recorded_steps` also keep each step's command: ``commands[key]``."""
+    record = reproduce.steps.Runner.__call__
+
+    def recording(self, key, cmd, log, done, stamp=False, then=None):
+        commands[key] = [str(c) for c in cmd]
+        record(self, key, cmd, log, done, stamp, then)
+
+    monkeypatch.setattr(reproduce.steps.Runner, "__call__", recording)
 
 
 def _recorded_steps(tmp_path, monkeypatch, methods, record):
