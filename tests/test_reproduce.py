@@ -491,7 +491,7 @@ def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypat
 
 
 def test_far_context_verdicts():
-    """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) / LongPPL(l), retrieves from BABILong-lite's greedy
+    """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) over the sliding window of l's at 16l, retrieves from BABILong-lite's greedy
     accuracy at 8l (mean over the tasks that fitted) against 0.5 and 0.9 x the window's own at l; undecided without it."""
     from lex_plugin.experiments.reproduce.probe_tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
 
@@ -502,9 +502,12 @@ def test_far_context_verdicts():
     longppl = {"rope": {"results": [row("full", L, 10.0, 50.0), row("full", 16 * L, 13.0, 30.0),
                                     row("bca", L, 10.0, 50.0), row("bca", 16 * L, 9.9, 50.5),
                                     row("rerope", L, 10.0, 50.0), row("rerope", 16 * L, 10.04, 40.0),
-                                    row("dca", L, 10.0, 50.0), row("dca", 16 * L, 10.04, 45.0)],
+                                    row("dca", L, 10.0, 50.0), row("dca", 16 * L, 10.04, 45.0),
+                                    row("sliding", L, 10.0, 50.0), row("sliding", 16 * L, 10.0, 50.0)],
                         "longppl": {"key_tokens": 40}},
-               "alibi": {"results": [row("full", L, 12.0, 60.0), row("full", 16 * L, 12.05, 59.0)]}}
+               "alibi": {"results": [row("full", L, 12.0, 60.0), row("full", 16 * L, 12.05, 59.0),
+                                     row("sliding", 16 * L, 12.2, 59.5)]},
+               "rope_no_window": {"results": [row("full", L, 10.0, 50.0), row("full", 16 * L, 13.0, 30.0)]}}
 
     def cell(task, mode, length, greedy, trials=10):
         return {"task": task, "window": mode, "attention": {"mode": mode}, "length": length, "trials": trials, "greedy": greedy}
@@ -526,7 +529,9 @@ def test_far_context_verdicts():
     text = markdown_far_context(list(rows.values()), L)
     assert text.endswith("**All three:** RoPE (Roformer) + ReRoPE (w = l/2)")
     assert "| **RoPE (Roformer)** | **ReRoPE (w = l/2)** | yes (1.004) | yes (0.80) | yes (0.80 (0.80)) |" in text
-    assert "| ALiBi | full attention | yes (1.004) | yes (0.98) | - |" in text
+    assert "| ALiBi | full attention | yes (1.004) | yes (0.99) | - |" in text  # 59 / 59.5, not 59 / 60
+    assert rows["rope", "sliding"]["far"] is False  # the window of l itself reads nothing beyond l
+    assert rows["rope_no_window", "full"]["far"] is None and rows["rope_no_window", "full"]["longppl_ratio"] is None
     assert "| RoPE (Roformer) | ReRoPE (w = l/2) | 0.80 | 0.80 |" in markdown_babilong(babilong, ["rope"], L)
     table = markdown_longppl(longppl, ["rope", "alibi"], L)
     assert table.startswith("RoPE (Roformer): 40 key tokens") and "| BCA | 10.00 | 9.90 | 0.990 | 50.00 | 50.50 | 1.01 |" in table
@@ -564,6 +569,17 @@ def test_longppl_common_scores_a_run_on_the_committed_key_tokens(tmp_path, monke
     assert "--longppl-alpha" in own and "--key-tokens" not in own
     assert common[common.index("--key-tokens") + 1] == str(reproduce.catalogue.LONGPPL_KEY_TOKENS) and "--longppl-alpha" not in common
     assert reproduce.catalogue.LONGPPL_KEY_TOKENS == REPO / "examples/lex_lm/designs_1000/longppl_evaluator.json"
+    # under --probe-windows full, both add the sliding window of l that 'reads the far context' divides by; a run
+    # trained with a sink token keeps it visible there, as it was in training
+    import dataclasses
+
+    commands.clear()
+    o = dataclasses.replace(o, probe_windows=("full",))
+    reproduce.reproduce(tmp_path / "work_full", o, ["rnope_swa", "xpos_sink_token"], tmp_path, data)
+    for key in ("longppl rnope_swa", "longppl_common rnope_swa", "longppl_common xpos_sink_token"):
+        cmd = commands[key]
+        assert cmd[cmd.index("--eval-windows") + 1] == "full,sliding"
+        assert ("--sink-tokens" in cmd) == key.endswith("sink_token")
 
 
 def test_each_fine_tuning_seed_is_fine_tuned_and_probed_apart(tmp_path, monkeypatch):
@@ -725,7 +741,8 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
     a run that is not DroPE gets none; the steps announced are the steps taken."""
     commands, announced = {}, []
     valid = {0.0: 80.0, 0.05: 70.0, 0.1: 60.0, 0.2: 65.0, 0.4: 90.0, 0.8: 150.0}
-    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl"], lambda k, d: None)
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl", "longppl_common"],
+                                       lambda k, d: None)
 
     class Recording:
         def __init__(self, work, steps, in_process=False):
@@ -764,9 +781,14 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
         assert (arg(cmd, "--windows"), arg(cmd, "--attention-temperature"), arg(cmd, "--json")) == (
             "full", "0.1", str(rdir / out)), key
     assert arg(commands["passkey_finetuned rope_drope C=0.1 16l"], "--lengths") == str(16 * L)
-    longppl = commands["longppl rope_drope C=0.1"]
-    assert (arg(longppl, "--path"), arg(longppl, "--eval-windows"), arg(longppl, "--attention-temperature")) == (
-        str(work / "runs" / "rope_drope" / "checkpoints" / "checkpoint_last.pt"), "full", "0.1")
+    # LongPPL on its own and on the common evaluator's key tokens, under full attention and the window of l that
+    # 'reads the far context' divides by
+    for key, written in (("longppl", "longppl.json"), ("longppl_common", "longppl_common.json")):
+        longppl = commands[f"{key} rope_drope C=0.1"]
+        assert (arg(longppl, "--path"), arg(longppl, "--eval-windows"), arg(longppl, "--attention-temperature"),
+                arg(longppl, "--report-json")) == (
+            str(work / "runs" / "rope_drope" / "checkpoints" / "checkpoint_last.pt"), "full,sliding", "0.1", str(rdir / written))
+        assert ("--key-tokens" in longppl) == (key == "longppl_common")
     assert not any("C=" in k for k in commands if "rope_ssmax" in k)
     # the tables read the chosen C and its test perplexities (a work directory of those two reports alone)
     tables = tmp_path / "tables" / "runs" / "rope_drope" / "recalibrated"
@@ -851,13 +873,15 @@ def test_a_sink_token_run_keeps_its_sink_under_every_bounded_window(tmp_path, mo
 def test_a_sink_token_run_probed_under_full_attention_alone_gets_no_sink_flag(tmp_path, monkeypatch):
     """--probe-windows full (the 1,000-update recipe): the probes take no --sink-tokens, which the lex commands
     refuse where no mode takes sinks (the reproduction stopped at the sink token's passkey probe); the length
-    evaluation, over BCA and the sliding window too, keeps it."""
+    evaluation, over BCA and the sliding window too, keeps it, and so does LongPPL, measured under the window of l
+    as well (the far-context goal's denominator)."""
     commands, _ = _sink_token_steps(tmp_path, monkeypatch, probe_windows=["full"])
     for step in PROBE_STEPS:
         cmd = commands[f"{step} xpos_sink_token"]
         flag = "--windows" if "--windows" in cmd else "--eval-windows"  # (LongPPL: fairseq-eval-lm)
-        assert cmd[cmd.index(flag) + 1] == "full", step
-        assert "--sink-tokens" not in cmd, step
+        windowed = step == "longppl"
+        assert cmd[cmd.index(flag) + 1] == ("full,sliding" if windowed else "full"), step
+        assert ("--sink-tokens" in cmd) == windowed, step
     evaluation = commands["eval xpos_sink_token"]
     assert evaluation[evaluation.index("--sink-tokens") + 1] == "1"
 
@@ -876,7 +900,7 @@ def test_probe_windows_narrow_every_probe_and_refuse_what_no_run_takes(tmp_path,
         for name, cmd in cmds.items():
             assert cmd[cmd.index("--windows") + 1] == expected, name
         longppl = reproduce.longppl_command(tmp_path, tmp_path / "c.pt", tmp_path / "l.json", o, rotary)
-        assert longppl[longppl.index("--eval-windows") + 1] == expected
+        assert longppl[longppl.index("--eval-windows") + 1] == expected + ",sliding"  # FAR_CONTEXT's denominator
     steps = []
     (tmp_path / "b").mkdir()
     work, data, o, _ = _recorded_steps(tmp_path / "b", monkeypatch, ["ruler"], lambda key, done: steps.append(key))

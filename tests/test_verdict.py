@@ -100,11 +100,13 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
         dict(_row("full", 2048, retrieved=10, greedy=10, trials=10), attention={"mode": "full", "logn": True})]}))
     (run / "passkey_finetuned_16l.json").write_text(json.dumps({"results": [_row("full", 4096, retrieved=5, greedy=4, trials=5)]}))
     (tmp_path / "lp.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=40.0),
-                                                              _row("full", 4096, ppl=1.0, longppl=30.0)]}))
+                                                              _row("full", 4096, ppl=1.0, longppl=30.0),
+                                                              _row("sliding", 4096, ppl=1.0, longppl=37.5)]}))
     _costs(tmp_path / "costs.json", {"run": "irope", "eval_time": 0.4, "gen_time": 0.5, "cache_64k": 0.25},
            {"run": "rnope_swa", "eval_time": 0.5, "gen_time": 0.6, "cache_64k": 0.251})
     f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp.json", costs=[tmp_path / "costs.json"])
-    assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.75)
+    # the common evaluator's LongPPL at 16l over the sliding window of l's there (30 / 37.5), not over 16l / l (0.75)
+    assert f.ratio == pytest.approx(0.99) and f.longppl_ratio == pytest.approx(0.8)
     assert (f.passkey_8l, f.greedy_8l, f.greedy_16l) == (0.5, 0.15, 0.8)
     assert (f.eval_time, f.gen_time, f.cache_64k) == (0.5, 0.6, 0.251) and f.ruler_8l is None
     # costs measured at another context or l are refused, naming the command that measures them again
@@ -143,7 +145,11 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     cells = dict(zip(head.split(" | "), row.split(" | ")))
     assert cells[f"reads the far context: {FAR_CONTEXT.rule}"] == "-" and cells["LongPPL 16l / l, own key tokens"] == "0.75"
     shutil.copy(tmp_path / "lp.json", run / "longppl_common.json")
-    assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.75)
+    assert design_figures(tmp_path, "rnope_swa", 256, 300).longppl_ratio == pytest.approx(0.8)
+    # a common report without the window of l is refused, naming the step that measures it
+    (tmp_path / "lp_nowindow.json").write_text(json.dumps({"results": json.loads((tmp_path / "lp.json").read_text())["results"][:2]}))
+    with pytest.raises(ValueError, match="no LongPPL at 4096 under a sliding window of l.*--methods longppl_common"):
+        design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp_nowindow.json")
     assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
     # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
     (tmp_path / "lp0.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0),

@@ -4,16 +4,17 @@ the lex task, the methods, the passkey probe and its fine-tuning data, lex resol
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ...modules.attention.position_map import POSITION_MAPS
+from ..definitions import FAR_CONTEXT_BASELINE
 from ..recipe import PLUGIN_DIR, fairseq_train_command
 from .options import ReproduceOptions
 from .catalogue import (BABILONG_FINETUNE, BABILONG_PROBE, LONGPPL_PROBE, METHODS, PASSKEY_FINETUNE, PROBE_WINDOWS, RULER_FINETUNE,
                         RULER_PROBE)
 
 __all__ = ["answer_finetune_command", "babilong_command", "babilong_data_command", "eval_command", "finetune_command",
-           "longppl_command", "method_command", "passkey_command", "passkey_data_command", "probe_windows",
+           "longppl_command", "longppl_windows", "method_command", "passkey_command", "passkey_data_command", "probe_windows",
            "scaled_passkey_flags", "prepare_command", "resolution_command", "ruler_command", "ruler_data_command",
            "train_command"]
 
@@ -181,14 +182,22 @@ def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary
 def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
                     position_maps: bool = True, extra: Sequence = (), key_tokens: Optional[Path] = None) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
-    in nats) under :func:`probe_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
+    in nats) under :func:`longppl_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention, or with ``key_tokens`` those of that report (``--key-tokens``: one common evaluator's,
     its own rule); the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
     found = (["--key-tokens", key_tokens] if key_tokens is not None
              else ["--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"]])
-    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(probe_windows(rotary, position_maps, o.probe_windows)), out, o,
+    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(longppl_windows(rotary, position_maps, o)), out, o,
                         ["--longppl", *found, "--length-report-only", *extra])
+
+
+def longppl_windows(rotary: bool, position_maps: bool, o: ReproduceOptions) -> Tuple[str, ...]:
+    """The attention modes LongPPL is measured under: :func:`probe_windows` (limited by ``o.probe_windows``), and the
+    sliding window of l that "reads the far context" divides by (``definitions.FAR_CONTEXT_BASELINE``) where they
+    lack it."""
+    windows = tuple(probe_windows(rotary, position_maps, o.probe_windows))
+    return windows if FAR_CONTEXT_BASELINE in windows else (*windows, FAR_CONTEXT_BASELINE)
 
 
 def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:

@@ -3,7 +3,7 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
-from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES_RANKED
+from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES_RANKED
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 from .tables import LEGACY_MODES, _num
 
@@ -200,7 +200,9 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
 
 def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> List[dict]:
     """The far-context verdict of each run and window that has a LongPPL report: flat (ppl at the longest length over
-    ppl at l, ``definitions.FLAT``), reads the far context (LongPPL there below LongPPL at l), and, where the run
+    ppl at l, ``definitions.FLAT``), reads the far context (``definitions.FAR_CONTEXT``: LongPPL at the longest length
+    over the same model's there under the sliding window of l, on the report's key tokens; None where the report has no
+    such window), and, where the run
     has a BABILong-lite report, retrieves (greedy accuracy at 8l at least :data:`BABILONG_RETRIEVAL` and at least
     :data:`BABILONG_KEPT` times the window's own at l; None where either length is missing).
 
@@ -211,14 +213,15 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
     out = []
     for name, report in longppl.items():
         greedy = _babilong_greedy(babilong[name]) if name in babilong else {}
-        for mode, by in _rows_by_mode(report).items():
+        modes = _rows_by_mode(report)
+        for mode, by in modes.items():
             lengths = sorted(by)
             if l not in by or len(lengths) < 2:
                 continue
             top = lengths[-1]
             ratio = by[top]["ppl"] / by[l]["ppl"]
-            lp_l, lp_top = by[l].get("longppl"), by[top].get("longppl")
-            lratio = lp_top / lp_l if lp_l and lp_top else None
+            lp_top, lp_window = by[top].get("longppl"), modes.get(FAR_CONTEXT_BASELINE, {}).get(top, {}).get("longppl")
+            lratio = lp_top / lp_window if lp_top and lp_window else None
             g = greedy.get(mode, {})
             g1, g8 = g.get(l), g.get(8 * l)
             retrieves = None if g1 is None or g8 is None else (g8 >= BABILONG_RETRIEVAL and g8 >= BABILONG_KEPT * g1)
@@ -236,7 +239,7 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
 
     top = max(r["top"] for r in rows)
     lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT.bar:.{FLAT.decimals}f} | reads the far "
-             f"context: LongPPL {top // l}l / l < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
+             f"context: LongPPL {top // l}l / a window of l's < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
              "|---|---|---|---|---|"]
     passing = []
     for r in rows:

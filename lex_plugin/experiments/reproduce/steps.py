@@ -14,7 +14,7 @@ from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, 
                         LONGPPL_COMMON_REPORT, LONGPPL_KEY_TOKENS, LONGPPL_REPORT, PROBES, RECALIBRATED, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, RUNS,
                         SCALED_PASSKEY, drope_start, is_design, methods_of, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
-                       longppl_command, method_command, passkey_command, passkey_data_command, prepare_command, probe_windows,
+                       longppl_command, longppl_windows, method_command, passkey_command, passkey_data_command, prepare_command, probe_windows,
                        resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
 from .options import ReproduceOptions
 from .results import write_results
@@ -147,7 +147,7 @@ def _recalibration_steps(methods: Sequence[str]) -> int:
     """The runner steps of a DroPE run's recalibration (:func:`_recalibrate`) with the probes ``methods``: one valid
     evaluation per C of the grid, the length evaluation, and each probe the verdict reads again (the passkey twice)."""
     return (len(DROPE_TEMPERATURES) + 1 + (2 if "passkey_finetuned" in methods else 0) + ("ruler" in methods)
-            + ("longppl" in methods))
+            + ("longppl" in methods) + ("longppl_common" in methods))
 
 
 def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, budgets: Sequence[int],
@@ -279,7 +279,8 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
         common = method == "longppl_common"
         out = r.dir / (LONGPPL_COMMON_REPORT if common else LONGPPL_REPORT)
         run(f"{method} {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
-                                                  extra=r.probe_flags(o), key_tokens=LONGPPL_KEY_TOKENS if common else None),
+                                                  extra=r.window_flags(longppl_windows(r.rotary, r.position_maps, o)),
+                                                  key_tokens=LONGPPL_KEY_TOKENS if common else None),
             out.with_suffix(".log"), out)
     else:
         out = r.dir / f"method_{method}.json"
@@ -312,7 +313,8 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     longest length under each C of :data:`DROPE_TEMPERATURES` (``valid_C{C}.json``); then, under the C with the lowest
     perplexity there (:func:`recalibration_choice`, written to ``choice.json``), the test length evaluation
     (``length_report.json``) and the probes of ``methods`` that the verdict reads, on the checkpoints they were
-    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL (the plain run's file names).
+    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL on its own and on the common evaluator's
+    key tokens (the plain run's file names).
 
     Raises:
         ReproduceError: ``choice.json`` records another C than the grid's reports now choose (a report of the grid was
@@ -346,10 +348,13 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
         out = rdir / RULER_REPORT
         run(f"ruler {r.name} C={c:g}", ruler_command(data, r.dir / RULER_TUNED / "checkpoint_last.pt", out, full, r.rotary,
                                                      position_maps=r.position_maps, extra=flag), out.with_suffix(".log"), out)
-    if "longppl" in methods:
-        out = rdir / LONGPPL_REPORT
-        run(f"longppl {r.name} C={c:g}", longppl_command(data, r.ckpt, out, full, r.rotary, position_maps=r.position_maps,
-                                                         extra=flag), out.with_suffix(".log"), out)
+    for method in ("longppl", "longppl_common"):
+        if method in methods:
+            common = method == "longppl_common"
+            out = rdir / (LONGPPL_COMMON_REPORT if common else LONGPPL_REPORT)
+            run(f"{method} {r.name} C={c:g}", longppl_command(data, r.ckpt, out, full, r.rotary, position_maps=r.position_maps,
+                                                              extra=flag, key_tokens=LONGPPL_KEY_TOKENS if common else None),
+                out.with_suffix(".log"), out)
 
 
 def _make_run(name: str, work: Path, o: ReproduceOptions) -> _Run:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..definitions import FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
+from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
@@ -34,10 +34,11 @@ class Figures:
         updates: the training budget of the checkpoint behind the quality figures.
         ratio: ppl(16l) / ppl(l) on the test stream under the row's window (a design: its full attention); None
             where 16l was not evaluated.
-        longppl_ratio: LongPPL(16l) / LongPPL(l) under the same window, on the key tokens of the common evaluator
-            (``scripts/longppl_evaluator.py``: RoPE trained at 16l), the figure "reads the far context" judges.
-        longppl_self: the same ratio on the row's own key tokens (its checkpoint under full attention), shown
-            beside it and judged by nothing: a checkpoint's own key tokens favour its own full attention.
+        longppl_ratio: LongPPL(16l) under the row's window over the same model's LongPPL(16l) under a sliding window
+            of l, on the key tokens of the common evaluator (``scripts/longppl_evaluator.py``: RoPE trained at 16l),
+            the figure "reads the far context" judges (``definitions.FAR_CONTEXT``).
+        longppl_self: LongPPL(16l) / LongPPL(l) on the row's own key tokens (its checkpoint under full attention),
+            shown beside it and judged by nothing: a checkpoint's own key tokens favour its own full attention.
         passkey_8l: passkey accuracy at 8l after fine-tuning, ranking the key among 10 (chance 0.10).
         greedy_8l, greedy_16l: the fraction of those prompts whose greedy continuation writes the key whole, at 8l / 16l.
         ruler_8l: the RULER-lite mean over its tasks at 8l (ranking), after its fine-tuning.
@@ -254,7 +255,7 @@ def reference_figures(path: Path) -> List[Figures]:
     - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_self``
       (LongPPL's ratio on the checkpoint's own key tokens);
     - ``"longppl_common"``: an eval-lm report with ``--longppl --key-tokens`` (the common evaluator's key tokens) gives
-      ``longppl_ratio``;
+      ``longppl_ratio``, over its rows under the sliding window of l (``definitions.FAR_CONTEXT_BASELINE``);
     - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
       ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l);
@@ -306,7 +307,7 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
         figures = {k: row[k] for k in ("eval_time", "gen_time", "cache_64k")}
     else:
         report = json.loads((path.parent / given["report"]).read_text())
-        figures = _report_figures(report, key, given["mode"])
+        figures = _report_figures(report, key, given["mode"], str(path.parent / given["report"]))
     source = given.get("report") or ", ".join(given["reports"])
     twice = sorted(set(figures) & set(raw))
     if twice:
@@ -317,19 +318,23 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     return figures
 
 
-def _report_figures(report: dict, key: str, mode: str) -> dict:
+def _report_figures(report: dict, key: str, mode: str, source: str) -> dict:
     """A length (``--longppl``), common-evaluator LongPPL (``--longppl --key-tokens``) or RULER-lite report's figures
-    under attention mode ``mode`` (``key``: length, longppl_common or ruler), None where it lacks them."""
+    under attention mode ``mode`` (``key``: length, longppl_common or ruler), None where it lacks them.
+
+    Raises:
+        ValueError: a common-evaluator report (``source``) lacks the sliding window of l at 16l (:func:`_over_window`).
+    """
     l = int(report["training_length"])
     if key == "ruler":
         return {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
+    if key == "longppl_common":
+        return {"longppl_ratio": _over_window(report, l, mode, source)}
     by = mode_rows(report, mode)
     at = {n: by[n][0] for n in (l, 16 * l) if n in by}
     both = len(at) == 2
     longppl = (at[16 * l]["longppl"] / at[l]["longppl"] if both and at[l].get("longppl") and at[16 * l].get("longppl")
                else None)
-    if key == "longppl_common":
-        return {"longppl_ratio": longppl}
     return {"ratio": at[16 * l]["ppl"] / at[l]["ppl"] if both else None, "longppl_self": longppl}
 
 
@@ -455,15 +460,40 @@ def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: 
     return row
 
 
-def _longppl_ratio(path: Path, l: int) -> Tuple[Optional[float], Optional[str]]:
-    """(LongPPL(16l) / LongPPL(l), what the cell says without a value) of the eval-lm report ``path`` (``--longppl``)
-    under its first mode: (None, None) without the report; (None, "no key token") where its evaluator found none."""
+def _over_window(report: dict, l: int, mode: str, source: str) -> Optional[float]:
+    """LongPPL(16l) under ``mode`` over LongPPL(16l) under the sliding window of l (:data:`FAR_CONTEXT_BASELINE`) in
+    the eval-lm report ``report`` (``--longppl``, read from ``source``): the figure of ``definitions.FAR_CONTEXT``;
+    None where the report has no LongPPL under ``mode`` at 16l.
+
+    Raises:
+        ValueError: the report has LongPPL under ``mode`` at 16l but none under the window of l there.
+    """
+    row = mode_rows(report, mode).get(16 * l, [{}])[0]
+    if not row.get("longppl"):
+        return None
+    base = mode_rows(report, FAR_CONTEXT_BASELINE).get(16 * l, [{}])[0]
+    if not base.get("longppl"):
+        raise ValueError(f"{source} has no LongPPL at {16 * l} under a sliding window of l, which '{FAR_CONTEXT.name}' "
+                         f"divides by: run scripts/reproduce.py --methods longppl_common again (it measures that window "
+                         f"beside the row's).")
+    return row["longppl"] / base["longppl"]
+
+
+def _longppl_ratio(path: Path, l: int, *, over_window: bool = False) -> Tuple[Optional[float], Optional[str]]:
+    """(the ratio, what the cell says without a value) of the eval-lm report ``path`` (``--longppl``) under full
+    attention: LongPPL(16l) / LongPPL(l), or with ``over_window`` LongPPL(16l) over the sliding window of l's there
+    (:func:`_over_window`); (None, None) without the report; (None, "no key token") where its evaluator found none.
+
+    Raises:
+        ValueError: with ``over_window``, the report lacks the window of l (:func:`_over_window`).
+    """
     if not path.is_file():
         return None, None
-    scored = {L: rows[0] for L, rows in mode_rows(json.loads(path.read_text())).items()}
+    report = json.loads(path.read_text())
+    scored = {L: rows[0] for L, rows in mode_rows(report).items()}
     lp = {L: row.get("longppl") for L, row in scored.items()}
     if lp.get(l) and lp.get(16 * l):
-        return lp[16 * l] / lp[l], None
+        return (_over_window(report, l, "full", str(path)) if over_window else lp[16 * l] / lp[l]), None
     return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)) else None)
 
 
@@ -471,9 +501,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    costs: Sequence[Path] = (), context: int = CONTEXT,
                    recalibrated: bool = False) -> Figures:
     """The figures of run ``name`` of the reproduction in ``work``: its length report's full-attention ratio, LongPPL
-    on the common evaluator's key tokens from ``longppl`` (an eval-lm report with ``--longppl --key-tokens``; None: the
-    run's ``longppl_common.json``, the reproduction's ``longppl_common`` probe) and on its own key tokens (the run's
-    ``longppl.json``, the ``longppl`` probe), the passkey after fine-tuning (``passkey_finetuned.json``
+    at 16l on the common evaluator's key tokens over the sliding window of l's, from ``longppl`` (an eval-lm report
+    with ``--longppl --key-tokens``; None: the run's ``longppl_common.json``, the reproduction's ``longppl_common``
+    probe), LongPPL(16l) / LongPPL(l) on its own key tokens (the run's ``longppl.json``, the ``longppl`` probe), the passkey after fine-tuning (``passkey_finetuned.json``
     and ``passkey_finetuned_16l.json`` in the run's directory, full attention: the reproduction's ``passkey_finetuned``
     probe writes both for a trained design), RULER-lite
     at 8l (``ruler_answers.json``, the mean over tasks; over several fine-tuning seeds, with ``ruler_answers_seedN.json``,
@@ -486,7 +516,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
 
     Raises:
         KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run (or its recalibration) has no
-            length report. ValueError: its cost row was measured at another context or l (:func:`_costs_row`).
+            length report. ValueError: its cost row was measured at another context or l (:func:`_costs_row`); its
+            common-evaluator report lacks the sliding window of l (:func:`_over_window`).
     """
     if name not in RUNS:
         raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
@@ -499,7 +530,8 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    longppl_ratio, common_note = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l)
+    longppl_ratio, common_note = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l,
+                                                over_window=True)
     longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
     without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
