@@ -28,7 +28,8 @@ def main():
     p.add_argument("--updates", type=int, required=True, help="the runs' training budget (--max-update)")
     p.add_argument("--training-length", type=int, default=256)
     p.add_argument("--longppl-dir", type=Path, help="NAME.json (NAME.recalibrated.json for NAME/recalibrated): each run's eval-lm report with --longppl --key-tokens "
-                   "(the common evaluator's key tokens, judged by 'reads the far context'); default: each run's "
+                   "(the common evaluator's key tokens, judged by 'reads the far context'), under full attention and "
+                   "the sliding window of l it is divided by (--eval-windows full,sliding); default: each run's "
                    "WORK/runs/NAME/longppl_common.json (the reproduction's longppl_common probe)")
     p.add_argument("--costs", type=Path, action="append", default=[],
                    help="scripts/bench_design_costs.py --json-out: each run's evaluation time, generation time and cache "

@@ -150,6 +150,13 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     (tmp_path / "lp_nowindow.json").write_text(json.dumps({"results": json.loads((tmp_path / "lp.json").read_text())["results"][:2]}))
     with pytest.raises(ValueError, match="no LongPPL at 4096 under a sliding window of l.*--methods longppl_common"):
         design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp_nowindow.json")
+    # a design whose global layer chooses its own keys (MoBA) takes no window of l: the goal is not measured, not refused
+    moba = tmp_path / "runs" / "xpos_bca_nope_moba"
+    moba.mkdir()
+    shutil.copy(run / "length_report.json", moba / "length_report.json")
+    shutil.copy(tmp_path / "lp_nowindow.json", moba / "longppl_common.json")
+    f = design_figures(tmp_path, "xpos_bca_nope_moba", 256, 300)
+    assert f.longppl_ratio is None and "longppl_ratio" not in f.without_value
     assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
     # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
     (tmp_path / "lp0.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0),
@@ -377,6 +384,31 @@ def test_results_gate_and_differential_attention_figures_are_the_committed_repor
     for run, label in [("rope_gate_elementwise", "gate"), ("rope_diff", "differential attention")]:
         c = costs[run]
         assert f"| {label} | {c['eval_time']:.2f}x | {c['gen_time']:.2f}x | {c['cache_64k']:.3f}x |" in results, run
+
+
+def test_a_reference_reads_the_far_context_over_the_window_of_l(tmp_path):
+    """A reference row's far-context figure: its mode's LongPPL at 16l over the sliding window of l's there, read from
+    the committed common-evaluator report (LeX's BCA 51.69 / 50.68 = 1.02, a miss; against its LongPPL at l, 51.69 /
+    53.11 = 0.97, it met the bar); a report without the window of l is refused, naming the step that measures it."""
+    import shutil
+
+    shutil.copy(REPO / "examples/lex_lm/designs_1000/runs/xpos/longppl.json", tmp_path / "length.json")
+    shutil.copy(REPO / "examples/lex_lm/designs_1000/runs/xpos/longppl_common.json", tmp_path / "common.json")
+    ref = {"name": "xpos+bca", "label": "LeX", "updates": 1000, "length": {"report": "length.json", "mode": "bca"},
+           "longppl_common": {"report": "common.json", "mode": "bca"}}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps([ref]))
+    (got,) = reference_figures(path)
+    assert got.longppl_ratio == pytest.approx(51.6932 / 50.6787, abs=1e-4) and not FAR_CONTEXT.meets(got.longppl_ratio)
+    path.write_text(json.dumps([{**ref, "longppl_common": {"report": "common.json", "mode": "rerope"}}]))
+    (rerope,) = reference_figures(path)
+    assert rerope.longppl_ratio == pytest.approx(40.9213 / 50.6787, abs=1e-4) and FAR_CONTEXT.meets(rerope.longppl_ratio)
+    report = json.loads((tmp_path / "common.json").read_text())
+    report["results"] = [r for r in report["results"] if not r["window"].startswith("sliding")]
+    (tmp_path / "common.json").write_text(json.dumps(report))
+    path.write_text(json.dumps([ref]))
+    with pytest.raises(ValueError, match="no LongPPL at 4096 under a sliding window of l"):
+        reference_figures(path)
 
 
 def test_a_reference_reads_its_costs_from_a_cost_report(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 __all__ = ["BABILONG_DATA_DONE", "BABILONG_FINETUNE", "BABILONG_PROBE", "BABILONG_REPORT", "BABILONG_TUNED",
-           "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "run_arguments", "LONGPPL_COMMON_REPORT", "LONGPPL_KEY_TOKENS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
+           "CHOOSES_KEYS", "DEFAULT_RUNS", "DROPE_FRACTION", "DROPE_TEMPERATURES", "LABELS", "LOCAL_WINDOW_DIVISOR", "full_attention_only", "run_arguments", "LONGPPL_COMMON_REPORT", "LONGPPL_KEY_TOKENS", "LONGPPL_PROBE", "LONGPPL_REPORT", "METHODS", "METHOD_RUNS", "PASSKEY_FINETUNE", "PROBE_WINDOWS", "PROBES",
            "PROFILES", "profile_flags", "RECALIBRATED", "RULER_FINETUNE", "RULER_PROBE", "ROTARY_RUNS", "RUNS", "SCALED_PASSKEY", "SCALINGS", "SINK_TOKENS",
            "WINDOW_LABEL", "drope_start", "is_design", "methods_of"]
 
@@ -73,6 +73,19 @@ def run_arguments(name: str, training_length: int) -> list:
     The role's own additions (randomized positions, DroPE's start) are the reproduction's."""
     fill = dict(w=training_length // LOCAL_WINDOW_DIVISOR, b=training_length // MOBA_BLOCK_DIVISOR)
     return [a.format(**fill) if isinstance(a, str) else a for a in RUNS[name][0]]
+
+
+# the training flags of the designs whose global layers choose their own keys: MoBA's blocks, landmark tokens' groups
+CHOOSES_KEYS = frozenset({"--moba-topk", "--landmark-block-size"})
+
+
+def full_attention_only(run_args) -> bool:
+    """Whether a run's global layers choose their own keys (:data:`CHOOSES_KEYS`: MoBA, landmark tokens), from its
+    training flags (:func:`run_arguments`): evaluated under full attention only, since the executor refuses a bounded
+    window there; so "reads the far context", whose denominator is a sliding window of l, is not measured for it."""
+    return bool(CHOOSES_KEYS & set(map(str, run_args)))
+
+
 DROPE_FRACTION = 0.12  # DroPE (arXiv 2512.12167) drops the positions for about the last 12% of the updates
 # DroPE's recalibration at evaluation: every logit times beta = 1 + C ln(L / l) (--attention-temperature C). A DroPE run
 # evaluates each C of this grid on the valid split at the longest length, then evaluates and probes again under the C

@@ -180,24 +180,30 @@ def ruler_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary
 
 
 def longppl_command(data: Path, ckpt: Path, out: Path, o: ReproduceOptions, rotary: bool = True, *,
-                    position_maps: bool = True, extra: Sequence = (), key_tokens: Optional[Path] = None) -> List:
+                    position_maps: bool = True, windows: Optional[Sequence[str]] = None, extra: Sequence = (),
+                    key_tokens: Optional[Path] = None) -> List:
     """fairseq-eval-lm of ``ckpt`` with LongPPL (:data:`LONGPPL_PROBE`: l, 4l and 16l, the thresholds alpha and beta
-    in nats) under :func:`longppl_windows`, over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
+    in nats) under ``windows`` (default :func:`longppl_windows`), over the tokens of :func:`eval_command`, the key tokens found by ``ckpt``
     itself under full attention, or with ``key_tokens`` those of that report (``--key-tokens``: one common evaluator's,
     its own rule); the length table only (``--length-report-only``), written to ``out``."""
     p, l = LONGPPL_PROBE, o.training_length
     found = (["--key-tokens", key_tokens] if key_tokens is not None
              else ["--longppl-alpha", p["alpha"], "--longppl-beta", p["beta"]])
-    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(longppl_windows(rotary, position_maps, o)), out, o,
+    windows = longppl_windows(rotary, position_maps, o) if windows is None else windows
+    return eval_command(data, ckpt, [l * k for k in p["multiples"]], list(windows), out, o,
                         ["--longppl", *found, "--length-report-only", *extra])
 
 
-def longppl_windows(rotary: bool, position_maps: bool, o: ReproduceOptions) -> Tuple[str, ...]:
-    """The attention modes LongPPL is measured under: :func:`probe_windows` (limited by ``o.probe_windows``), and the
-    sliding window of l that "reads the far context" divides by (``definitions.FAR_CONTEXT_BASELINE``) where they
-    lack it."""
+def longppl_windows(rotary: bool, position_maps: bool, o: ReproduceOptions, baseline: bool = True) -> Tuple[str, ...]:
+    """The attention modes LongPPL is measured under: :func:`probe_windows` (limited by ``o.probe_windows``), and with
+    ``baseline`` the sliding window of l that "reads the far context" divides by (``definitions.FAR_CONTEXT_BASELINE``)
+    where they lack it, listed once.
+
+    Raises:
+        ValueError: ``o.probe_windows`` leaves no window for this run (:func:`probe_windows`).
+    """
     windows = tuple(probe_windows(rotary, position_maps, o.probe_windows))
-    return windows if FAR_CONTEXT_BASELINE in windows else (*windows, FAR_CONTEXT_BASELINE)
+    return windows if not baseline or FAR_CONTEXT_BASELINE in windows else (*windows, FAR_CONTEXT_BASELINE)
 
 
 def babilong_data_command(data: Path, ckpt: Path, dest: Path, o: ReproduceOptions) -> List:

@@ -200,9 +200,9 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
 
 def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> List[dict]:
     """The far-context verdict of each run and window that has a LongPPL report: flat (ppl at the longest length over
-    ppl at l, ``definitions.FLAT``), reads the far context (``definitions.FAR_CONTEXT``: LongPPL at the longest length
-    over the same model's there under the sliding window of l, on the report's key tokens; None where the report has no
-    such window), and, where the run
+    ppl at l, ``definitions.FLAT``), reads the far context (``definitions.FAR_CONTEXT``'s figure and bar: LongPPL at the
+    longest length over the same model's there under the sliding window of l, on the report's key tokens, the
+    checkpoint's own for the reproduction's ``longppl`` probe; None where the report has no such window), and, where the run
     has a BABILong-lite report, retrieves (greedy accuracy at 8l at least :data:`BABILONG_RETRIEVAL` and at least
     :data:`BABILONG_KEPT` times the window's own at l; None where either length is missing).
 
@@ -239,7 +239,7 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
 
     top = max(r["top"] for r in rows)
     lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT.bar:.{FLAT.decimals}f} | reads the far "
-             f"context: LongPPL {top // l}l / a window of l's < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
+             f"context: LongPPL {top // l}l over the window of l's there, own key tokens < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
              "|---|---|---|---|---|"]
     passing = []
     for r in rows:

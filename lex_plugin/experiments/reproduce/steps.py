@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 
 from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
-from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_TEMPERATURES,
+from .catalogue import (BABILONG_DATA_DONE, CHOOSES_KEYS, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_TEMPERATURES,
                         LONGPPL_COMMON_REPORT, LONGPPL_KEY_TOKENS, LONGPPL_REPORT, PROBES, RECALIBRATED, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, RUNS,
-                        SCALED_PASSKEY, drope_start, is_design, methods_of, run_arguments)
+                        SCALED_PASSKEY, drope_start, full_attention_only, is_design, methods_of, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
                        longppl_command, longppl_windows, method_command, passkey_command, passkey_data_command, prepare_command, probe_windows,
                        resolution_command, ruler_command, ruler_data_command, scaled_passkey_flags, train_command)
@@ -88,6 +88,11 @@ class _Run:
         takes = set(windows) & set(ATTENTION_FLAGS["sink_tokens"].owners)
         return ("--sink-tokens", 1) if self.sink_token and takes else ()
 
+    def longppl_windows(self, o: ReproduceOptions) -> tuple:
+        """The attention modes this run's LongPPL is measured under: :func:`~.commands.longppl_windows`, without the
+        sliding window of l for a run whose global layers choose their own keys (:func:`full_attention_only`)."""
+        return longppl_windows(self.rotary, self.position_maps, o, baseline=not full_attention_only(self.args))
+
     def probe_flags(self, o: ReproduceOptions) -> tuple:
         """:meth:`window_flags` under the probes' modes (:func:`probe_windows`, limited by ``o.probe_windows``)."""
         return self.window_flags(probe_windows(self.rotary, self.position_maps, o.probe_windows))
@@ -99,20 +104,10 @@ def _has_sink_token(run_args) -> bool:
     return "--sink-token" in map(str, run_args)
 
 
-# the training flags of the designs whose global layers choose their own keys: MoBA's blocks, landmark tokens' groups
-CHOOSES_KEYS = frozenset({"--moba-topk", "--landmark-block-size"})
-
-
 def _resolution_refused(run_args) -> bool:
     """Whether the resolution analysis refuses a run's checkpoint (``analysis.resolution``): a sink token ahead of the
     text, differential attention's two maps per head, or keys chosen per head and query (:data:`CHOOSES_KEYS`)."""
     return _has_sink_token(run_args) or bool(({"--differential-attention"} | CHOOSES_KEYS) & set(map(str, run_args)))
-
-
-def _full_attention_only(run_args) -> bool:
-    """Whether a run's global layers choose their own keys (:data:`CHOOSES_KEYS`: MoBA, landmark tokens): evaluated
-    under full attention only, since the executor refuses a bounded window there."""
-    return bool(CHOOSES_KEYS & set(map(str, run_args)))
 
 
 def _has_positions(run_args, pos_emb: str, training_length: int) -> bool:
@@ -176,7 +171,7 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
     l, lengths = o.training_length, o.lengths
     ckpt_dir, ckpt = r.ckpt.parent, r.ckpt
     windows = ["full", "bca"] if r.role == "ablation" else ["full", "sliding", "bca"]
-    if _full_attention_only(r.args):  # (MoBA's layers choose their own blocks)
+    if full_attention_only(r.args):  # (MoBA's layers choose their own blocks)
         windows = ["full"]
     run_lengths = (sorted({l, 8 * l} & set(lengths)) or [l]) if r.role == "ablation" else lengths
     for budget in budgets:
@@ -278,8 +273,8 @@ def _run_method(run: Runner, r: _Run, method: str, work: Path, data: Path, o: Re
     elif method in ("longppl", "longppl_common"):
         common = method == "longppl_common"
         out = r.dir / (LONGPPL_COMMON_REPORT if common else LONGPPL_REPORT)
-        run(f"{method} {r.name}", longppl_command(data, r.ckpt, out, o, r.rotary, position_maps=r.position_maps,
-                                                  extra=r.window_flags(longppl_windows(r.rotary, r.position_maps, o)),
+        windows = r.longppl_windows(o)
+        run(f"{method} {r.name}", longppl_command(data, r.ckpt, out, o, windows=windows, extra=r.window_flags(windows),
                                                   key_tokens=LONGPPL_KEY_TOKENS if common else None),
             out.with_suffix(".log"), out)
     else:
@@ -352,7 +347,7 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
         if method in methods:
             common = method == "longppl_common"
             out = rdir / (LONGPPL_COMMON_REPORT if common else LONGPPL_REPORT)
-            run(f"{method} {r.name} C={c:g}", longppl_command(data, r.ckpt, out, full, r.rotary, position_maps=r.position_maps,
+            run(f"{method} {r.name} C={c:g}", longppl_command(data, r.ckpt, out, full, windows=r.longppl_windows(full),
                                                               extra=flag, key_tokens=LONGPPL_KEY_TOKENS if common else None),
                 out.with_suffix(".log"), out)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, Definition
-from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS
+from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS, full_attention_only, run_arguments
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
            "figure_meets", "plot_verdict", "provenance_cell", "reference_figures", "shortfall", "shown"]
@@ -265,7 +265,8 @@ def reference_figures(path: Path) -> List[Figures]:
 
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
-            transcribed and read; a report without that mode at l and 16l (8l for RULER-lite).
+            transcribed and read; a report without that mode at l and 16l (8l for RULER-lite; for ``longppl_common``,
+            at 16l, beside the sliding window of l there: :func:`_over_window`).
         FileNotFoundError: a named report that does not exist.
     """
     known = {f.name for f in fields(Figures)} - {"reference"}
@@ -530,8 +531,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    longppl_ratio, common_note = _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l,
-                                                over_window=True)
+    # a run whose global layers choose their own keys takes no window of l: its far-context goal is not measured
+    longppl_ratio, common_note = ((None, None) if full_attention_only(run_arguments(name, l)) else
+                                  _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, over_window=True))
     longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
     without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
     ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
