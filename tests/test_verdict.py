@@ -157,6 +157,7 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     shutil.copy(tmp_path / "lp_nowindow.json", moba / "longppl_common.json")
     f = design_figures(tmp_path, "xpos_bca_nope_moba", 256, 300)
     assert f.longppl_ratio is None and "longppl_ratio" not in f.without_value
+    assert figure_meets(f, "longppl_ratio", lambda v: v < 1) is None and "| no window of l |" in markdown_verdict([f])
     assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
     # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
     (tmp_path / "lp0.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0),

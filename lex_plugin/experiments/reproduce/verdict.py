@@ -54,6 +54,9 @@ class Figures:
         reference: a reference method measured elsewhere (:func:`reference_figures`), not a trained design.
         without_value: {field: what the cell says} for a figure measured that has no value, and so misses its goal (a
             LongPPL report whose evaluator found no key token at l or 16l: nothing the long context helps).
+        not_measurable: {field: what the cell says} for a goal the row cannot be measured on, counted as not
+            measured (a design whose global layers choose their own keys takes no window of l, the denominator of
+            "reads the far context").
     """
 
     name: str
@@ -74,6 +77,7 @@ class Figures:
     spread: Dict[str, Tuple[float, float, int]] = field(default_factory=dict)
     reference: bool = False
     without_value: Dict[str, str] = field(default_factory=dict)
+    not_measurable: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,10 +131,11 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
 
 def shown(f: Figures, key: str, fmt: str) -> str:
     """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds; what
-    ``f.without_value`` says for a figure measured without a value; "-" not measured."""
+    ``f.without_value`` says for a figure measured without a value, ``f.not_measurable`` for one that cannot be;
+    "-" not measured."""
     value = getattr(f, key)
     if value is None:
-        return f.without_value.get(key, "-")
+        return f.without_value.get(key) or f.not_measurable.get(key, "-")
     if key in f.spread:
         low, high, n = f.spread[key]
         return f"{fmt.format(value)} ({fmt.format(low)}-{fmt.format(high)}, {n} seeds)"
@@ -232,7 +237,8 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
                 value = getattr(f, g.key)
-                text = "not measured" if value is None and g.key not in f.without_value else shown(f, g.key, g.fmt)
+                said = g.key in f.without_value or g.key in f.not_measurable
+                text = "not measured" if value is None and not said else shown(f, g.key, g.fmt)
                 ax.text(j, i, text.replace(" (", "\n("), ha="center", va="center",
                         fontsize=8)
         ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 15)) for g in GOALS], fontsize=8)
@@ -531,8 +537,9 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
     ratio = ppl[16 * l] / ppl[l] if l in ppl and 16 * l in ppl else None
-    # a run whose global layers choose their own keys takes no window of l: its far-context goal is not measured
-    longppl_ratio, common_note = ((None, None) if full_attention_only(run_arguments(name, l)) else
+    # a run whose global layers choose their own keys takes no window of l: its far-context goal cannot be measured
+    no_window = full_attention_only(run_arguments(name, l))
+    longppl_ratio, common_note = ((None, None) if no_window else
                                   _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, over_window=True))
     longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
     without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
@@ -547,5 +554,6 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                    longppl_ratio=longppl_ratio, longppl_self=longppl_self, passkey_8l=ranked_8l, greedy_8l=greedy_8l, greedy_16l=greedy_16l,
                    ruler_8l=ruler_8l,
                    eval_time=cost.get("eval_time"), gen_time=cost.get("gen_time"), cache_64k=cost.get("cache_64k"),
-                   source=str(run), measured_on=provenance_cell(report), spread=spread, without_value=without_value)
+                   source=str(run), measured_on=provenance_cell(report), spread=spread, without_value=without_value,
+                   not_measurable={"longppl_ratio": "no window of l"} if no_window else {})
 
