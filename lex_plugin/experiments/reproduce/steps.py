@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
-from .catalogue import (BABILONG_DATA_DONE, CHOOSES_KEYS, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, DROPE_TEMPERATURES,
+from .catalogue import (BABILONG_DATA_DONE, BABILONG_FINETUNE, BABILONG_REPORT, BABILONG_TUNED, CHOOSES_KEYS, DROPE_TEMPERATURES,
                         LONGPPL_COMMON_REPORT, LONGPPL_KEY_TOKENS, LONGPPL_REPORT, PROBES, RECALIBRATED, RULER_DATA_DONE, RULER_FINETUNE, RULER_REPORT, RULER_TUNED, RUNS,
                         SCALED_PASSKEY, drope_start, full_attention_only, is_design, methods_of, run_arguments)
 from .commands import (answer_finetune_command, babilong_command, babilong_data_command, eval_command, finetune_command,
