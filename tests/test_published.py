@@ -84,6 +84,31 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     assert "| one passkey, written by greedy decoding at 16l | none at this scale | - | - | 0 |" in table
 
 
+def test_the_schemes_table_reads_the_far_context_as_the_verdict_does():
+    """README's 1,000-update scheme table and the verdict's reference rows read one common-evaluator report each way:
+    every reference row's far-context figure is the table's cell for its scheme and method (LeX's BCA 1.02, a miss;
+    ReRoPE below 1.00 on all three schemes)."""
+    from lex_plugin.experiments.published import schemes_1000
+    from lex_plugin.experiments.reproduce.verdict import reference_figures
+
+    lines = schemes_1000(REPO).splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    column = head.index(FAR_CONTEXT.figure)
+    cells = {}
+    for line in lines[2:]:
+        row = [c.strip() for c in line.strip("|").split("|")]
+        cells[(row[0], row[1])] = row[column]
+    where = {"xpos+bca": ("LeX (xPos)", "BCA"), "xpos+rerope": ("LeX (xPos)", "ReRoPE (w = l/2)"),
+             "rope+rerope": ("RoPE", "ReRoPE (w = l/2)"), "alibi": ("ALiBi", "full attention")}
+    refs = {f.name: f for f in reference_figures(REPO / "examples/lex_lm/verdict_reference.json")}
+    assert set(where) <= set(refs)
+    for name, key in where.items():
+        assert cells[key] == f"{FAR_CONTEXT.rounded(refs[name].longppl_ratio):.2f}", name
+    assert cells[("LeX (xPos)", "BCA")] == "1.02" and not FAR_CONTEXT.meets(1.02)
+    assert all(cells[(s, "ReRoPE (w = l/2)")] != "-" and FAR_CONTEXT.meets(float(cells[(s, "ReRoPE (w = l/2)")]))
+               for s in ("LeX (xPos)", "RoPE", "ALiBi"))
+
+
 def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_figure():
     """Each of RULER-lite's 11 tasks is in exactly one family; on every committed row with a RULER-lite report, the
     families' table's mean is the verdict's figure and each family lies within the row's task scores."""

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Callable, List, Sequence, Tuple
 
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
-from .definitions import DEFINITIONS, FLAT, RETRIEVES, RULER
+from .definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
-from .reproduce.verdict import (Figures, design_figures, figure_meets, markdown_verdict, mode_rows, reference_figures,
-                                shown)
+from .reproduce.verdict import (Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
+                                reference_figures, shown)
 from .ruler_families import ruler_families_table
 
 __all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
@@ -188,22 +188,28 @@ MODE_LABELS = {"full": "full attention", "bca": "BCA", "rerope": "ReRoPE (w = l/
 
 def schemes_1000(root: Path) -> str:
     """The 1,000-update xPos, RoPE and ALiBi checkpoints under full attention, BCA and ReRoPE: ppl at l and 16l and
-    their ratio, LongPPL's ratio (``longppl_SCHEME.json``, the checkpoint's own key tokens) and the passkey at 8l after
-    fine-tuning, ranked (``flat_and_retrieving.json``)."""
+    their ratio; LongPPL at 16l on the common evaluator's key tokens over the same model's under a window of l
+    (``designs_1000/runs/SCHEME/longppl_common.json``, the verdict's "reads the far context", ``FAR_CONTEXT``);
+    LongPPL's ratio on the checkpoint's own key tokens (``longppl_SCHEME.json``, judged by nothing); and the passkey
+    at 8l after fine-tuning, ranked (``flat_and_retrieving.json``). A cell a report does not hold reads "-"."""
     passkey = json.loads((root / "examples/lex_lm/flat_and_retrieving.json").read_text())["rows"]
     found = {(r["run"], r["method"]): r for r in passkey}
-    lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | LongPPL(16l) / LongPPL(l) | "
-             "passkey at 8l (ranked) |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | "
+             f"{FAR_CONTEXT.figure} | LongPPL(16l) / LongPPL(l), own key tokens | passkey at 8l (ranked) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for scheme, label in SCHEME_LABELS.items():
         report = json.loads((root / f"examples/lex_lm/longppl_{scheme}.json").read_text())
+        common = json.loads((root / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json").read_text())
         l = int(report["training_length"])
         for mode, name in MODE_LABELS.items():
             by = mode_rows(report, mode)
             low, high = by[l][0], by[16 * l][0]
+            far = far_context_ratio(common, l, mode, f"designs_1000/runs/{scheme}/longppl_common.json")
+            far_cell = "-" if far is None else f"{FAR_CONTEXT.rounded(far):.{FAR_CONTEXT.decimals}f}"
             hit = found.get((scheme, mode))
             cell = f"{hit['retrieved'] / hit['trials']:.2f}" if hit else "-"
             lines.append(f"| {label} | {name} | {low['ppl']:.2f} | {high['ppl']:.2f} | {high['ppl'] / low['ppl']:.4f} | "
-                         f"{high['longppl'] / low['longppl']:.2f} | {cell} |")
+                         f"{far_cell} | {high['longppl'] / low['longppl']:.2f} | {cell} |")
     return "\n".join(lines)
 
 

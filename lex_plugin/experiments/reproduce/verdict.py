@@ -21,8 +21,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, Definition
 from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS, full_attention_only, run_arguments
 
-__all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "markdown_verdict", "mode_rows",
-           "figure_meets", "plot_verdict", "provenance_cell", "reference_figures", "shortfall", "shown"]
+__all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
+           "markdown_verdict", "mode_rows", "plot_verdict", "provenance_cell", "reference_figures", "shortfall", "shown"]
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def reference_figures(path: Path) -> List[Figures]:
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
             transcribed and read; a report without that mode at l and 16l (8l for RULER-lite; for ``longppl_common``,
-            at 16l, beside the sliding window of l there: :func:`_over_window`).
+            at 16l, beside the sliding window of l there: :func:`far_context_ratio`).
         FileNotFoundError: a named report that does not exist.
     """
     known = {f.name for f in fields(Figures)} - {"reference"}
@@ -330,13 +330,14 @@ def _report_figures(report: dict, key: str, mode: str, source: str) -> dict:
     under attention mode ``mode`` (``key``: length, longppl_common or ruler), None where it lacks them.
 
     Raises:
-        ValueError: a common-evaluator report (``source``) lacks the sliding window of l at 16l (:func:`_over_window`).
+        ValueError: a common-evaluator report (``source``) lacks the sliding window of l at 16l
+            (:func:`far_context_ratio`).
     """
     l = int(report["training_length"])
     if key == "ruler":
         return {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
     if key == "longppl_common":
-        return {"longppl_ratio": _over_window(report, l, mode, source)}
+        return {"longppl_ratio": far_context_ratio(report, l, mode, source)}
     by = mode_rows(report, mode)
     at = {n: by[n][0] for n in (l, 16 * l) if n in by}
     both = len(at) == 2
@@ -467,7 +468,7 @@ def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: 
     return row
 
 
-def _over_window(report: dict, l: int, mode: str, source: str) -> Optional[float]:
+def far_context_ratio(report: dict, l: int, mode: str, source: str) -> Optional[float]:
     """LongPPL(16l) under ``mode`` over LongPPL(16l) under the sliding window of l (:data:`FAR_CONTEXT_BASELINE`) in
     the eval-lm report ``report`` (``--longppl``, read from ``source``): the figure of ``definitions.FAR_CONTEXT``;
     None where the report has no LongPPL under ``mode`` at 16l.
@@ -489,10 +490,10 @@ def _over_window(report: dict, l: int, mode: str, source: str) -> Optional[float
 def _longppl_ratio(path: Path, l: int, *, over_window: bool = False) -> Tuple[Optional[float], Optional[str]]:
     """(the ratio, what the cell says without a value) of the eval-lm report ``path`` (``--longppl``) under full
     attention: LongPPL(16l) / LongPPL(l), or with ``over_window`` LongPPL(16l) over the sliding window of l's there
-    (:func:`_over_window`); (None, None) without the report; (None, "no key token") where its evaluator found none.
+    (:func:`far_context_ratio`); (None, None) without the report; (None, "no key token") where its evaluator found none.
 
     Raises:
-        ValueError: with ``over_window``, the report lacks the window of l (:func:`_over_window`).
+        ValueError: with ``over_window``, the report lacks the window of l (:func:`far_context_ratio`).
     """
     if not path.is_file():
         return None, None
@@ -500,7 +501,7 @@ def _longppl_ratio(path: Path, l: int, *, over_window: bool = False) -> Tuple[Op
     scored = {L: rows[0] for L, rows in mode_rows(report).items()}
     lp = {L: row.get("longppl") for L, row in scored.items()}
     if lp.get(l) and lp.get(16 * l):
-        return (_over_window(report, l, "full", str(path)) if over_window else lp[16 * l] / lp[l]), None
+        return (far_context_ratio(report, l, "full", str(path)) if over_window else lp[16 * l] / lp[l]), None
     return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)) else None)
 
 
@@ -524,7 +525,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     Raises:
         KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run (or its recalibration) has no
             length report. ValueError: its cost row was measured at another context or l (:func:`_costs_row`); its
-            common-evaluator report lacks the sliding window of l (:func:`_over_window`).
+            common-evaluator report lacks the sliding window of l (:func:`far_context_ratio`).
     """
     if name not in RUNS:
         raise KeyError(f"{name} is not a run of the reproduction (catalogue.RUNS).")
