@@ -6,8 +6,8 @@ measurements alternated in that process).
     python scripts/bench_design_costs.py --runs xpos_bca_nope,rnope_swa,gemma_5to1 --training-length 256 \\
         --context 16384 --json-out examples/lex_lm/designs_1000/costs16k.json
 
-A reference method of the verdict (``xpos+bca``, ``xpos+rerope``, ``rope+rerope``: an evaluation mode of a model
-trained without a design) is measured the same way, against the same model under full attention:
+A reference method of the verdict (``xpos+bca``, ``xpos+rerope``, ``rope+rerope``, ``alibi+rerope``: an evaluation
+mode of a model trained without a design) is measured the same way, against the same model under full attention:
 
     python scripts/bench_design_costs.py --runs xpos+bca,xpos+rerope,rope+rerope --training-length 256 \\
         --context 16384 --json-out examples/lex_lm/designs_1000/costs16k_references.json

@@ -348,7 +348,7 @@ def test_results_prints_the_table_the_verdict_command_writes_from_the_committed_
     _script("verdict.py").main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     results = (REPO / "examples/lex_lm/RESULTS.md").read_text()
-    assert len(rows) == 1 + 4 + len(VERDICT_1000.runs) and VERDICT_1000.command() in results  # the header, 4 references
+    assert len(rows) == 1 + 5 + len(VERDICT_1000.runs) and VERDICT_1000.command() in results  # the header, 5 references
     assert [row for row in rows if row not in results] == []
 
 

@@ -34,7 +34,7 @@ CACHE_CONTEXT = 65536  # the verdict's cache goal is read at 64k
 # the verdict's reference rows (verdict_reference.json's names): (attention mode at evaluation, --pos-emb); each is
 # compared with the same model under full attention
 REFERENCE_MODES: Dict[str, Tuple[str, str]] = {"xpos+bca": ("bca", "xpos"), "xpos+rerope": ("rerope", "xpos"),
-                                               "rope+rerope": ("rerope", "rope")}
+                                               "rope+rerope": ("rerope", "rope"), "alibi+rerope": ("rerope", "alibi")}
 
 
 def base_mode(run: str) -> str:
