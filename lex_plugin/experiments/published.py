@@ -191,7 +191,7 @@ def schemes_1000(root: Path) -> str:
     their ratio; LongPPL at 16l on the common evaluator's key tokens over the same model's under a window of l
     (``designs_1000/runs/SCHEME/longppl_common.json``, the verdict's "reads the far context", ``FAR_CONTEXT``);
     LongPPL's ratio on the checkpoint's own key tokens (``longppl_SCHEME.json``, judged by nothing); and the passkey
-    at 8l after fine-tuning, ranked (``flat_and_retrieving.json``). A cell a report does not hold reads "-"."""
+    at 8l after fine-tuning, ranked (``flat_and_retrieving.json``). A mode the common report lacks reads "-"."""
     passkey = json.loads((root / "examples/lex_lm/flat_and_retrieving.json").read_text())["rows"]
     found = {(r["run"], r["method"]): r for r in passkey}
     lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | "
