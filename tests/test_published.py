@@ -120,6 +120,32 @@ def test_the_schemes_table_reads_the_far_context_as_the_verdict_does():
                for s in ("LeX (xPos)", "RoPE", "ALiBi"))
 
 
+def test_the_schemes_table_says_a_mode_the_common_report_lacks_and_refuses_one_without_the_window(tmp_path):
+    """A common-evaluator report without BCA rows reads "-" in BCA's far-context cell (not a number, the other cells
+    unchanged); one without the sliding window of l is refused, naming the step that measures it."""
+    from lex_plugin.experiments.published import schemes_1000
+
+    root = tmp_path / "repo"
+    (root / "examples/lex_lm").mkdir(parents=True)
+    for name in ("longppl_xpos.json", "longppl_rope.json", "longppl_alibi.json", "flat_and_retrieving.json"):
+        shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
+    for scheme in ("xpos", "rope", "alibi"):
+        (root / f"examples/lex_lm/designs_1000/runs/{scheme}").mkdir(parents=True)
+        shutil.copy(REPO / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json",
+                    root / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json")
+    whole = schemes_1000(root).splitlines()
+    common = root / "examples/lex_lm/designs_1000/runs/rope/longppl_common.json"
+    report = json.loads(common.read_text())
+    common.write_text(json.dumps({**report, "results": [r for r in report["results"] if not r["window"].startswith("bca")]}))
+    lacking = schemes_1000(root).splitlines()
+    changed = [(a, b) for a, b in zip(whole, lacking) if a != b]
+    assert len(changed) == 1 and changed[0][0].startswith("| RoPE | BCA |")
+    assert changed[0][1] == changed[0][0].replace("| 1.03 |", "| - |", 1)
+    common.write_text(json.dumps({**report, "results": [r for r in report["results"] if not r["window"].startswith("sliding")]}))
+    with pytest.raises(ValueError, match="under a sliding window of l"):
+        schemes_1000(root)
+
+
 def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_figure():
     """Each of RULER-lite's 11 tasks is in exactly one family; on every committed row with a RULER-lite report, the
     families' table's mean is the verdict's figure and each family lies within the row's task scores."""
