@@ -3,6 +3,7 @@ shortfalls, a run's figures read from its reports (its costs from the one-proces
 grid without overlapping labels."""
 
 import json
+import re
 import shutil
 import sys
 
@@ -439,27 +440,46 @@ def test_a_reference_reads_its_costs_from_a_cost_report(tmp_path):
         reference_figures(path)
 
 
-def test_a_reference_reads_its_passkey_under_its_mode_from_the_probes_reports(tmp_path):
-    """A reference row's ranked and greedy passkey at 8l and greedy at 16l come from the probe's reports under the row's
-    mode alone (full attention's rows beside it are not read), summed over depths; a mode the reports lack is refused."""
-    import shutil
-
+def test_a_reference_reads_its_passkey_under_its_mode_over_its_fine_tuning_seeds(tmp_path):
+    """A reference row's ranked and greedy passkey at 8l and greedy at 16l come from the probe's reports in its run
+    folder under the row's mode alone (full attention's rows beside it are not read), summed over depths; another
+    fine-tuning seed's pair (``_seedN``) makes each figure the seeds' mean with its range, and "retrieves" is met
+    only when every seed retrieves; a mode the reports lack, a folder without them and the older list of reports are
+    refused."""
     shutil.copy(REPO / "examples/lex_lm/longppl_rope.json", tmp_path / "length.json")
-    (tmp_path / "pk.json").write_text(json.dumps({"results": [
+    run = tmp_path / "runs" / "rope"
+    run.mkdir(parents=True)
+    (run / "passkey_finetuned.json").write_text(json.dumps({"results": [
         _row("rerope", 2048, retrieved=5, greedy=4, trials=5), _row("rerope", 2048, retrieved=4, greedy=2, trials=5),
         _row("full", 2048, retrieved=0, greedy=0, trials=10)]}))
-    (tmp_path / "pk16.json").write_text(json.dumps({"results": [
+    (run / "passkey_finetuned_16l.json").write_text(json.dumps({"results": [
         _row("rerope", 4096, retrieved=10, greedy=9, trials=10), _row("full", 4096, retrieved=1, greedy=0, trials=10)]}))
     ref = {"name": "rope+rerope", "label": "RoPE + ReRoPE", "updates": 1000,
            "length": {"report": "length.json", "mode": "rerope"},
-           "passkey": {"reports": ["pk.json", "pk16.json"], "mode": "rerope"}}
+           "passkey": {"run": "runs/rope", "mode": "rerope"}}
     path = tmp_path / "ref.json"
     path.write_text(json.dumps([ref]))
     (got,) = reference_figures(path)
-    assert (got.passkey_8l, got.greedy_8l, got.greedy_16l) == (0.9, 0.6, 0.9)
-    path.write_text(json.dumps([{**ref, "passkey": {**ref["passkey"], "mode": "bca"}}]))
-    with pytest.raises(ValueError, match="lacks the bca rows"):
-        reference_figures(path)
+    assert (got.passkey_8l, got.greedy_8l, got.greedy_16l, got.spread) == (0.9, 0.6, 0.9, {})
+    assert "| **0.90** |" in markdown_verdict([got])  # one seed that retrieves: met
+    # a second seed, whose greedy 16l (0.7) misses 0.90: the mean 0.80, the range 0.70-0.90, the goal missed
+    (run / "passkey_finetuned_seed2.json").write_text(json.dumps({"results": [
+        _row("rerope", 2048, retrieved=10, greedy=8, trials=10), _row("full", 2048, retrieved=10, greedy=10, trials=10)]}))
+    (run / "passkey_finetuned_16l_seed2.json").write_text(json.dumps({"results": [
+        _row("rerope", 4096, retrieved=9, greedy=7, trials=10), _row("full", 4096, retrieved=10, greedy=10, trials=10)]}))
+    (got,) = reference_figures(path)
+    assert got.passkey_8l == pytest.approx(0.95) and got.greedy_8l == pytest.approx(0.7)
+    assert got.greedy_16l == pytest.approx(0.8) and got.spread["greedy_16l"] == (0.7, 0.9, 2)
+    assert got.spread["passkey_8l"] == (0.9, 1.0, 2)
+    assert "| 0.80 (0.70-0.90, 2 seeds) |" in markdown_verdict([got])  # not bold
+    for bad, error, match in (
+            ({**ref, "passkey": {**ref["passkey"], "mode": "bca"}}, ValueError, "lacks the bca rows"),
+            ({**ref, "passkey": {"run": "runs/alibi", "mode": "rerope"}}, FileNotFoundError, "--methods passkey_finetuned"),
+            ({**ref, "passkey": {"reports": ["runs/rope/passkey_finetuned.json"], "mode": "rerope"}}, ValueError,
+             'passkey is {"run": DIR, "mode": MODE}')):
+        path.write_text(json.dumps([bad]))
+        with pytest.raises(error, match=re.escape(match) if "{" in match else match):
+            reference_figures(path)
 
 
 def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_same_model():

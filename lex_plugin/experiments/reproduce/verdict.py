@@ -265,9 +265,11 @@ def reference_figures(path: Path) -> List[Figures]:
     - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
       ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l);
-    - ``"passkey"``: the passkey reports after fine-tuning (``{"reports": [PATH, ...], "mode": MODE}``: the probe's
-      report to 8l and its 16l report) give ``passkey_8l``, ``greedy_8l`` and ``greedy_16l`` at the length
-      report's l, summed over depths as a design's are (:func:`_passkey`).
+    - ``"passkey"``: the passkey reports after fine-tuning (``{"run": DIR, "mode": MODE}``: the reproduction's run
+      folder holding the probe's reports to 8l and 16l, ``passkey_finetuned{,_16l}.json``, and one pair more for each
+      other fine-tuning seed, ``..._seedN.json``) give ``passkey_8l``, ``greedy_8l`` and ``greedy_16l`` at the length
+      report's l, summed over depths and, over several seeds, their mean and range, as a design's are
+      (:func:`_passkey_seeds`).
 
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
@@ -301,11 +303,17 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     if key in ("costs", "passkey") and length is None:
         raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
                          "been measured at: give \"length\" too.")
+    spread = {}
     if key == "passkey":
-        reports = [json.loads((path.parent / p).read_text()) for p in given["reports"]]
-        ranked_8l, greedy_8l = _passkey(reports, 8 * length, given["mode"])
-        figures = {"passkey_8l": ranked_8l, "greedy_8l": greedy_8l,
-                   "greedy_16l": _passkey(reports, 16 * length, given["mode"])[1]}
+        if set(given) != {"run", "mode"}:
+            raise ValueError(f"{path}: {raw['name']}'s passkey is {{\"run\": DIR, \"mode\": MODE}} (the run folder holding "
+                             f"passkey_finetuned.json and its seeds' reports); got the keys {sorted(given)}.")
+        run = path.parent / given["run"]
+        if not (run / "passkey_finetuned.json").is_file():
+            raise FileNotFoundError(f"{run / 'passkey_finetuned.json'} does not exist: probe the run with "
+                                    "scripts/reproduce.py --methods passkey_finetuned first.")
+        ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, length, given["mode"])
+        figures = {"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": greedy_16l}
     elif key == "costs":
         row = _costs_row([path.parent / given["report"]], raw["name"], length, CONTEXT)
         if row is None:
@@ -315,14 +323,14 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     else:
         report = json.loads((path.parent / given["report"]).read_text())
         figures = _report_figures(report, key, given["mode"], str(path.parent / given["report"]))
-    source = given.get("report") or ", ".join(given["reports"])
+    source = given.get("report") or given["run"]
     twice = sorted(set(figures) & set(raw))
     if twice:
         raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {source}; give one.")
     if any(value is None for value in figures.values()):
         raise ValueError(f"{path}: {source} lacks the {given.get('mode')} rows {raw['name']} reads "
                          f"({', '.join(figures)}).")
-    return figures
+    return {**figures, "spread": {**raw.get("spread", {}), **spread}} if spread else figures
 
 
 def _report_figures(report: dict, key: str, mode: str, source: str) -> dict:
@@ -395,11 +403,11 @@ def _passkey(reports: Sequence[Optional[dict]], length: int, mode: str = "full")
     return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
 
 
-def _passkey_seeds(run: Path, l: int) -> tuple:
-    """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning: the run's
-    seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and each other fine-tuning seed
-    (``passkey_finetuned_seedN.json``, ``..._16l_seedN.json``); over several seeds each figure is the mean and
-    ``spread`` holds its (lowest, highest, seeds)."""
+def _passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
+    """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning under attention
+    ``mode`` (default full attention): the run's seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and
+    each other fine-tuning seed (``passkey_finetuned_seedN.json``, ``..._16l_seedN.json``); over several seeds each
+    figure is the mean and ``spread`` holds its (lowest, highest, seeds)."""
     suffixes = [""] + sorted((p.stem[len("passkey_finetuned"):] for p in run.glob("passkey_finetuned_seed*.json")),
                              key=lambda sfx: int(sfx[len("_seed"):]))
     per_seed = []
@@ -407,8 +415,8 @@ def _passkey_seeds(run: Path, l: int) -> tuple:
         reports = [_report(run / f"passkey_finetuned{sfx}.json"), _report(run / f"passkey_finetuned_16l{sfx}.json")]
         if reports == [None, None]:
             continue
-        ranked_8l, greedy_8l = _passkey(reports, 8 * l)
-        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l)[1]})
+        ranked_8l, greedy_8l = _passkey(reports, 8 * l, mode)
+        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1]})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
         values = [seed[key] for seed in per_seed if seed[key] is not None]
