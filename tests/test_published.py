@@ -9,7 +9,7 @@ import pytest
 
 from lex_plugin.experiments.definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
 from lex_plugin.experiments.published import BLOCKS, decision_table, generate, replace_block, verdict_1000_rows
-from lex_plugin.experiments.reproduce.verdict import Figures
+from lex_plugin.experiments.reproduce.verdict import Figures, shown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
     for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
-                 "longppl_rope.json", "longppl_alibi.json", "flat_and_retrieving.json", "limits.json"):
+                 "longppl_rope.json", "longppl_alibi.json", "limits.json"):
         shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
     results = root / "examples/lex_lm/RESULTS.md"
     text = results.read_text()
@@ -87,20 +87,23 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     assert "RNoPE-SWA" not in table.split("one passkey")[1].split("\n")[0]
 
 
-def test_the_schemes_table_reads_the_far_context_as_the_verdict_does():
-    """README's 1,000-update scheme table and the verdict's reference rows read one common-evaluator report each way:
-    every reference row's far-context figure is the table's cell for its scheme and method (LeX's BCA 1.02, a miss;
-    ReRoPE below 1.00 on all three schemes)."""
+def test_the_schemes_table_reads_the_far_context_and_the_passkey_as_the_verdict_does():
+    """README's 1,000-update scheme table and the verdict's reference rows read one common-evaluator report and one set
+    of passkey reports each way: every reference row's far-context figure, ranked passkey at 8l and greedy passkey at
+    16l are the table's cells for its scheme and method (LeX's BCA 1.02, a miss; ReRoPE below 1.00 on all three
+    schemes)."""
     from lex_plugin.experiments.published import schemes_1000
     from lex_plugin.experiments.reproduce.verdict import reference_figures
 
     lines = schemes_1000(REPO).splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     column = head.index(FAR_CONTEXT.figure)
-    cells = {}
+    ranked, greedy = head.index("passkey at 8l (ranked)"), head.index("passkey at 16l (greedy)")
+    cells, passkey = {}, {}
     for line in lines[2:]:
         row = [c.strip() for c in line.strip("|").split("|")]
         cells[(row[0], row[1])] = row[column]
+        passkey[(row[0], row[1])] = (row[ranked], row[greedy])
     where = {"xpos+bca": ("LeX (xPos)", "BCA"), "xpos+rerope": ("LeX (xPos)", "ReRoPE (w = l/2)"),
              "rope+rerope": ("RoPE", "ReRoPE (w = l/2)"), "alibi": ("ALiBi", "full attention"),
              "alibi+rerope": ("ALiBi", "ReRoPE (w = l/2)")}
@@ -108,6 +111,7 @@ def test_the_schemes_table_reads_the_far_context_as_the_verdict_does():
     assert set(where) <= set(refs)
     for name, key in where.items():
         assert cells[key] == f"{FAR_CONTEXT.rounded(refs[name].longppl_ratio):.2f}", name
+        assert passkey[key] == (shown(refs[name], "passkey_8l", "{:.2f}"), shown(refs[name], "greedy_16l", "{:.2f}")), name
     assert cells[("LeX (xPos)", "BCA")] == "1.02" and not FAR_CONTEXT.meets(1.02)
     # every scheme's BCA measured on the common key tokens (RoPE's from its report with BCA among its windows), each
     # worked out by hand from the raw rows at 16l: LongPPL under bca(128) over LongPPL under sliding(256)
@@ -127,12 +131,10 @@ def test_the_schemes_table_says_a_mode_the_common_report_lacks_and_refuses_one_w
 
     root = tmp_path / "repo"
     (root / "examples/lex_lm").mkdir(parents=True)
-    for name in ("longppl_xpos.json", "longppl_rope.json", "longppl_alibi.json", "flat_and_retrieving.json"):
+    for name in ("longppl_xpos.json", "longppl_rope.json", "longppl_alibi.json"):
         shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
     for scheme in ("xpos", "rope", "alibi"):
-        (root / f"examples/lex_lm/designs_1000/runs/{scheme}").mkdir(parents=True)
-        shutil.copy(REPO / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json",
-                    root / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json")
+        shutil.copytree(REPO / f"examples/lex_lm/designs_1000/runs/{scheme}", root / f"examples/lex_lm/designs_1000/runs/{scheme}")
     whole = schemes_1000(root).splitlines()
     common = root / "examples/lex_lm/designs_1000/runs/rope/longppl_common.json"
     report = json.loads(common.read_text())

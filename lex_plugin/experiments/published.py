@@ -21,7 +21,7 @@ from .benchmark_tables import design_costs_markdown, limits_markdown, provenance
 from .definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
 from .reproduce.verdict import (Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
-                                reference_figures, shown)
+                                passkey_seeds, reference_figures, shown)
 from .ruler_families import ruler_families_table
 
 __all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
@@ -191,25 +191,29 @@ def schemes_1000(root: Path) -> str:
     their ratio; LongPPL at 16l on the common evaluator's key tokens over the same model's under a window of l
     (``designs_1000/runs/SCHEME/longppl_common.json``, the verdict's "reads the far context", ``FAR_CONTEXT``);
     LongPPL's ratio on the checkpoint's own key tokens (``longppl_SCHEME.json``, judged by nothing); and the passkey
-    at 8l after fine-tuning, ranked (``flat_and_retrieving.json``). A mode the common report lacks reads "-"."""
-    passkey = json.loads((root / "examples/lex_lm/flat_and_retrieving.json").read_text())["rows"]
-    found = {(r["run"], r["method"]): r for r in passkey}
+    after fine-tuning, ranked at 8l and written by greedy decoding at 16l, from the reports the verdict reads
+    (``designs_1000/runs/SCHEME/passkey_finetuned*.json``, :func:`passkey_seeds`: over several fine-tuning seeds the
+    mean, the range and the seeds). A mode a report lacks reads "-"."""
     lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | "
-             f"{FAR_CONTEXT.figure} | LongPPL(16l) / LongPPL(l), own key tokens | passkey at 8l (ranked) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"{FAR_CONTEXT.figure} | LongPPL(16l) / LongPPL(l), own key tokens | passkey at 8l (ranked) | "
+             "passkey at 16l (greedy) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for scheme, label in SCHEME_LABELS.items():
         report = json.loads((root / f"examples/lex_lm/longppl_{scheme}.json").read_text())
-        common = json.loads((root / f"examples/lex_lm/designs_1000/runs/{scheme}/longppl_common.json").read_text())
+        run = root / f"examples/lex_lm/designs_1000/runs/{scheme}"
+        common = json.loads((run / "longppl_common.json").read_text())
         l = int(report["training_length"])
         for mode, name in MODE_LABELS.items():
             by = mode_rows(report, mode)
             low, high = by[l][0], by[16 * l][0]
             far = far_context_ratio(common, l, mode, f"designs_1000/runs/{scheme}/longppl_common.json")
             far_cell = "-" if far is None else f"{FAR_CONTEXT.rounded(far):.{FAR_CONTEXT.decimals}f}"
-            hit = found.get((scheme, mode))
-            cell = f"{hit['retrieved'] / hit['trials']:.2f}" if hit else "-"
+            ranked_8l, _, greedy_16l, spread = passkey_seeds(run, l, mode)
+            probed = Figures(name=scheme, label=label, updates=0, passkey_8l=ranked_8l, greedy_16l=greedy_16l,
+                             spread=spread)
             lines.append(f"| {label} | {name} | {low['ppl']:.2f} | {high['ppl']:.2f} | {high['ppl'] / low['ppl']:.4f} | "
-                         f"{far_cell} | {high['longppl'] / low['longppl']:.2f} | {cell} |")
+                         f"{far_cell} | {high['longppl'] / low['longppl']:.2f} | {shown(probed, 'passkey_8l', '{:.2f}')} | "
+                         f"{shown(probed, 'greedy_16l', '{:.2f}')} |")
     return "\n".join(lines)
 
 

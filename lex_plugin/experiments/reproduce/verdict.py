@@ -22,7 +22,8 @@ from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RU
 from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS, full_attention_only, run_arguments
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
-           "markdown_verdict", "mode_rows", "plot_verdict", "provenance_cell", "reference_figures", "shortfall", "shown"]
+           "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures", "shortfall",
+           "shown"]
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,7 @@ def reference_figures(path: Path) -> List[Figures]:
       folder holding the probe's reports to 8l and 16l, ``passkey_finetuned{,_16l}.json``, and one pair more for each
       other fine-tuning seed, ``..._seedN.json``) give ``passkey_8l``, ``greedy_8l`` and ``greedy_16l`` at the length
       report's l, summed over depths and, over several seeds, their mean and range, as a design's are
-      (:func:`_passkey_seeds`).
+      (:func:`passkey_seeds`).
 
     Raises:
         ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
@@ -312,7 +313,7 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
         if not (run / "passkey_finetuned.json").is_file():
             raise FileNotFoundError(f"{run / 'passkey_finetuned.json'} does not exist: probe the run with "
                                     "scripts/reproduce.py --methods passkey_finetuned first.")
-        ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, length, given["mode"])
+        ranked_8l, greedy_8l, greedy_16l, spread = passkey_seeds(run, length, given["mode"])
         figures = {"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": greedy_16l}
     elif key == "costs":
         row = _costs_row([path.parent / given["report"]], raw["name"], length, CONTEXT)
@@ -403,7 +404,7 @@ def _passkey(reports: Sequence[Optional[dict]], length: int, mode: str = "full")
     return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
 
 
-def _passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
+def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning under attention
     ``mode`` (default full attention): the run's seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and
     each other fine-tuning seed (``passkey_finetuned_seedN.json``, ``..._16l_seedN.json``); over several seeds each
@@ -552,7 +553,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
                                   _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, over_window=True))
     longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
     without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
-    ranked_8l, greedy_8l, greedy_16l, spread = _passkey_seeds(run, l)
+    ranked_8l, greedy_8l, greedy_16l, spread = passkey_seeds(run, l)
     ruler_8l, ruler_spread = _ruler_seeds(run, l)
     spread = {**spread, **ruler_spread}
     cost = _costs_row(costs, name, l, context) or {}
