@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-from lex_plugin.experiments.definitions import FAR_CONTEXT
+from lex_plugin.experiments.definitions import FAR_CONTEXT, RULER
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures,
     shortfall)
@@ -497,3 +497,31 @@ def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_s
             assert max(row["kept"]["design"]) <= 32 and row["cache_64k"] < 0.001
         else:
             assert row["kept"]["design"] == [CACHE_CONTEXT] * layers and row["cache_64k"] == 1.0
+
+
+def test_a_reference_reads_ruler_lite_over_its_fine_tuning_seeds_from_its_run_folder(tmp_path):
+    """A reference row's RULER-lite from its run folder (``{"run": DIR, "mode": MODE}``): one seed's figure is the one
+    its report gives read as a single report; a second seed that finds nothing under that mode makes the figure the
+    seeds' mean with its range, and "several needles" is then missed; a folder without the probe is refused."""
+    shutil.copy(REPO / "examples/lex_lm/longppl_alibi.json", tmp_path / "length.json")
+    run = tmp_path / "runs" / "alibi"
+    run.mkdir(parents=True)
+    ruler = json.loads((REPO / "examples/lex_lm/ruler/ruler_complete_alibi.json").read_text())
+    (run / "ruler_answers.json").write_text(json.dumps(ruler))
+    ref = {"name": "alibi+rerope", "label": "ALiBi + ReRoPE", "updates": 1000,
+           "length": {"report": "length.json", "mode": "rerope"}, "ruler": {"run": "runs/alibi", "mode": "rerope"}}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps([ref]))
+    (one,) = reference_figures(path)
+    path.write_text(json.dumps([{**ref, "ruler": {"report": "runs/alibi/ruler_answers.json", "mode": "rerope"}}]))
+    (single,) = reference_figures(path)
+    assert one.ruler_8l == single.ruler_8l and RULER.meets(one.ruler_8l) and one.spread == {}
+    blank = [dict(r, score=0.0, found=0, accuracy=0.0) if r["window"].startswith("rerope") else r for r in ruler["results"]]
+    (run / "ruler_answers_seed2.json").write_text(json.dumps({**ruler, "results": blank}))
+    path.write_text(json.dumps([ref]))
+    (two,) = reference_figures(path)
+    assert two.ruler_8l == pytest.approx(one.ruler_8l / 2) and two.spread["ruler_8l"] == (0.0, one.ruler_8l, 2)
+    assert f"| {one.ruler_8l / 2:.2f} (0.00-{one.ruler_8l:.2f}, 2 seeds) |" in markdown_verdict([two])  # not bold
+    path.write_text(json.dumps([{**ref, "ruler": {"run": "runs/xpos", "mode": "rerope"}}]))
+    with pytest.raises(FileNotFoundError, match="--methods ruler"):
+        reference_figures(path)

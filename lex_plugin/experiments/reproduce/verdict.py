@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, Definition
-from .catalogue import LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RUNS, full_attention_only, run_arguments
+from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RULER_REPORT, RUNS, full_attention_only,
+                        run_arguments)
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
            "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures", "shortfall",
@@ -233,7 +234,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
 
     state = [[{None: 0, False: 1, True: 2}[_met(f, g)] for g in GOALS] for f in rows]
     height = 1.9 + 0.42 * len(rows)
-    with figure(out, 1, 1, (12.5, height), dpi=110) as (fig, ax):
+    with figure(out, 1, 1, (15, height), dpi=110) as (fig, ax):
         ax.imshow(state, cmap=ListedColormap(["#d9d9d9", "#f4a6a6", "#9fd89f"]), vmin=0, vmax=2, aspect="auto")
         for i, f in enumerate(rows):
             for j, g in enumerate(GOALS):
@@ -242,7 +243,7 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
                 text = "not measured" if value is None and not said else shown(f, g.key, g.fmt)
                 ax.text(j, i, text.replace(" (", "\n("), ha="center", va="center",
                         fontsize=8)
-        ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 15)) for g in GOALS], fontsize=8)
+        ax.set_xticks(range(len(GOALS)), ["\n".join(textwrap.wrap(g.heading, 22)) for g in GOALS], fontsize=8)
         ax.xaxis.tick_top()
         ax.set_yticks(range(len(rows)), [f"{f.label} ({f.updates:,} upd.)" for f in rows], fontsize=8)
         ax.set_xticks([x + 0.5 for x in range(len(GOALS) - 1)], minor=True)
@@ -264,6 +265,8 @@ def reference_figures(path: Path) -> List[Figures]:
     - ``"longppl_common"``: an eval-lm report with ``--longppl --key-tokens`` (the common evaluator's key tokens) gives
       ``longppl_ratio``, over its rows under the sliding window of l (``definitions.FAR_CONTEXT_BASELINE``);
     - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
+      or ``{"run": DIR, "mode": MODE}``, the reproduction's run folder, its ``ruler_answers.json`` and one report more
+      for each other fine-tuning seed (``ruler_answers_seedN.json``), the seeds' mean and range (:func:`_ruler_seeds`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
       ``gen_time`` and ``cache_64k`` from its row named as the reference (measured at 16k and the length report's l);
     - ``"passkey"``: the passkey reports after fine-tuning (``{"run": DIR, "mode": MODE}``: the reproduction's run
@@ -301,11 +304,21 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length,
     longppl_common, ruler, costs or passkey; ``length``: l of the row's length report, None without one;
     :func:`reference_figures`)."""
-    if key in ("costs", "passkey") and length is None:
+    if (key in ("costs", "passkey") or "run" in given) and length is None:
         raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
                          "been measured at: give \"length\" too.")
     spread = {}
-    if key == "passkey":
+    if key == "ruler" and "run" in given:
+        if set(given) != {"run", "mode"}:
+            raise ValueError(f"{path}: {raw['name']}'s ruler is {{\"report\": PATH, \"mode\": MODE}} or "
+                             f"{{\"run\": DIR, \"mode\": MODE}}; got the keys {sorted(given)}.")
+        run = path.parent / given["run"]
+        if not (run / RULER_REPORT).is_file():
+            raise FileNotFoundError(f"{run / RULER_REPORT} does not exist: probe the run with "
+                                    "scripts/reproduce.py --methods ruler first.")
+        ruler_8l, spread = _ruler_seeds(run, length, given["mode"])
+        figures = {"ruler_8l": ruler_8l}
+    elif key == "passkey":
         if set(given) != {"run", "mode"}:
             raise ValueError(f"{path}: {raw['name']}'s passkey is {{\"run\": DIR, \"mode\": MODE}} (the run folder holding "
                              f"passkey_finetuned.json and its seeds' reports); got the keys {sorted(given)}.")
@@ -427,13 +440,13 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     return means["passkey_8l"], means["greedy_8l"], means["greedy_16l"], spread
 
 
-def _ruler_seeds(run: Path, l: int) -> tuple:
-    """(RULER-lite's mean at 8l, spread) of a run's reports after fine-tuning: the run's seed (``ruler_answers.json``)
-    and each other fine-tuning seed (``ruler_answers_seedN.json``); over several seeds the mean of the seeds' means and
-    ``spread`` = {"ruler_8l": (lowest, highest, seeds)}."""
-    paths = [run / "ruler_answers.json", *sorted(run.glob("ruler_answers_seed*.json"),
-                                                  key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
-    values = [v for v in (_ruler_mean(_report(p), 8 * l) for p in paths) if v is not None]
+def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
+    """(RULER-lite's mean at 8l, spread) of a run's reports after fine-tuning under attention ``mode`` (default full
+    attention): the run's seed (``ruler_answers.json``) and each other fine-tuning seed (``ruler_answers_seedN.json``);
+    over several seeds the mean of the seeds' means and ``spread`` = {"ruler_8l": (lowest, highest, seeds)}."""
+    paths = [run / RULER_REPORT, *sorted(run.glob("ruler_answers_seed*.json"),
+                                         key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
+    values = [v for v in (_ruler_mean(_report(p), 8 * l, mode) for p in paths) if v is not None]
     if not values:
         return None, {}
     return sum(values) / len(values), ({"ruler_8l": (min(values), max(values), len(values))} if len(values) > 1 else {})
@@ -496,13 +509,13 @@ def far_context_ratio(report: dict, l: int, mode: str, source: str) -> Optional[
     return row["longppl"] / base["longppl"]
 
 
-def _longppl_ratio(path: Path, l: int, *, over_window: bool = False) -> Tuple[Optional[float], Optional[str]]:
+def _longppl_ratio(path: Path, l: int, *, far_context: bool = False) -> Tuple[Optional[float], Optional[str]]:
     """(the ratio, what the cell says without a value) of the eval-lm report ``path`` (``--longppl``) under full
-    attention: LongPPL(16l) / LongPPL(l), or with ``over_window`` LongPPL(16l) over the sliding window of l's there
+    attention: LongPPL(16l) / LongPPL(l), or with ``far_context`` LongPPL(16l) over the sliding window of l's there
     (:func:`far_context_ratio`); (None, None) without the report; (None, "no key token") where its evaluator found none.
 
     Raises:
-        ValueError: with ``over_window``, the report lacks the window of l (:func:`far_context_ratio`).
+        ValueError: with ``far_context``, the report lacks the window of l (:func:`far_context_ratio`).
     """
     if not path.is_file():
         return None, None
@@ -510,7 +523,7 @@ def _longppl_ratio(path: Path, l: int, *, over_window: bool = False) -> Tuple[Op
     scored = {L: rows[0] for L, rows in mode_rows(report).items()}
     lp = {L: row.get("longppl") for L, row in scored.items()}
     if lp.get(l) and lp.get(16 * l):
-        return (far_context_ratio(report, l, "full", str(path)) if over_window else lp[16 * l] / lp[l]), None
+        return (far_context_ratio(report, l, "full", str(path)) if far_context else lp[16 * l] / lp[l]), None
     return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)) else None)
 
 
@@ -550,7 +563,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
     # a run whose global layers choose their own keys takes no window of l: its far-context goal cannot be measured
     no_window = full_attention_only(run_arguments(name, l))
     longppl_ratio, common_note = ((None, None) if no_window else
-                                  _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, over_window=True))
+                                  _longppl_ratio(run / LONGPPL_COMMON_REPORT if longppl is None else longppl, l, far_context=True))
     longppl_self, self_note = _longppl_ratio(run / LONGPPL_REPORT, l)
     without_value = {key: note for key, note in (("longppl_ratio", common_note), ("longppl_self", self_note)) if note}
     ranked_8l, greedy_8l, greedy_16l, spread = passkey_seeds(run, l)
