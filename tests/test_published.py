@@ -82,9 +82,10 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     table = decision_table(rows)
     assert "| flat perplexity at any length, on an existing checkpoint | LeX: xPos + BCA (reference) |" in table
     # RNoPE-SWA wrote the key at 16l in 46, 41 and 43 of 50 prompts over three seeds: not every seed retrieves; ALiBi
-    # + ReRoPE wrote it in 49 of 50 (one fine-tuning seed), the one row that meets the need
+    # + ReRoPE wrote it in 49 of 50 under each of three fine-tuning seeds, the one row that meets the need
     assert "| one passkey, written by greedy decoding at 16l | ALiBi + ReRoPE (reference) |" in table
     assert "RNoPE-SWA" not in table.split("one passkey")[1].split("\n")[0]
+    assert "greedy passkey 16l 0.98 (0.98-0.98, 3 seeds)" in table.split("one passkey")[1].split("\n")[0]
 
 
 def test_the_schemes_table_reads_the_far_context_and_the_passkey_as_the_verdict_does():
