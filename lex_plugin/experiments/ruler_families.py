@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .reproduce.catalogue import LABELS
-from .reproduce.verdict import mode_rows
+from .reproduce.verdict import mode_rows, ruler_reports
 
 __all__ = ["FAMILIES", "family_means", "ruler_families_table"]
 
@@ -47,25 +47,37 @@ def family_means(report: dict, length: int, mode: str = "full") -> Optional[Dict
     return out
 
 
+def _seed_means(reports: List[dict], mode: str) -> Optional[Dict[str, float]]:
+    """The family means at 8l of one row's reports, one a fine-tuning seed, averaged over the seeds (each family and
+    "mean" the seeds' mean, as the verdict averages RULER-lite over seeds); a family some seed lacks is left out; None
+    where no report has rows of ``mode``."""
+    found = [m for m in (family_means(r, 8 * int(r["training_length"]), mode) for r in reports) if m is not None]
+    if not found:
+        return None
+    return {key: sum(m[key] for m in found) / len(found) for key in found[0] if all(key in m for m in found)}
+
+
 def _rows(root: Path, run) -> List[Tuple[str, Dict[str, float]]]:
-    """(label, family means at 8l) of each verdict row that has a RULER-lite report: the references' (the report and
-    mode their ``ruler`` entry names), then the runs' (``ruler_answers.json``, full attention)."""
-    rows, l = [], run.training_length
+    """(label, family means at 8l) of each verdict row that has a RULER-lite report: the references' (the report, or
+    the run folder's reports over its fine-tuning seeds, and the mode their ``ruler`` entry names), then the runs'
+    (``ruler_answers.json`` and its seeds' ``ruler_answers_seedN.json``, full attention)."""
+    rows = []
     for path in run.references:
         listing = root / path
         for ref in json.loads(listing.read_text()):
             if "ruler" in ref:
-                report = json.loads((listing.parent / ref["ruler"]["report"]).read_text())
-                means = family_means(report, 8 * int(report["training_length"]), ref["ruler"]["mode"])
+                given = ref["ruler"]
+                paths = ([listing.parent / given["report"]] if "report" in given
+                         else [p for p in ruler_reports(listing.parent / given["run"]) if p.is_file()])
+                means = _seed_means([json.loads(p.read_text()) for p in paths], given["mode"])
                 if means is not None:
                     rows.append((ref["label"], means))
     for given in run.runs:
         name = given.partition("/")[0]
-        path = root / run.work / "runs" / given / "ruler_answers.json"
-        if path.is_file():
-            means = family_means(json.loads(path.read_text()), 8 * l)
-            if means is not None:
-                rows.append((LABELS.get(name, name) + (", recalibrated" if "/" in given else ""), means))
+        paths = [p for p in ruler_reports(root / run.work / "runs" / given) if p.is_file()]
+        means = _seed_means([json.loads(p.read_text()) for p in paths], "full")
+        if means is not None:
+            rows.append((LABELS.get(name, name) + (", recalibrated" if "/" in given else ""), means))
     return rows
 
 

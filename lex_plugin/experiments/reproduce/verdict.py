@@ -23,8 +23,8 @@ from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRA
                         run_arguments)
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
-           "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures", "shortfall",
-           "shown"]
+           "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures",
+           "ruler_reports", "shortfall", "shown"]
 
 
 @dataclass(frozen=True)
@@ -440,13 +440,18 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     return means["passkey_8l"], means["greedy_8l"], means["greedy_16l"], spread
 
 
+def ruler_reports(run: Path) -> List[Path]:
+    """A run folder's RULER-lite reports after fine-tuning, one a fine-tuning seed: the run's seed
+    (``ruler_answers.json``, listed whether or not it exists), then ``ruler_answers_seedN.json`` by N."""
+    return [run / RULER_REPORT, *sorted(run.glob("ruler_answers_seed*.json"),
+                                        key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
+
+
 def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     """(RULER-lite's mean at 8l, spread) of a run's reports after fine-tuning under attention ``mode`` (default full
     attention): the run's seed (``ruler_answers.json``) and each other fine-tuning seed (``ruler_answers_seedN.json``);
     over several seeds the mean of the seeds' means and ``spread`` = {"ruler_8l": (lowest, highest, seeds)}."""
-    paths = [run / RULER_REPORT, *sorted(run.glob("ruler_answers_seed*.json"),
-                                         key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
-    values = [v for v in (_ruler_mean(_report(p), 8 * l, mode) for p in paths) if v is not None]
+    values = [v for v in (_ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run)) if v is not None]
     if not values:
         return None, {}
     return sum(values) / len(values), ({"ruler_8l": (min(values), max(values), len(values))} if len(values) > 1 else {})
