@@ -86,6 +86,8 @@ def test_the_decision_table_picks_the_cheapest_row_that_meets_each_need():
     assert "| one passkey, written by greedy decoding at 16l | ALiBi + ReRoPE (reference) |" in table
     assert "RNoPE-SWA" not in table.split("one passkey")[1].split("\n")[0]
     assert "greedy passkey 16l 0.98 (0.98-0.98, 3 seeds)" in table.split("one passkey")[1].split("\n")[0]
+    # ALiBi's RULER-lite met the bar with its first seed (0.54) but not over three (0.29-0.54): no row is named
+    assert "| several needles (RULER-lite) | none at this scale |" in table
 
 
 def test_the_schemes_table_reads_the_far_context_and_the_passkey_as_the_verdict_does():
