@@ -476,10 +476,19 @@ def test_a_reference_reads_its_passkey_under_its_mode_over_its_fine_tuning_seeds
             ({**ref, "passkey": {**ref["passkey"], "mode": "bca"}}, ValueError, "lacks the bca rows"),
             ({**ref, "passkey": {"run": "runs/alibi", "mode": "rerope"}}, FileNotFoundError, "--methods passkey_finetuned"),
             ({**ref, "passkey": {"reports": ["runs/rope/passkey_finetuned.json"], "mode": "rerope"}}, ValueError,
-             'passkey is {"run": DIR, "mode": MODE}')):
+             "rope+rerope's passkey is {\"mode\", \"run\"}; got ['mode', 'reports']"),
+            ({**ref, "length": {"run": "runs/rope", "mode": "rerope"}}, ValueError,
+             "rope+rerope's length is {\"mode\", \"report\"}; got ['mode', 'run']"),
+            ({**ref, "spread": {"greedy_16l": [0.1, 0.2, 2]}}, ValueError, "gives greedy_16l and reads it")):
         path.write_text(json.dumps([bad]))
-        with pytest.raises(error, match=re.escape(match) if "{" in match else match):
+        with pytest.raises(error, match=re.escape(match)):
             reference_figures(path)
+    # a third seed probed under full attention alone: its ReRoPE figures missing, the mean would leave it out
+    (run / "passkey_finetuned_seed3.json").write_text(json.dumps({"results": [_row("full", 2048, retrieved=1, greedy=1, trials=1)]}))
+    (run / "passkey_finetuned_16l_seed3.json").write_text(json.dumps({"results": [_row("full", 4096, retrieved=1, greedy=1, trials=1)]}))
+    path.write_text(json.dumps([ref]))
+    with pytest.raises(ValueError, match="seed _seed3 lack passkey_8l under rerope"):
+        reference_figures(path)
 
 
 def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_same_model():
@@ -501,8 +510,9 @@ def test_a_reference_method_is_timed_as_its_mode_against_full_attention_of_the_s
 
 def test_a_reference_reads_ruler_lite_over_its_fine_tuning_seeds_from_its_run_folder(tmp_path):
     """A reference row's RULER-lite from its run folder (``{"run": DIR, "mode": MODE}``): one seed's figure is the one
-    its report gives read as a single report; a second seed that finds nothing under that mode makes the figure the
-    seeds' mean with its range, and "several needles" is then missed; a folder without the probe is refused."""
+    its report gives read as a single report; a second seed that scores nothing under that mode makes the figure the
+    seeds' mean with its range, and "several needles" is then missed; a seed without that mode, and a folder without
+    the probe, are refused."""
     shutil.copy(REPO / "examples/lex_lm/longppl_alibi.json", tmp_path / "length.json")
     run = tmp_path / "runs" / "alibi"
     run.mkdir(parents=True)
@@ -524,4 +534,9 @@ def test_a_reference_reads_ruler_lite_over_its_fine_tuning_seeds_from_its_run_fo
     assert f"| {one.ruler_8l / 2:.2f} (0.00-{one.ruler_8l:.2f}, 2 seeds) |" in markdown_verdict([two])  # not bold
     path.write_text(json.dumps([{**ref, "ruler": {"run": "runs/xpos", "mode": "rerope"}}]))
     with pytest.raises(FileNotFoundError, match="--methods ruler"):
+        reference_figures(path)
+    full_only = [r for r in ruler["results"] if r["window"] == "full"]
+    (run / "ruler_answers_seed3.json").write_text(json.dumps({**ruler, "results": full_only}))
+    path.write_text(json.dumps([ref]))
+    with pytest.raises(ValueError, match="ruler_answers_seed3.json lack RULER-lite under rerope at 8l"):
         reference_figures(path)

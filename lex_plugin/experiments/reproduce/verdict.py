@@ -10,7 +10,8 @@ goal's bar: :func:`shortfall`), and its shortfalls say by how much.
 
 A row's figures (:class:`Figures`) come from a reproduction's work directory (:func:`design_figures`: the run's length
 report, its passkey reports after fine-tuning, a LongPPL report, the benchmarks' JSON) or, for the reference methods
-measured in other sessions, from a transcribed JSON file (:func:`reference_figures`, each row with its source).
+(an evaluation-time method on a checkpoint trained without a design), from a JSON list naming the reports and run
+folders each row reads (:func:`reference_figures`, each row with its source).
 """
 
 import json
@@ -254,11 +255,19 @@ def plot_verdict(rows: Sequence[Figures], out: Path, title: str) -> None:
         ax.set_xlabel("green: goal met; red: missed; grey: not measured", fontsize=8)
 
 
+# each entry of a reference row: the forms (sets of keys) it may take, :func:`reference_figures`
+READ_FORMS: Dict[str, Tuple[frozenset, ...]] = {
+    "length": (frozenset({"report", "mode"}),), "longppl_common": (frozenset({"report", "mode"}),),
+    "ruler": (frozenset({"report", "mode"}), frozenset({"run", "mode"})), "costs": (frozenset({"report"}),),
+    "passkey": (frozenset({"run", "mode"}),)}
+
+
 def reference_figures(path: Path) -> List[Figures]:
     """The rows of a JSON list of reference methods (each an object with :class:`Figures`' fields, ``source`` naming
     where the figures come from). Figures with a committed report are read from it, not transcribed, each from
-    ``{"report": PATH, "mode": MODE}`` (PATH relative to the list's folder; MODE the attention mode whose rows are read:
-    ``full``, ``bca``, ``rerope`` ...), as a design's are read (:func:`design_figures`):
+    ``{"report": PATH, "mode": MODE}`` or, for the fine-tuned probes, ``{"run": DIR, "mode": MODE}`` (PATH and DIR
+    relative to the list's folder; MODE the attention mode whose rows are read: ``full``, ``bca``, ``rerope`` ...), as
+    a design's are read (:func:`design_figures`; :data:`READ_FORMS` lists each entry's forms):
 
     - ``"length"``: an eval-lm report with ``--longppl`` gives ``ratio`` (ppl(16l) / ppl(l)) and ``longppl_self``
       (LongPPL's ratio on the checkpoint's own key tokens);
@@ -276,10 +285,12 @@ def reference_figures(path: Path) -> List[Figures]:
       (:func:`passkey_seeds`).
 
     Raises:
-        ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; a figure both
-            transcribed and read; a report without that mode at l and 16l (8l for RULER-lite; for ``longppl_common``,
-            at 16l, beside the sliding window of l there: :func:`far_context_ratio`).
-        FileNotFoundError: a named report that does not exist.
+        ValueError: a row with a field :class:`Figures` does not have, or without name, label or updates; an entry
+            in none of its forms (:data:`READ_FORMS`); a figure (or its seeds' range) both transcribed and read; a
+            report without that mode at l and 16l (8l for RULER-lite; for ``longppl_common``, at 16l, beside the
+            sliding window of l there: :func:`far_context_ratio`); a run folder whose seeds do not all hold the mode
+            (:func:`passkey_seeds`, :func:`_ruler_seeds`).
+        FileNotFoundError: a named report that does not exist, or a run folder without the probe's report.
     """
     known = {f.name for f in fields(Figures)} - {"reference"}
     rows = []
@@ -290,6 +301,11 @@ def reference_figures(path: Path) -> List[Figures]:
         if unknown or not {"name", "label", "updates"} <= set(raw):
             raise ValueError(f"{path}: a verdict row takes {sorted(known)}, length, longppl_common, ruler, costs and passkey (name, label and updates "
                              f"required); got {sorted(raw)}.")
+        for key, given in read.items():
+            if not isinstance(given, dict) or frozenset(given) not in READ_FORMS[key]:
+                forms = " or ".join("{" + ", ".join(f'"{k}"' for k in sorted(form)) + "}" for form in READ_FORMS[key])
+                raise ValueError(f"{path}: {raw['name']}'s {key} is {forms}; got "
+                                 f"{sorted(given) if isinstance(given, dict) else given!r}.")
         length_report = json.loads((Path(path).parent / read["length"]["report"]).read_text()) if "length" in read else None
         length = None if length_report is None else int(length_report["training_length"])  # the l cost rows must have
         for key, given in read.items():
@@ -301,17 +317,15 @@ def reference_figures(path: Path) -> List[Figures]:
 
 
 def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional[int]) -> dict:
-    """The figures reference row ``raw`` of the list ``path`` reads from the report ``given`` names (``key``: length,
-    longppl_common, ruler, costs or passkey; ``length``: l of the row's length report, None without one;
-    :func:`reference_figures`)."""
+    """The figures reference row ``raw`` of the list ``path`` reads from the report or run folder ``given`` names
+    (``key``: length, longppl_common, ruler, costs or passkey, in one of its :data:`READ_FORMS`; ``length``: l of the
+    row's length report, None without one; :func:`reference_figures`), with ``spread`` where a run folder holds
+    several fine-tuning seeds."""
     if (key in ("costs", "passkey") or "run" in given) and length is None:
         raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
                          "been measured at: give \"length\" too.")
     spread = {}
     if key == "ruler" and "run" in given:
-        if set(given) != {"run", "mode"}:
-            raise ValueError(f"{path}: {raw['name']}'s ruler is {{\"report\": PATH, \"mode\": MODE}} or "
-                             f"{{\"run\": DIR, \"mode\": MODE}}; got the keys {sorted(given)}.")
         run = path.parent / given["run"]
         if not (run / RULER_REPORT).is_file():
             raise FileNotFoundError(f"{run / RULER_REPORT} does not exist: probe the run with "
@@ -319,9 +333,6 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
         ruler_8l, spread = _ruler_seeds(run, length, given["mode"])
         figures = {"ruler_8l": ruler_8l}
     elif key == "passkey":
-        if set(given) != {"run", "mode"}:
-            raise ValueError(f"{path}: {raw['name']}'s passkey is {{\"run\": DIR, \"mode\": MODE}} (the run folder holding "
-                             f"passkey_finetuned.json and its seeds' reports); got the keys {sorted(given)}.")
         run = path.parent / given["run"]
         if not (run / "passkey_finetuned.json").is_file():
             raise FileNotFoundError(f"{run / 'passkey_finetuned.json'} does not exist: probe the run with "
@@ -338,7 +349,7 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
         report = json.loads((path.parent / given["report"]).read_text())
         figures = _report_figures(report, key, given["mode"], str(path.parent / given["report"]))
     source = given.get("report") or given["run"]
-    twice = sorted(set(figures) & set(raw))
+    twice = sorted((set(figures) | set(spread)) & (set(raw) | set(raw.get("spread", {}))))
     if twice:
         raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {source}; give one.")
     if any(value is None for value in figures.values()):
@@ -421,18 +432,29 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning under attention
     ``mode`` (default full attention): the run's seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and
     each other fine-tuning seed (``passkey_finetuned_seedN.json``, ``..._16l_seedN.json``); over several seeds each
-    figure is the mean and ``spread`` holds its (lowest, highest, seeds)."""
-    suffixes = [""] + sorted((p.stem[len("passkey_finetuned"):] for p in run.glob("passkey_finetuned_seed*.json")),
-                             key=lambda sfx: int(sfx[len("_seed"):]))
+    figure is the mean and ``spread`` holds its (lowest, highest, seeds).
+
+    Raises:
+        ValueError: one seed gives a figure that another seed's reports lack (a report missing, or without ``mode``
+            at that length): the mean would silently leave that seed out.
+    """
+    seeds = {p.stem.rpartition("_seed")[2] for p in run.glob("passkey_finetuned*_seed*.json")}
+    suffixes = [""] + [f"_seed{n}" for n in sorted(seeds, key=int)]
     per_seed = []
     for sfx in suffixes:
         reports = [_report(run / f"passkey_finetuned{sfx}.json"), _report(run / f"passkey_finetuned_16l{sfx}.json")]
         if reports == [None, None]:
             continue
         ranked_8l, greedy_8l = _passkey(reports, 8 * l, mode)
-        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1]})
+        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1],
+                         "seed": sfx or "the run's own"})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
+        lacking = [seed["seed"] for seed in per_seed if seed[key] is None]
+        if lacking and len(lacking) < len(per_seed):
+            raise ValueError(f"{run}: the passkey reports of seed {', '.join(lacking)} lack {key} under {mode}, which "
+                             "the other seeds give: probe that seed again under the same windows and lengths "
+                             "(scripts/reproduce.py --finetune-seeds), or remove its reports.")
         values = [seed[key] for seed in per_seed if seed[key] is not None]
         means[key] = sum(values) / len(values) if values else None
         if len(values) > 1:
@@ -450,8 +472,18 @@ def ruler_reports(run: Path) -> List[Path]:
 def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     """(RULER-lite's mean at 8l, spread) of a run's reports after fine-tuning under attention ``mode`` (default full
     attention): the run's seed (``ruler_answers.json``) and each other fine-tuning seed (``ruler_answers_seedN.json``);
-    over several seeds the mean of the seeds' means and ``spread`` = {"ruler_8l": (lowest, highest, seeds)}."""
-    values = [v for v in (_ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run)) if v is not None]
+    over several seeds the mean of the seeds' means and ``spread`` = {"ruler_8l": (lowest, highest, seeds)}.
+
+    Raises:
+        ValueError: a seed's report lacks ``mode`` at 8l where another seed's has it (the mean would leave it out).
+    """
+    found = {p: _ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run) if p.is_file()}
+    lacking = [p.name for p, v in found.items() if v is None]
+    if lacking and len(lacking) < len(found):
+        raise ValueError(f"{run}: {', '.join(lacking)} lack RULER-lite under {mode} at 8l, which the other seeds give: "
+                         "probe that seed again under the same windows (scripts/reproduce.py --finetune-seeds), or "
+                         "remove it.")
+    values = [v for v in found.values() if v is not None]
     if not values:
         return None, {}
     return sum(values) / len(values), ({"ruler_8l": (min(values), max(values), len(values))} if len(values) > 1 else {})
