@@ -321,7 +321,7 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
     (``key``: length, longppl_common, ruler, costs or passkey, in one of its :data:`READ_FORMS`; ``length``: l of the
     row's length report, None without one; :func:`reference_figures`), with ``spread`` where a run folder holds
     several fine-tuning seeds."""
-    if (key in ("costs", "passkey") or "run" in given) and length is None:
+    if (key == "costs" or "run" in given) and length is None:
         raise ValueError(f"{path}: {raw['name']} reads its {key} without a length report, whose l they must have "
                          "been measured at: give \"length\" too.")
     spread = {}
