@@ -2,8 +2,9 @@
 
 A published figure is only as good as the record of how it was made. :func:`provenance` returns that record as a
 flat dict that a report stores under its ``"provenance"`` key: the command line, the code commit and whether the
-tree had uncommitted changes, the device (GPU name, or the CPU model and its cores), torch and Python versions, the
-seed, the date and the wall time. A field that cannot be known (no git, no ``/proc/cpuinfo``) reads ``"unknown"``,
+tree had uncommitted changes, the device (GPU name, or the CPU model and its cores), the intra-op threads torch
+used (a CPU run is deterministic only at a fixed thread count: float sums are ordered by it), torch and Python
+versions, the seed, the date and the wall time. A field that cannot be known (no git, no ``/proc/cpuinfo``) reads ``"unknown"``,
 never a guess.
 """
 
@@ -70,12 +71,13 @@ def provenance(argv: Optional[Sequence[str]] = None, seed: Optional[int] = None,
         cuda: whether the run used CUDA (default: whether CUDA is available).
 
     Returns:
-        {"command", "commit", "dirty", "device", "torch", "python", "seed", "date" (UTC, ISO 8601), "wall_s"}.
+        {"command", "commit", "dirty", "device", "threads" (``torch.get_num_threads()``), "torch", "python", "seed",
+        "date" (UTC, ISO 8601), "wall_s"}.
     """
     import torch
 
     argv = list(sys.argv if argv is None else argv)
     return {"command": shlex.join(str(a) for a in argv), **code_commit(), "device": device_name(cuda),
-            "torch": torch.__version__, "python": platform.python_version(), "seed": seed,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(), "seed": seed,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_s": None if wall_s is None else round(wall_s, 1)}

@@ -22,7 +22,9 @@ def test_a_report_records_command_device_versions_seed_and_wall_time():
     import torch
 
     record = provenance(["lex", "passkey", "--path", "a b.pt"], seed=3, wall_s=12.345, cuda=False)
-    assert set(record) == {"command", "commit", "dirty", "device", "torch", "python", "seed", "date", "wall_s"}
+    assert set(record) == {"command", "commit", "dirty", "device", "threads", "torch", "python", "seed", "date",
+                           "wall_s"}
+    assert record["threads"] == torch.get_num_threads()
     assert record["command"] == "lex passkey --path 'a b.pt'" and record["seed"] == 3 and record["wall_s"] == 12.3
     assert record["torch"] == torch.__version__ and record["python"] == sys.version.split()[0]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"])

@@ -14,7 +14,7 @@ from conftest import REPO
 from lex_plugin.experiments.definitions import FAR_CONTEXT, RULER
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures,
-    shortfall)
+    provenance_cell, shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -540,3 +540,13 @@ def test_a_reference_reads_ruler_lite_over_its_fine_tuning_seeds_from_its_run_fo
     path.write_text(json.dumps([ref]))
     with pytest.raises(ValueError, match="ruler_answers_seed3.json lack RULER-lite under rerope at 8l"):
         reference_figures(path)
+
+
+def test_the_measured_on_cell_names_device_threads_commit_and_wall_time():
+    prov = {"device": "AMD EPYC 7B13, 2 cores", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": True,
+            "wall_s": 96.6}
+    assert provenance_cell({"provenance": prov}) == "AMD EPYC 7B13, 2 cores (0123456789+, 97 s)"
+    assert provenance_cell({"provenance": {**prov, "threads": 1, "dirty": False}}) == (
+        "AMD EPYC 7B13, 2 cores, 1 thread (0123456789, 97 s)")
+    assert provenance_cell({"provenance": {**prov, "threads": 2}}).startswith("AMD EPYC 7B13, 2 cores, 2 threads (")
+    assert provenance_cell(None) == "unknown (unknown, unknown)"

@@ -380,14 +380,17 @@ def _report_figures(report: dict, key: str, mode: str, source: str) -> dict:
 
 
 def provenance_cell(report: Optional[dict]) -> str:
-    """Where and from what a report was measured, in one cell: its device, its code commit (10 characters, "+" when
-    the tree was dirty) and its wall time; "unknown" for each part it does not record."""
+    """Where and from what a report was measured, in one cell: its device (with the threads torch used, where the
+    report records them), its code commit (10 characters, "+" when the tree was dirty) and its wall time; "unknown"
+    for each part it does not record."""
     prov = (report or {}).get("provenance") or {}
     commit = str(prov.get("commit", "unknown"))
     commit = commit if commit == "unknown" else commit[:10] + ("+" if prov.get("dirty") is True else "")
     wall = prov.get("wall_s", "unknown")
     wall = f"{wall:.0f} s" if isinstance(wall, (int, float)) else "unknown"
-    return f"{prov.get('device', 'unknown')} ({commit}, {wall})"
+    threads = prov.get("threads")
+    threads = "" if threads is None else f", {threads} thread" + ("s" if threads != 1 else "")
+    return f"{prov.get('device', 'unknown')}{threads} ({commit}, {wall})"
 
 
 def _report(path: Path) -> Optional[dict]:
