@@ -99,6 +99,30 @@ def test_the_committed_flat_and_retrieving_rows_redraw(figures, tmp_path):
     assert not _overlaps(figures[-1])
 
 
+def test_the_schemes_plot_draws_the_tables_rows_with_their_seeds(figures, tmp_path):
+    """README's plot of the 1,000-update schemes, from the reports its table reads: one labelled line per row, the
+    row never probed says so, and a seeded figure's bar spans its seeds' range (ALiBi + ReRoPE's greedy 16l: 49 of
+    50 prompts under each of three seeds, a bar of zero width at 0.98; LeX + ReRoPE's: 0.24 to 0.72)."""
+    from matplotlib.collections import LineCollection
+
+    from conftest import REPO
+    from lex_plugin.experiments.published import scheme_rows
+    from lex_plugin.experiments.reproduce.plots import plot_schemes
+
+    rows = scheme_rows(REPO)
+    plot_schemes(rows, tmp_path / "schemes.png")
+    fig = figures[-1]
+    assert (tmp_path / "schemes.png").stat().st_size > 0 and not _overlaps(fig)
+    flat, found = fig.axes
+    labels = [t.get_text() for t in flat.get_yticklabels()]
+    assert len(labels) == len(set(labels)) == len(rows) == 9
+    assert "ALiBi, ReRoPE (w = l/2), 3 seeds" in labels and "RoPE, BCA" in labels
+    assert [t.get_text() for t in found.texts] == ["not probed"]
+    bars = sorted((round(float(seg[0][0]), 2), round(float(seg[1][0]), 2)) for c in found.collections
+                  if isinstance(c, LineCollection) for seg in c.get_segments() if seg[0][1] == seg[1][1])
+    assert (0.98, 0.98) in bars and (0.24, 0.72) in bars
+
+
 def test_probe_heat_maps_and_length_plots(figures, tmp_path):
     from lex_plugin.evaluation.babilong import BabilongResult, plot_babilong
     from lex_plugin.evaluation.passkey import PasskeyResult, plot_passkey

@@ -9,7 +9,9 @@ A block in a document::
     <!-- end: NAME -->
 
 The blocks (:data:`BLOCKS`) read the definitions of ``experiments.definitions`` and the verdict's rows
-(``experiments.reproduce.verdict``) built from ``examples/lex_lm/designs_1000`` and the transcribed references.
+(``experiments.reproduce.verdict``) built from ``examples/lex_lm/designs_1000`` and the reports the reference rows
+name (``verdict_reference.json``). The published figures (:data:`FIGURES`) are drawn by the same command from the
+same reports; ``--check`` compares the tables only (a PNG's bytes depend on the matplotlib build).
 """
 
 import json
@@ -19,13 +21,14 @@ from typing import Callable, List, Sequence, Tuple
 
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER
+from .reproduce.plots import plot_schemes
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
 from .reproduce.verdict import (Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
                                 passkey_seeds, reference_figures, shown)
 from .ruler_families import ruler_families_table
 
-__all__ = ["BLOCKS", "Block", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table", "designs_ppl",
-           "generate", "replace_block", "verdict_1000_rows"]
+__all__ = ["BLOCKS", "Block", "PLOTS", "Plot", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table",
+           "designs_ppl", "draw_plots", "generate", "replace_block", "scheme_rows", "schemes_1000", "verdict_1000_rows"]
 
 
 @dataclass(frozen=True)
@@ -186,18 +189,20 @@ SCHEME_LABELS = {"xpos": "LeX (xPos)", "rope": "RoPE", "alibi": "ALiBi"}
 MODE_LABELS = {"full": "full attention", "bca": "BCA", "rerope": "ReRoPE (w = l/2)"}
 
 
-def schemes_1000(root: Path) -> str:
-    """The 1,000-update xPos, RoPE and ALiBi checkpoints under full attention, BCA and ReRoPE: ppl at l and 16l and
-    their ratio; LongPPL at 16l on the common evaluator's key tokens over the same model's under a window of l
-    (``designs_1000/runs/SCHEME/longppl_common.json``, the verdict's "reads the far context", ``FAR_CONTEXT``);
-    LongPPL's ratio on the checkpoint's own key tokens (``longppl_SCHEME.json``, judged by nothing); and the passkey
-    after fine-tuning, ranked at 8l and written by greedy decoding at 16l, from the reports the verdict reads
-    (``designs_1000/runs/SCHEME/passkey_finetuned*.json``, :func:`passkey_seeds`: over several fine-tuning seeds the
-    mean, the range and the seeds). A mode a report lacks reads "-"."""
-    lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | "
-             f"{FAR_CONTEXT.figure} | LongPPL(16l) / LongPPL(l), own key tokens | passkey at 8l (ranked) | "
-             "passkey at 16l (greedy) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+def scheme_rows(root: Path) -> List[dict]:
+    """The 1,000-update xPos, RoPE and ALiBi checkpoints under full attention, BCA and ReRoPE, one dict each: scheme,
+    label, mode, window (its name), ppl_l and ppl_16l (test perplexity), ratio (ppl(16l) / ppl(l)); far_context
+    (LongPPL at 16l on the common evaluator's key tokens over the same model's under a window of l,
+    ``designs_1000/runs/SCHEME/longppl_common.json``, the verdict's ``FAR_CONTEXT``; None where not measured);
+    longppl_own (LongPPL(16l) / LongPPL(l) on the checkpoint's own key tokens, ``longppl_SCHEME.json``, judged by
+    nothing); probed (a :class:`Figures` with passkey_8l, ranked, and greedy_16l after fine-tuning, from the reports
+    the verdict reads, ``designs_1000/runs/SCHEME/passkey_finetuned*.json`` by :func:`passkey_seeds`: over several
+    fine-tuning seeds the mean, with the range and the seeds in its spread; None where not probed).
+
+    Raises:
+        FileNotFoundError: a report is missing; ValueError: a seed lacks a mode another seed has (passkey_seeds).
+    """
+    rows = []
     for scheme, label in SCHEME_LABELS.items():
         report = json.loads((root / f"examples/lex_lm/longppl_{scheme}.json").read_text())
         run = root / f"examples/lex_lm/designs_1000/runs/{scheme}"
@@ -206,14 +211,29 @@ def schemes_1000(root: Path) -> str:
         for mode, name in MODE_LABELS.items():
             by = mode_rows(report, mode)
             low, high = by[l][0], by[16 * l][0]
-            far = far_context_ratio(common, l, mode, f"designs_1000/runs/{scheme}/longppl_common.json")
-            far_cell = "-" if far is None else f"{FAR_CONTEXT.rounded(far):.{FAR_CONTEXT.decimals}f}"
             ranked_8l, _, greedy_16l, spread = passkey_seeds(run, l, mode)
-            probed = Figures(name=scheme, label=label, updates=0, passkey_8l=ranked_8l, greedy_16l=greedy_16l,
-                             spread=spread)
-            lines.append(f"| {label} | {name} | {low['ppl']:.2f} | {high['ppl']:.2f} | {high['ppl'] / low['ppl']:.4f} | "
-                         f"{far_cell} | {high['longppl'] / low['longppl']:.2f} | {shown(probed, 'passkey_8l', '{:.2f}')} | "
-                         f"{shown(probed, 'greedy_16l', '{:.2f}')} |")
+            rows.append({"scheme": scheme, "label": label, "mode": mode, "window": name, "ppl_l": low["ppl"],
+                         "ppl_16l": high["ppl"], "ratio": high["ppl"] / low["ppl"],
+                         "far_context": far_context_ratio(common, l, mode,
+                                                          f"designs_1000/runs/{scheme}/longppl_common.json"),
+                         "longppl_own": high["longppl"] / low["longppl"],
+                         "probed": Figures(name=scheme, label=label, updates=0, passkey_8l=ranked_8l,
+                                           greedy_16l=greedy_16l, spread=spread)})
+    return rows
+
+
+def schemes_1000(root: Path) -> str:
+    """:func:`scheme_rows` as README's scheme table (a figure not measured reads "-")."""
+    lines = ["| scheme | window / method | ppl at l | ppl at 16l | ppl(16l) / ppl(l) | "
+             f"{FAR_CONTEXT.figure} | LongPPL(16l) / LongPPL(l), own key tokens | passkey at 8l (ranked) | "
+             "passkey at 16l (greedy) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in scheme_rows(root):
+        far = r["far_context"]
+        far_cell = "-" if far is None else f"{FAR_CONTEXT.rounded(far):.{FAR_CONTEXT.decimals}f}"
+        lines.append(f"| {r['label']} | {r['window']} | {r['ppl_l']:.2f} | {r['ppl_16l']:.2f} | {r['ratio']:.4f} | "
+                     f"{far_cell} | {r['longppl_own']:.2f} | {shown(r['probed'], 'passkey_8l', '{:.2f}')} | "
+                     f"{shown(r['probed'], 'greedy_16l', '{:.2f}')} |")
     return "\n".join(lines)
 
 
@@ -359,6 +379,31 @@ BLOCKS: Tuple[Block, ...] = (
     Block(README, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(README, "schemes_1000", schemes_1000),
 )
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A published PNG: its ``path`` under the repository and how to ``draw`` it (root, out) from the reports."""
+    path: str
+    draw: Callable[[Path, Path], None]
+
+
+PLOTS: Tuple[Plot, ...] = (
+    Plot("examples/lex_lm/flat_and_retrieving_1000.png", lambda root, out: plot_schemes(scheme_rows(root), out)),
+)
+
+
+def draw_plots(root: Path, plots: Sequence[Plot] = PLOTS) -> List[Path]:
+    """Draw every published PNG under ``root`` from its reports; returns the paths written.
+
+    Raises:
+        FileNotFoundError: a report a plot reads is missing.
+    """
+    written = []
+    for plot in plots:
+        plot.draw(root, root / plot.path)
+        written.append(root / plot.path)
+    return written
 
 
 def _markers(name: str) -> Tuple[str, str]:

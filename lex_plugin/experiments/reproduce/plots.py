@@ -5,7 +5,7 @@ from typing import Dict, Optional, Sequence
 
 from .catalogue import LABELS, WINDOW_LABEL
 
-__all__ = ["plot_budgets", "plot_flat_and_retrieving", "plot_ppl"]
+__all__ = ["plot_budgets", "plot_flat_and_retrieving", "plot_ppl", "plot_schemes"]
 
 
 def plot_ppl(ppl, runs: Sequence[str], windows: Sequence[str], l: int, out: Path, title: str,
@@ -88,6 +88,61 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
                    frameon=False)
         fig.suptitle("flat and retrieving? one row per window or method, ranked by passkey accuracy")
     return True
+
+
+def plot_schemes(rows: Sequence[dict], out: Path) -> None:
+    """Write the PNG ``out``: one line per checkpoint and window (``published.scheme_rows``' rows, in their order),
+    ppl(16l) / ppl(l) on the left, the passkey after fine-tuning on the right (ranked among 10 at 8l: circles;
+    written whole by greedy decoding at 16l: squares), each the mean over the fine-tuning seeds with a bar over
+    their range; the definitions' bars as dotted lines; a row never probed says so in its panel. The colour is the
+    scheme, explained once below the panels; every label has a line of its own."""
+    from ...plotting import figure
+    from ..definitions import FLAT, RETRIEVES, RETRIEVES_RANKED
+
+    schemes = list(dict.fromkeys(r["label"] for r in rows))
+    colours = {label: f"C{i}" for i, label in enumerate(schemes)}
+    ys = list(range(len(rows)))[::-1]  # the first row on top
+    probes = (("passkey_8l", "o", "ranked among 10 at 8l"), ("greedy_16l", "s", "greedy, whole key at 16l"))
+    with figure(out, 1, 2, (10.5, 1.9 + 0.42 * len(rows)), dpi=110, sharey=True, constrained_layout=True) as (
+            fig, (flat, found)):
+        for ax in (flat, found):
+            ax.grid(axis="x", alpha=0.3)
+            for y in ys:
+                ax.axhline(y, color="grey", linewidth=0.3, alpha=0.4)
+        for y, r in zip(ys, rows):
+            colour = colours[r["label"]]
+            flat.plot(r["ratio"], y, "o", color=colour)
+            figures = r["probed"]
+            if all(getattr(figures, key) is None for key, _, _ in probes):
+                found.text(0.5, y, "not probed", ha="center", va="center", fontsize=8, color="grey")
+            for (key, marker, _), dy in zip(probes, (0.12, -0.12)):
+                value = getattr(figures, key)
+                if value is None:
+                    continue
+                low, high, _ = figures.spread.get(key, (value, value, 1))
+                found.errorbar(value, y + dy, xerr=[[value - low], [high - value]], fmt=marker, color=colour,
+                               capsize=2, linewidth=1, markersize=5)
+        flat.set_yticks(ys, [f"{r['label']}, {r['window']}{_seeds(r['probed'])}" for r in rows], fontsize=8)
+        flat.set_ylim(-0.7, len(rows) - 0.3)
+        flat.axvline(FLAT.edge, color="grey", linestyle=":", linewidth=1)
+        for edge in sorted({RETRIEVES.edge, RETRIEVES_RANKED.edge}):
+            found.axvline(edge, color="grey", linestyle=":", linewidth=1)
+        flat.set_xlabel("ppl(16l) / ppl(l)  (flat: left of the line)")
+        found.set_xlabel("passkey after fine-tuning, mean over seeds, bar: their range\n(retrieves: right of the line)")
+        found.set_xlim(-0.03, 1.03)
+        handles = [flat.plot([], [], "o", color=colours[label])[0] for label in schemes]
+        handles += [found.plot([], [], marker, color="black")[0] for _, marker, _ in probes]
+        fig.legend(handles, schemes + [name for _, _, name in probes], loc="outside lower center",
+                   ncol=len(handles), fontsize=8, frameon=False)
+        fig.suptitle("flat and retrieving? the 1,000-update checkpoints under each window")
+
+
+def _seeds(figures) -> str:
+    """", N seeds" (or ", one seed") behind a probed row's label; nothing for a row never probed."""
+    if figures.passkey_8l is None and figures.greedy_16l is None:
+        return ""
+    n = max((spread[2] for spread in figures.spread.values()), default=1)
+    return ", one seed" if n == 1 else f", {n} seeds"
 
 
 def plot_budgets(budgets, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int,
