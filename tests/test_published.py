@@ -184,3 +184,23 @@ def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_f
     assert per_seed == [pytest.approx(_ruler_mean(report, 2048, "full")) for report in seeds]
     assert sum(per_seed) / len(per_seed) == pytest.approx(verdict["ALiBi, full attention (reference)"])
     assert family_means(seeds[0], 2048, "no_such_mode") is None
+
+
+def test_the_first_runs_table_sets_each_gpu_run_beside_the_verdicts_run():
+    """Each row first trained on the GPU machine and trained again on the CPU gets two lines: the first run's, measured
+    on the GPU machine (provenance unknown), and the verdict's, measured on a CPU with its commit and wall time known,
+    whose ratio is ppl(16l) / ppl(l) under full attention worked out here from its raw length report."""
+    from lex_plugin.experiments.published import FIRST_RUNS, VERDICT_1000, first_runs_table
+    from lex_plugin.experiments.reproduce.verdict import mode_rows
+
+    kept = {p.name for p in (REPO / FIRST_RUNS / "runs").iterdir()}
+    names = [n for n in VERDICT_1000.runs if n in kept]  # the verdict's order
+    assert names and len(names) == len(kept)
+    lines = first_runs_table(REPO).splitlines()[2:]
+    assert len(lines) == 2 * len(names)
+    for name, first, again in zip(names, lines[::2], lines[1::2]):
+        first, again = ([c.strip() for c in line.strip("|").split("|")] for line in (first, again))
+        assert first[1].startswith("first") and "GPU" in first[-1] and "(unknown, unknown)" in first[-1]
+        assert again[1].startswith("again") and "GPU" not in again[-1] and "unknown" not in again[-1]
+        by = mode_rows(json.loads((REPO / f"examples/lex_lm/designs_1000/runs/{name}/length_report.json").read_text()))
+        assert again[2] == f"{by[4096][0]['ppl'] / by[256][0]['ppl']:.4f}", name

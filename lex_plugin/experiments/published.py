@@ -237,6 +237,24 @@ def schemes_1000(root: Path) -> str:
     return "\n".join(lines)
 
 
+FIRST_RUNS = "examples/lex_lm/designs_1000/gpu"  # runs/NAME: a row's first run, on the GPU machine
+
+
+def first_runs_table(root: Path, run: VerdictRun = VERDICT_1000) -> str:
+    """Each verdict row whose first run (on the GPU machine, before reports carried provenance; its reports kept in
+    ``FIRST_RUNS/runs/NAME``) was trained and probed again on the CPU by the same command: the figures the verdict
+    reads of both, one line each, with where each was measured (the length report's provenance)."""
+    first = root / FIRST_RUNS
+    lines = ["| design | run | ppl(16l) / ppl(l) | greedy passkey 16l | passkey 8l (ranked) | RULER-lite 8l | measured on "
+             "(commit, wall time) |", "|---|---|---:|---:|---:|---:|---|"]
+    for name in [n for n in run.runs if (first / "runs" / n).is_dir()]:
+        for which, work in (("first, GPU machine", first), ("again, the verdict's", root / run.work)):
+            f = design_figures(work, name, run.training_length, run.updates)
+            lines.append(f"| {f.label} | {which} | {shown(f, 'ratio', '{:.4f}')} | {shown(f, 'greedy_16l', '{:.2f}')} | "
+                         f"{shown(f, 'passkey_8l', '{:.2f}')} | {shown(f, 'ruler_8l', '{:.2f}')} | {f.measured_on} |")
+    return "\n".join(lines)
+
+
 LONGPPL_EVALUATOR = "examples/lex_lm/designs_1000/longppl_evaluator.json"
 
 
@@ -365,6 +383,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(RESULTS, "designs_1000_ppl", designs_ppl),
     Block(RESULTS, "retrieval_1000", retrieval_tables),
     Block(RESULTS, "first_token_1000", first_token_table),
+    Block(RESULTS, "first_runs_gpu_1000", first_runs_table),
     Block(RESULTS, "table2_1000", lambda root: _paper_table(root, LONG, 2)),
     Block(RESULTS, "table3_1000", lambda root: _paper_table(root, LONG, 3)),
     Block(RESULTS, "table2_300", lambda root: _paper_table(root, SHORT, 2)),
