@@ -10,7 +10,7 @@ A block in a document::
 
 The blocks (:data:`BLOCKS`) read the definitions of ``experiments.definitions`` and the verdict's rows
 (``experiments.reproduce.verdict``) built from ``examples/lex_lm/designs_1000`` and the reports the reference rows
-name (``verdict_reference.json``). The published figures (:data:`FIGURES`) are drawn by the same command from the
+name (``verdict_reference.json``). The published plots (:data:`PLOTS`) are drawn by the same command from the
 same reports; ``--check`` compares the tables only (a PNG's bytes depend on the matplotlib build).
 """
 
