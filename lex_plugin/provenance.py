@@ -4,8 +4,8 @@ A published figure is only as good as the record of how it was made. :func:`prov
 flat dict that a report stores under its ``"provenance"`` key: the command line, the code commit and whether the
 tree had uncommitted changes, the device (GPU name, or the CPU model and its cores), the intra-op threads torch
 used (a CPU run is deterministic only at a fixed thread count: float sums are ordered by it), torch and Python
-versions, the seed, the date and the wall time. A field that cannot be known (no git, no ``/proc/cpuinfo``) reads ``"unknown"``,
-never a guess.
+versions, the seed, the date and the wall time. A field that cannot be known (no git, no ``/proc/cpuinfo``) reads
+``"unknown"``, never a guess.
 """
 
 import os
@@ -78,6 +78,7 @@ def provenance(argv: Optional[Sequence[str]] = None, seed: Optional[int] = None,
 
     argv = list(sys.argv if argv is None else argv)
     return {"command": shlex.join(str(a) for a in argv), **code_commit(), "device": device_name(cuda),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(), "seed": seed,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+            "seed": seed,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_s": None if wall_s is None else round(wall_s, 1)}

@@ -245,13 +245,14 @@ def first_runs_table(root: Path, run: VerdictRun = VERDICT_1000) -> str:
     ``FIRST_RUNS/runs/NAME``) was trained and probed again on the CPU by the same command: the figures the verdict
     reads of both, one line each, with where each was measured (the length report's provenance)."""
     first = root / FIRST_RUNS
-    lines = ["| design | run | ppl(16l) / ppl(l) | greedy passkey 16l | passkey 8l (ranked) | RULER-lite 8l | measured on "
-             "(commit, wall time) |", "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| design | run | ppl(16l) / ppl(l) | greedy passkey 16l | passkey 8l (ranked) | RULER-lite 8l | "
+             "measured on (commit, wall time) |", "|---|---|---:|---:|---:|---:|---|"]
     for name in [n for n in run.runs if (first / "runs" / n).is_dir()]:
         for which, work in (("first, GPU machine", first), ("again, the verdict's", root / run.work)):
             f = design_figures(work, name, run.training_length, run.updates)
-            lines.append(f"| {f.label} | {which} | {shown(f, 'ratio', '{:.4f}')} | {shown(f, 'greedy_16l', '{:.2f}')} | "
-                         f"{shown(f, 'passkey_8l', '{:.2f}')} | {shown(f, 'ruler_8l', '{:.2f}')} | {f.measured_on} |")
+            cells = [shown(f, "ratio", "{:.4f}"),
+                     *(shown(f, key, "{:.2f}") for key in ("greedy_16l", "passkey_8l", "ruler_8l"))]
+            lines.append(f"| {f.label} | {which} | {' | '.join(cells)} | {f.measured_on} |")
     return "\n".join(lines)
 
 

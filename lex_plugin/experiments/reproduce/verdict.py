@@ -450,19 +450,33 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
             continue
         ranked_8l, greedy_8l = _passkey(reports, 8 * l, mode)
         per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1],
-                         "seed": sfx or "the run's own"})
+                         "seed": f"seed {sfx or 'of the run'}"})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
-        lacking = [seed["seed"] for seed in per_seed if seed[key] is None]
-        if lacking and len(lacking) < len(per_seed):
-            raise ValueError(f"{run}: the passkey reports of seed {', '.join(lacking)} lack {key} under {mode}, which "
-                             "the other seeds give: probe that seed again under the same windows and lengths "
-                             "(scripts/reproduce.py --finetune-seeds), or remove its reports.")
-        values = [seed[key] for seed in per_seed if seed[key] is not None]
-        means[key] = sum(values) / len(values) if values else None
-        if len(values) > 1:
-            spread[key] = (min(values), max(values), len(values))
+        means[key], range_ = _over_seeds(run, {seed["seed"]: seed[key] for seed in per_seed}, f"{key} under {mode}")
+        if range_:
+            spread[key] = range_
     return means["passkey_8l"], means["greedy_8l"], means["greedy_16l"], spread
+
+
+def _over_seeds(run: Path, by_seed: Dict[str, Optional[float]], what: str) -> Tuple[Optional[float], Optional[tuple]]:
+    """(mean, (lowest, highest, seeds)) of one figure over a run's fine-tuning seeds (``by_seed``: {seed's name: its
+    value, None where its reports lack the figure}); the range None under fewer than two seeds, the mean None under
+    none.
+
+    Raises:
+        ValueError: a seed lacks the figure (``what``, in words) that another seed gives: the mean would silently
+            leave it out.
+    """
+    lacking = [seed for seed, value in by_seed.items() if value is None]
+    if lacking and len(lacking) < len(by_seed):
+        raise ValueError(f"{run}: {', '.join(lacking)} lack {what}, which the other seeds give: probe that seed again "
+                         "under the same windows and lengths (scripts/reproduce.py --finetune-seeds), or remove its "
+                         "reports.")
+    values = [value for value in by_seed.values() if value is not None]
+    if not values:
+        return None, None
+    return sum(values) / len(values), ((min(values), max(values), len(values)) if len(values) > 1 else None)
 
 
 def ruler_reports(run: Path) -> List[Path]:
@@ -480,16 +494,9 @@ def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     Raises:
         ValueError: a seed's report lacks ``mode`` at 8l where another seed's has it (the mean would leave it out).
     """
-    found = {p: _ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run) if p.is_file()}
-    lacking = [p.name for p, v in found.items() if v is None]
-    if lacking and len(lacking) < len(found):
-        raise ValueError(f"{run}: {', '.join(lacking)} lack RULER-lite under {mode} at 8l, which the other seeds give: "
-                         "probe that seed again under the same windows (scripts/reproduce.py --finetune-seeds), or "
-                         "remove it.")
-    values = [v for v in found.values() if v is not None]
-    if not values:
-        return None, {}
-    return sum(values) / len(values), ({"ruler_8l": (min(values), max(values), len(values))} if len(values) > 1 else {})
+    found = {p.name: _ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run) if p.is_file()}
+    mean, range_ = _over_seeds(run, found, f"RULER-lite under {mode} at 8l")
+    return mean, ({"ruler_8l": range_} if range_ else {})
 
 
 def _ruler_mean(report: Optional[dict], length: int, mode: str = "full") -> Optional[float]:
