@@ -738,6 +738,40 @@ def _write_grid_report(done, cmd, valid_ppl):
                                                  "protocol": "stream", "ppl": valid_ppl.get(c, 100.0)}]}))
 
 
+def test_a_drope_run_is_recalibrated_under_each_fine_tuning_seed(tmp_path, monkeypatch):
+    """With --finetune-seeds, the recalibration probes each seed's fine-tuned checkpoint under the chosen C, into the
+    plain run's file names with ``_seedN`` (what the verdict reads as a range); the steps announced are the steps
+    taken."""
+    commands, announced = {}, []
+    valid = {0.0: 60.0}
+    work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler"], lambda k, d: None)
+    o = dataclasses.replace(o, finetune_seeds=(1, 2, 3))
+
+    class Recording:
+        def __init__(self, work, steps, in_process=False):
+            announced.append(steps)
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            commands[key] = [str(c) for c in cmd]
+            _write_grid_report(done, cmd, valid)
+
+    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
+    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
+        (work / bin_dir).mkdir(parents=True, exist_ok=True)
+        (work / bin_dir / done).touch()
+    reproduce.reproduce(work, o, ["rope_drope"], tmp_path, data)
+    rdir, arg = work / "runs" / "rope_drope" / "recalibrated", lambda cmd, flag: cmd[cmd.index(flag) + 1]
+    assert announced == [len(commands)]
+    for seed, suffix in ((1, ""), (2, "_seed2"), (3, "_seed3")):
+        for key, ckpt_dir, out in ((f"passkey_finetuned rope_drope C=0{suffix}", "passkey_ft", "passkey_finetuned"),
+                                   (f"passkey_finetuned rope_drope C=0 16l{suffix}", "passkey_ft", "passkey_finetuned_16l"),
+                                   (f"ruler rope_drope C=0{suffix}", "ruler_ft_answers", "ruler_answers")):
+            cmd = commands[key]
+            assert arg(cmd, "--path") == str(work / "runs" / "rope_drope" / f"{ckpt_dir}{suffix}" / "checkpoint_last.pt"), key
+            assert float(arg(cmd, "--attention-temperature")) == 0.0, key
+            assert arg(cmd, "--json") == str(rdir / f"{out}{suffix}.json"), key
+
+
 def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, monkeypatch):
     """DroPE's recalibration (beta = 1 + C ln(L / l)): every C of the grid evaluated on the valid split at the longest
     length under full attention; the C with the lowest ppl there (0.1 here) then gives the test length evaluation and

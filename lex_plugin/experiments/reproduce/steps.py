@@ -138,10 +138,12 @@ def _steps_of(method: str, at_16l: bool = False) -> int:
     return 2 if method.startswith("passkey_finetuned") else 1
 
 
-def _recalibration_steps(methods: Sequence[str]) -> int:
+def _recalibration_steps(methods: Sequence[str], extra_seeds: int = 0) -> int:
     """The runner steps of a DroPE run's recalibration (:func:`_recalibrate`) with the probes ``methods``: one valid
-    evaluation per C of the grid, the length evaluation, and each probe the verdict reads again (the passkey twice)."""
-    return (len(DROPE_TEMPERATURES) + 1 + (2 if "passkey_finetuned" in methods else 0) + ("ruler" in methods)
+    evaluation per C of the grid, the length evaluation, and each probe the verdict reads again (the passkey twice),
+    the fine-tuned probes once per fine-tuning seed (the run's and ``extra_seeds`` more)."""
+    seeds = 1 + extra_seeds
+    return (len(DROPE_TEMPERATURES) + 1 + (2 * seeds if "passkey_finetuned" in methods else 0) + seeds * ("ruler" in methods)
             + ("longppl" in methods) + ("longppl_common" in methods))
 
 
@@ -158,7 +160,7 @@ def _step_count(work: Path, data: Path, runs: Sequence[str], run_methods: dict, 
                   + sum(_steps_of(m, _passkey_at_16l(RUNS[n][1], probe_windows)) for m in run_methods[n])
                   + extra_seeds * sum(_steps_of(m, _passkey_at_16l(RUNS[n][1], probe_windows)) for m in run_methods[n]
                                       if m in ("passkey_finetuned", "ruler", "babilong"))
-                  + (_recalibration_steps(run_methods[n]) if RUNS[n][1] == "drope" else 0) for n in runs)
+                  + (_recalibration_steps(run_methods[n], extra_seeds) if RUNS[n][1] == "drope" else 0) for n in runs)
             + (1 if tuned and not (work / "passkey-bin" / "train.idx").exists() else 0)
             + (1 if uses("ruler") and not (work / "ruler-bin" / RULER_DATA_DONE).exists() else 0)
             + (1 if uses("babilong") and not (work / "babilong-bin" / BABILONG_DATA_DONE).exists() else 0))
@@ -308,8 +310,9 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     longest length under each C of :data:`DROPE_TEMPERATURES` (``valid_C{C}.json``); then, under the C with the lowest
     perplexity there (:func:`recalibration_choice`, written to ``choice.json``), the test length evaluation
     (``length_report.json``) and the probes of ``methods`` that the verdict reads, on the checkpoints they were
-    fine-tuned into: the passkey at l..8l and 16l, RULER-lite, LongPPL on its own and on the common evaluator's
-    key tokens (the plain run's file names).
+    fine-tuned into: the passkey at l..8l and 16l and RULER-lite, under each fine-tuning seed the plain run was
+    probed with (``o.seed`` and ``o.extra_seeds``), and LongPPL on its own and on the common evaluator's key tokens
+    (the plain run's file names, ``..._seedN.json`` for another seed).
 
     Raises:
         ReproduceError: ``choice.json`` records another C than the grid's reports now choose (a report of the grid was
@@ -333,16 +336,22 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
     out = rdir / "length_report.json"
     run(f"eval {r.name} C={c:g}", eval_command(data, r.ckpt, list(o.lengths), ["full"], out, o, flag), rdir / "eval.log", out)
+    seeds = [""] + [f"_seed{s}" for s in o.extra_seeds]  # the suffix of each fine-tuning seed's files
     if "passkey_finetuned" in methods:
-        tuned, l = r.dir / "passkey_ft" / "checkpoint_last.pt", o.training_length
-        for out, lengths in ((rdir / "passkey_finetuned.json", None), (rdir / "passkey_finetuned_16l.json", [16 * l])):
-            run(f"passkey_finetuned {r.name} C={c:g}{' 16l' if lengths else ''}",
-                passkey_command(data, tuned, out, full, r.rotary, flag, lengths=lengths, windows=["full"]),
-                out.with_suffix(".log"), out)
+        l = o.training_length
+        for suffix in seeds:
+            tuned = r.dir / f"passkey_ft{suffix}" / "checkpoint_last.pt"
+            for out, lengths in ((rdir / f"passkey_finetuned{suffix}.json", None),
+                                 (rdir / f"passkey_finetuned_16l{suffix}.json", [16 * l])):
+                run(f"passkey_finetuned {r.name} C={c:g}{' 16l' if lengths else ''}{suffix}",
+                    passkey_command(data, tuned, out, full, r.rotary, flag, lengths=lengths, windows=["full"]),
+                    out.with_suffix(".log"), out)
     if "ruler" in methods:
-        out = rdir / RULER_REPORT
-        run(f"ruler {r.name} C={c:g}", ruler_command(data, r.dir / RULER_TUNED / "checkpoint_last.pt", out, full, r.rotary,
-                                                     position_maps=r.position_maps, extra=flag), out.with_suffix(".log"), out)
+        for suffix in seeds:
+            out = rdir / RULER_REPORT.replace(".json", f"{suffix}.json")
+            run(f"ruler {r.name} C={c:g}{suffix}",
+                ruler_command(data, r.dir / f"{RULER_TUNED}{suffix}" / "checkpoint_last.pt", out, full, r.rotary,
+                              position_maps=r.position_maps, extra=flag), out.with_suffix(".log"), out)
     for method in ("longppl", "longppl_common"):
         if method in methods:
             common = method == "longppl_common"
