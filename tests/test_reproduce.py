@@ -738,6 +738,24 @@ def _write_grid_report(done, cmd, valid_ppl):
                                                  "protocol": "stream", "ppl": valid_ppl.get(c, 100.0)}]}))
 
 
+def _record_grid_steps(monkeypatch, work, commands, announced, valid_ppl):
+    """reproduce()'s steps recorded, not run: each step's command into ``commands`` (by key), the step count the
+    runner was told into ``announced``, a recalibration grid step's report written (:func:`_write_grid_report`); the
+    passkey and RULER-lite data-bins marked written."""
+    class Recording:
+        def __init__(self, work, steps, in_process=False):
+            announced.append(steps)
+
+        def __call__(self, key, cmd, log, done, stamp=False, then=None):
+            commands[key] = [str(c) for c in cmd]
+            _write_grid_report(done, cmd, valid_ppl)
+
+    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
+    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
+        (work / bin_dir).mkdir(parents=True, exist_ok=True)
+        (work / bin_dir / done).touch()
+
+
 def test_a_drope_run_is_recalibrated_under_each_fine_tuning_seed(tmp_path, monkeypatch):
     """With --finetune-seeds, the recalibration probes each seed's fine-tuned checkpoint under the chosen C, into the
     plain run's file names with ``_seedN`` (what the verdict reads as a range); the steps announced are the steps
@@ -746,19 +764,7 @@ def test_a_drope_run_is_recalibrated_under_each_fine_tuning_seed(tmp_path, monke
     valid = {0.0: 60.0}
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler"], lambda k, d: None)
     o = dataclasses.replace(o, finetune_seeds=(1, 2, 3))
-
-    class Recording:
-        def __init__(self, work, steps, in_process=False):
-            announced.append(steps)
-
-        def __call__(self, key, cmd, log, done, stamp=False, then=None):
-            commands[key] = [str(c) for c in cmd]
-            _write_grid_report(done, cmd, valid)
-
-    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
-    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
-        (work / bin_dir).mkdir(parents=True, exist_ok=True)
-        (work / bin_dir / done).touch()
+    _record_grid_steps(monkeypatch, work, commands, announced, valid)
     reproduce.reproduce(work, o, ["rope_drope"], tmp_path, data)
     rdir, arg = work / "runs" / "rope_drope" / "recalibrated", lambda cmd, flag: cmd[cmd.index(flag) + 1]
     assert announced == [len(commands)]
@@ -781,19 +787,7 @@ def test_a_drope_run_is_recalibrated_under_the_c_its_valid_grid_chose(tmp_path, 
     valid = {0.0: 80.0, 0.05: 70.0, 0.1: 60.0, 0.2: 65.0, 0.4: 90.0, 0.8: 150.0}
     work, data, o, _ = _recorded_steps(tmp_path, monkeypatch, ["passkey_finetuned", "ruler", "longppl", "longppl_common"],
                                        lambda k, d: None)
-
-    class Recording:
-        def __init__(self, work, steps, in_process=False):
-            announced.append(steps)
-
-        def __call__(self, key, cmd, log, done, stamp=False, then=None):
-            commands[key] = [str(c) for c in cmd]
-            _write_grid_report(done, cmd, valid)
-
-    monkeypatch.setattr(reproduce.steps, "Runner", Recording)
-    for bin_dir, done in (("passkey-bin", "train.idx"), ("ruler-bin", reproduce.RULER_DATA_DONE)):
-        (work / bin_dir).mkdir(parents=True, exist_ok=True)
-        (work / bin_dir / done).touch()
+    _record_grid_steps(monkeypatch, work, commands, announced, valid)
     reproduce.reproduce(work, o, ["rope_drope", "rope_ssmax"], tmp_path, data)
     rdir = work / "runs" / "rope_drope" / "recalibrated"
     assert announced == [len(commands)]
