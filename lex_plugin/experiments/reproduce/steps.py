@@ -336,10 +336,10 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
     out = rdir / "length_report.json"
     run(f"eval {r.name} C={c:g}", eval_command(data, r.ckpt, list(o.lengths), ["full"], out, o, flag), rdir / "eval.log", out)
-    seeds = [""] + [f"_seed{s}" for s in o.extra_seeds]  # the suffix of each fine-tuning seed's files
+    suffixes = [""] + [f"_seed{s}" for s in o.extra_seeds]  # each fine-tuning seed's, in its files' names
     if "passkey_finetuned" in methods:
         l = o.training_length
-        for suffix in seeds:
+        for suffix in suffixes:
             tuned = r.dir / f"passkey_ft{suffix}" / "checkpoint_last.pt"
             for out, lengths in ((rdir / f"passkey_finetuned{suffix}.json", None),
                                  (rdir / f"passkey_finetuned_16l{suffix}.json", [16 * l])):
@@ -347,7 +347,7 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
                     passkey_command(data, tuned, out, full, r.rotary, flag, lengths=lengths, windows=["full"]),
                     out.with_suffix(".log"), out)
     if "ruler" in methods:
-        for suffix in seeds:
+        for suffix in suffixes:
             out = rdir / RULER_REPORT.replace(".json", f"{suffix}.json")
             run(f"ruler {r.name} C={c:g}{suffix}",
                 ruler_command(data, r.dir / f"{RULER_TUNED}{suffix}" / "checkpoint_last.pt", out, full, r.rotary,
