@@ -79,6 +79,5 @@ def provenance(argv: Optional[Sequence[str]] = None, seed: Optional[int] = None,
     argv = list(sys.argv if argv is None else argv)
     return {"command": shlex.join(str(a) for a in argv), **code_commit(), "device": device_name(cuda),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "seed": seed,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "seed": seed, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_s": None if wall_s is None else round(wall_s, 1)}

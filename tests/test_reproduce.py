@@ -768,7 +768,7 @@ def test_a_drope_run_is_recalibrated_under_each_fine_tuning_seed(tmp_path, monke
     reproduce.reproduce(work, o, ["rope_drope"], tmp_path, data)
     rdir, arg = work / "runs" / "rope_drope" / "recalibrated", lambda cmd, flag: cmd[cmd.index(flag) + 1]
     assert announced == [len(commands)]
-    for seed, suffix in ((1, ""), (2, "_seed2"), (3, "_seed3")):
+    for suffix in ("", "_seed2", "_seed3"):
         for key, ckpt_dir, out in ((f"passkey_finetuned rope_drope C=0{suffix}", "passkey_ft", "passkey_finetuned"),
                                    (f"passkey_finetuned rope_drope C=0 16l{suffix}", "passkey_ft", "passkey_finetuned_16l"),
                                    (f"ruler rope_drope C=0{suffix}", "ruler_ft_answers", "ruler_answers")):

@@ -6,7 +6,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ...modules.attention.flags import ATTENTION_FLAGS
 from ...modules.layer_pattern import parse_layer_pattern
@@ -194,6 +194,12 @@ def _train_and_evaluate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, b
         run(f"resolution {r.name} {w}", resolution_command(data, ckpt, [l, 2 * l], w, out, o), r.dir / f"resolution_{w}.log", out)
 
 
+def _fine_tuning_seeds(o: ReproduceOptions) -> List[Tuple[int, str]]:
+    """Each fine-tuning seed of the probes and the suffix of its files' names: the run's seed first (no suffix), then
+    each of ``o.extra_seeds`` (``_seedN``)."""
+    return [(o.seed, "")] + [(s, f"_seed{s}") for s in o.extra_seeds]
+
+
 def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path, o: ReproduceOptions) -> None:
     """The passkey probe after fine-tuning on its format (the probe's data-bin written once): at l..8l
     (``passkey_finetuned``, ``_logn`` with log-n; a trained design's also at 16l under full attention, and another
@@ -214,7 +220,7 @@ def _passkey_finetuned(run: Runner, r: _Run, method: str, work: Path, data: Path
                 passkey_command(data, tuned, out, o, extra=scaled_passkey_flags(scaled), lengths=[8 * l], windows=["full"]),
                 r.dir / f"passkey_finetuned_{scaled}.log", out)
         return
-    for seed, suffix in [(o.seed, "")] + ([(s, f"_seed{s}") for s in o.extra_seeds] if method == "passkey_finetuned" else []):
+    for seed, suffix in _fine_tuning_seeds(o) if method == "passkey_finetuned" else _fine_tuning_seeds(o)[:1]:
         if suffix:  # another fine-tuning seed of the same checkpoint, fine-tuned and probed apart
             tuned = r.dir / f"passkey_ft{suffix}" / "checkpoint_last.pt"
             run(f"finetune {r.name} seed {seed}", finetune_command(passkey_bin, r.ckpt, tuned.parent, list(r.args), o, seed),
@@ -250,7 +256,7 @@ def _answer_probe(run: Runner, r: _Run, probe: str, work: Path, data: Path, o: R
             shutil.rmtree(bin_dir)
         run(f"{probe} data", data_command(data, r.ckpt, bin_dir, o), work / f"{probe}-data.log", bin_dir / done)
     # the run's seed under the plain names; each other fine-tuning seed fine-tuned and probed apart (..._seedN)
-    for seed, suffix in [(o.seed, "")] + [(s, f"_seed{s}") for s in o.extra_seeds]:
+    for seed, suffix in _fine_tuning_seeds(o):
         tuned = r.dir / f"{tuned_dir}{suffix}" / "checkpoint_last.pt"
         run(f"{probe} finetune {r.name}{suffix}",
             answer_finetune_command(bin_dir, r.ckpt, tuned.parent, list(r.args), o, budget, seed),
@@ -336,10 +342,9 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
     flag, full = ["--attention-temperature", c], replace(o, probe_windows=("full",))
     out = rdir / "length_report.json"
     run(f"eval {r.name} C={c:g}", eval_command(data, r.ckpt, list(o.lengths), ["full"], out, o, flag), rdir / "eval.log", out)
-    suffixes = [""] + [f"_seed{s}" for s in o.extra_seeds]  # each fine-tuning seed's, in its files' names
     if "passkey_finetuned" in methods:
         l = o.training_length
-        for suffix in suffixes:
+        for _, suffix in _fine_tuning_seeds(o):
             tuned = r.dir / f"passkey_ft{suffix}" / "checkpoint_last.pt"
             for out, lengths in ((rdir / f"passkey_finetuned{suffix}.json", None),
                                  (rdir / f"passkey_finetuned_16l{suffix}.json", [16 * l])):
@@ -347,7 +352,7 @@ def _recalibrate(run: Runner, r: _Run, data: Path, o: ReproduceOptions, methods:
                     passkey_command(data, tuned, out, full, r.rotary, flag, lengths=lengths, windows=["full"]),
                     out.with_suffix(".log"), out)
     if "ruler" in methods:
-        for suffix in suffixes:
+        for _, suffix in _fine_tuning_seeds(o):
             out = rdir / RULER_REPORT.replace(".json", f"{suffix}.json")
             run(f"ruler {r.name} C={c:g}{suffix}",
                 ruler_command(data, r.dir / f"{RULER_TUNED}{suffix}" / "checkpoint_last.pt", out, full, r.rotary,
