@@ -305,8 +305,9 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         assert got == figures and f.eval_time == costs[name]["eval_time"], name
     # learned sinks, DroPE and the sink token over three fine-tuning seeds: no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
-                         "xpos_sink_token": (0.36, 0.56, 3)}.items():
-        f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
+                         "xpos_sink_token": (0.36, 0.56, 3), "rope_gate_elementwise": (0.16, 0.3, 3),
+                         "rope_diff": (0.08, 0.24, 3)}.items():
+        f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json", work / "costs16k_gate_diff.json"])
         assert f.spread["passkey_8l"] == ranked and f.spread["greedy_16l"] == (0.0, 0.0, 3), name
     # DroPE's recalibration chose C = 0 on the valid split (every C above it is worse at 16l), so its row is the plain
     # row's; the GPU-trained DroPE (designs_1000/gpu) is the table's earlier row
