@@ -558,6 +558,34 @@ def test_a_reference_reads_ruler_lite_over_its_fine_tuning_seeds_from_its_run_fo
         reference_figures(path)
 
 
+
+def test_the_committed_reference_rows_read_ruler_lite_over_three_fine_tuning_seeds():
+    """Each reference row's RULER-lite cell is the mean over three fine-tuning seeds of the committed reports, worked
+    out by hand from their raw rows: at 8l under the row's window, each task's ranked score over its depths, then the
+    mean over the tasks scored at every length l..8l (9 of the 11: niah_multikey_3 and cwe do not fit in l = 256, and
+    are left out); the cell's range the lowest and highest seed."""
+    work = REPO / "examples/lex_lm/designs_1000/runs"
+    refs = {f.name: f for f in reference_figures(REPO / "examples/lex_lm/verdict_reference.json")}
+    for name, run, window in [("xpos+bca", "xpos", "bca"), ("xpos+rerope", "xpos", "rerope"),
+                              ("rope+rerope", "rope", "rerope"), ("alibi", "alibi", "full"),
+                              ("alibi+rerope", "alibi", "rerope")]:
+        seeds = []
+        for sfx in ("", "_seed2", "_seed3"):
+            rows = [r for r in json.loads((work / run / f"ruler_answers{sfx}.json").read_text())["results"]
+                    if r["window"].split("(")[0] == window]
+            trials = {}
+            for r in rows:
+                trials[(r["task"], r["length"])] = trials.get((r["task"], r["length"]), 0) + r["trials"]
+            lengths = {r["length"] for r in rows}
+            tasks = sorted({r["task"] for r in rows if all(trials.get((r["task"], n), 0) for n in lengths)})
+            assert len(tasks) == 9 and "cwe" not in tasks and "niah_multikey_3" not in tasks, (name, sfx)
+            at_8l = [r for r in rows if r["length"] == 8 * 256]
+            seeds.append(sum(sum(r["score"] for r in at_8l if r["task"] == t) /
+                             sum(r["trials"] for r in at_8l if r["task"] == t) for t in tasks) / len(tasks))
+        f = refs[name]
+        assert f.ruler_8l == pytest.approx(sum(seeds) / 3, abs=1e-9), name
+        assert f.spread["ruler_8l"] == (pytest.approx(min(seeds)), pytest.approx(max(seeds)), 3), name
+        assert not RULER.meets(f.ruler_8l), name  # no reference finds several needles at this scale
 def test_the_measured_on_cell_names_device_threads_commit_and_wall_time():
     prov = {"device": "AMD EPYC 7B13, 2 cores", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": True,
             "wall_s": 96.6}
