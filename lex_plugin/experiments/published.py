@@ -120,7 +120,7 @@ NEEDS: Tuple[Tuple[str, Callable[[Figures], bool], str], ...] = (
      "greedy counts move between fine-tuning runs: a range where several seeds were run, else one run"),
     ("several needles (RULER-lite)",
      lambda f: _meets(f, RULER, "ruler_8l"),
-     "the mean over the 9 tasks that fit in l; the multi-needle tasks are lower"),
+     "the mean over the tasks that fit in l (9 of 11 at l = 256); the multi-needle tasks are lower"),
     ("the lowest cost that stays flat",
      lambda f: _meets(f, FLAT, "ratio") and f.eval_time is not None,
      "evaluation time at 16k over full attention's, random weights"),
