@@ -303,7 +303,8 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
         got = (round(f.ratio, 4), round(f.longppl_self, 2), f.greedy_16l, round(f.ruler_8l, 2))
         assert got == figures and f.eval_time == costs[name]["eval_time"], name
-    # learned sinks, DroPE and the sink token over three fine-tuning seeds: no key written at 16l under any
+    # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
+    # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
                          "xpos_sink_token": (0.36, 0.56, 3), "rope_gate_elementwise": (0.16, 0.3, 3),
                          "rope_diff": (0.08, 0.24, 3)}.items():
