@@ -23,9 +23,9 @@ ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, ev
 def test_each_goal_at_its_bar():
     """The bars, each read at two decimals rounded half up (experiments.definitions): flat at 1.00 (1.0049 passes,
     1.005 fails), LongPPL's ratio below 1.00 (0.9949 passes, 0.995 is 1.00), greedy 0.90 (0.895 passes, 0.8949 fails),
-    RULER-lite 0.54 (0.535 passes, 0.5349 fails); eval time 1.1x, cache 0.5x."""
+    RULER-lite 0.47 (0.465 passes, 0.4649 fails); eval time 1.1x, cache 0.5x."""
     bars = {"ratio": (1.0049, 1.005), "longppl_ratio": (0.9949, 0.995), "greedy_16l": (0.895, 0.8949),
-            "ruler_8l": (0.535, 0.5349),
+            "ruler_8l": (0.465, 0.4649),
             "eval_time": (1.1, 1.11), "cache_64k": (0.5, 0.51)}
     assert {g.key for g in GOALS} == set(bars)
     for goal in GOALS:
@@ -564,7 +564,8 @@ def test_the_committed_reference_rows_read_ruler_lite_over_three_fine_tuning_see
     """Each reference row's RULER-lite cell is the mean over three fine-tuning seeds of the committed reports, worked
     out by hand from their raw rows: at 8l under the row's window, each task's ranked score over its depths, then the
     mean over the tasks scored at every length l..8l (9 of the 11: niah_multikey_3 and cwe do not fit in l = 256, and
-    are left out); the cell's range the lowest and highest seed."""
+    are left out); the cell's range the lowest and highest seed. RoPE + ReRoPE's mean is RULER-lite's bar, and no
+    reference meets it on every seed."""
     work = REPO / "examples/lex_lm/designs_1000/runs"
     refs = {f.name: f for f in reference_figures(REPO / "examples/lex_lm/verdict_reference.json")}
     for name, run, window in [("xpos+bca", "xpos", "bca"), ("xpos+rerope", "xpos", "rerope"),
@@ -586,7 +587,10 @@ def test_the_committed_reference_rows_read_ruler_lite_over_three_fine_tuning_see
         f = refs[name]
         assert f.ruler_8l == pytest.approx(sum(seeds) / 3, abs=1e-9), name
         assert f.spread["ruler_8l"] == (pytest.approx(min(seeds)), pytest.approx(max(seeds)), 3), name
-        assert not RULER.meets(f.ruler_8l), name  # no reference finds several needles at this scale
+        # no reference finds several needles at this scale: a seed of each falls short of the bar
+        assert figure_meets(f, "ruler_8l", RULER.meets) is False, name
+    # the bar is the training-free baseline's figure on this probe: RoPE + ReRoPE's mean over its seeds
+    assert RULER.bar == RULER.rounded(refs["rope+rerope"].ruler_8l)
 def test_the_measured_on_cell_names_device_threads_commit_and_wall_time():
     prov = {"device": "AMD EPYC 7B13, 2 cores", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": True,
             "wall_s": 96.6}

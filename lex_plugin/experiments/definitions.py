@@ -78,8 +78,9 @@ FAR_CONTEXT = Definition("reads the far context", "LongPPL(16l) / LongPPL(16l) u
 FAR_CONTEXT_BASELINE = "sliding"  # the attention mode of FAR_CONTEXT's denominator: a sliding window of W = l
 RETRIEVES = Definition("retrieves", "greedy passkey at 16l", ">=", 0.90, 2)  # 45 of 50 prompts write the key whole
 RETRIEVES_RANKED = Definition("ranks the passkey first", "passkey at 8l, ranked among 10", ">=", 0.90, 2)
-# RULER-lite's mean reads the tasks scored at every length from l (9 of its 11 at l = 256); the bar: ReRoPE's 8-task
-# mean at 8l
-RULER = Definition("RULER-lite", "mean at 8l of the tasks that fit in l, ranked", ">=", 0.54, 2)
+# RULER-lite's mean reads the tasks scored at every length from l (9 of its 11 at l = 256). The bar is the
+# training-free baseline on the same probe: RoPE + ReRoPE's mean at 8l over its three fine-tuning seeds
+# (verdict_reference.json; tests/test_verdict.py checks the two agree). It was 0.54, ReRoPE's on a retired 8-task probe.
+RULER = Definition("RULER-lite", "mean at 8l of the tasks that fit in l, ranked", ">=", 0.47, 2)
 
 DEFINITIONS: Tuple[Definition, ...] = (FLAT, FAR_CONTEXT, RETRIEVES, RETRIEVES_RANKED, RULER)
