@@ -282,14 +282,17 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     assert (f.eval_time, f.gen_time, f.cache_64k) == tuple(costs["irope"][k] for k in ("eval_time", "gen_time", "cache_64k"))
     assert round(f.cache_64k, 3) == 0.251 and f.eval_time < 0.5
     # the xPos BCA + NoPE pattern over three fine-tuning seeds: 46, 44 and 0 of 50 keys written at 16l, so "retrieves"
-    # is not met by every seed; RULER-lite missed
+    # is not met by every seed; RULER-lite missed under each (0.19, 0.24, 0.23)
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.19)
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.22)
     assert f.spread["greedy_16l"] == (0.0, 0.92, 3)
-    # RNoPE-SWA: RULER-lite closer (0.25); greedy at 16l over three seeds 46, 41, 43 of 50: the lowest misses 0.90
+    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.19, 0.24, 3)
+    # RNoPE-SWA: RULER-lite closer (0.25, 0.31, 0.26 over three seeds); greedy at 16l over three seeds 46, 41, 43 of
+    # 50: the lowest misses 0.90
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
-    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.25)
+    assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.27)
     assert f.spread["greedy_16l"] == (0.82, 0.92, 3)
+    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.25, 0.31, 3)
     assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2)) == (1.0, 0.87)
     assert (f.eval_time, f.gen_time) == (costs["rnope_swa"]["eval_time"], costs["rnope_swa"]["gen_time"])
     # FoX over three fine-tuning seeds: a few keys written at 16l under each (3, 4 and 4 of 50), far from the bar
