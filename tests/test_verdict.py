@@ -603,6 +603,8 @@ def test_the_committed_reference_rows_read_ruler_lite_over_three_fine_tuning_see
         assert figure_meets(f, "ruler_8l", RULER.meets) is False, name
     # the bar is the training-free baseline's figure on this probe: RoPE + ReRoPE's mean over its seeds
     assert RULER.bar == RULER.rounded(refs["rope+rerope"].ruler_8l)
+
+
 def test_the_measured_on_cell_names_device_threads_commit_and_wall_time():
     prov = {"device": "AMD EPYC 7B13, 2 cores", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": True,
             "wall_s": 96.6}
