@@ -278,7 +278,6 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # none; RULER-lite over three seeds 0.24, 0.19 and 0.23
     assert (round(f.passkey_8l, 2), f.greedy_8l, f.greedy_16l, round(f.ruler_8l, 2)) == (0.97, 0.0, 0.0, 0.22)
     assert f.spread["passkey_8l"] == (0.92, 1.0, 3) and f.spread["greedy_16l"] == (0.0, 0.0, 3)
-    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.19, 0.24, 3)
     # the costs are the cost report's row (its own ratios), the cache a quarter: 3 of 4 layers hold l - 1 keys
     costs = {r["run"]: r for r in json.loads((work / "costs16k.json").read_text())["rows"]}
     assert (f.eval_time, f.gen_time, f.cache_64k) == tuple(costs["irope"][k] for k in ("eval_time", "gen_time", "cache_64k"))
@@ -288,22 +287,16 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     f = design_figures(work, "xpos_bca_nope", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 4), round(f.ruler_8l, 2)) == (0.9827, 0.41, 0.6, 0.22)
     assert f.spread["greedy_16l"] == (0.0, 0.92, 3)
-    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.19, 0.24, 3)
-    # the same pattern with an elementwise gate on its global layer: RULER-lite 0.17, 0.24 and 0.25 over three seeds
-    f = design_figures(work, "xpos_bca_nope_gate", 256, 1000, costs=[work / "costs16k.json"])
-    assert round(f.ruler_8l, 2) == 0.22 and tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.17, 0.25, 3)
     # RNoPE-SWA: RULER-lite closer (0.25, 0.31, 0.26 over three seeds); greedy at 16l over three seeds 46, 41, 43 of
     # 50: the lowest misses 0.90
     f = design_figures(work, "rnope_swa", 256, 1000, costs=[work / "costs16k.json"])
     assert (round(f.ratio, 4), round(f.longppl_self, 2), round(f.greedy_16l, 2), round(f.ruler_8l, 2)) == (0.9858, 0.40, 0.87, 0.27)
     assert f.spread["greedy_16l"] == (0.82, 0.92, 3)
-    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.25, 0.31, 3)
     assert (round(f.passkey_8l, 2), round(f.greedy_8l, 2)) == (1.0, 0.87)
     assert (f.eval_time, f.gen_time) == (costs["rnope_swa"]["eval_time"], costs["rnope_swa"]["gen_time"])
     # FoX over three fine-tuning seeds: a few keys written at 16l under each (3, 4 and 4 of 50), far from the bar
     f = design_figures(work, "fox_nope", 256, 1000, costs=[work / "costs16k_fox.json"])
     assert f.spread["greedy_16l"] == (0.06, 0.08, 3) and f.spread["passkey_8l"] == (0.32, 0.48, 3)
-    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.15, 0.17, 3)  # the lowest of the designs' ranges
     # Gemma 5:1 flat and cheap, retrieving nothing; SSMax, learned sinks, DroPE and the sink token not flat
     expected = {"gemma_5to1": (0.9962, 0.46, 0.0, 0.14), "rope_ssmax": (1.5649, 0.37, 0.0, 0.23),
                 "rope_learned_sinks": (1.7149, 0.35, 0.0, 0.24), "rope_drope": (1.083, 0.53, 0.0, 0.19),
@@ -312,9 +305,14 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         f = design_figures(work, name, 256, 1000, costs=[work / "costs16k.json"])
         got = (round(f.ratio, 4), round(f.longppl_self, 2), f.greedy_16l, round(f.ruler_8l, 2))
         assert got == figures and f.eval_time == costs[name]["eval_time"], name
-    # the sink token's RULER-lite, the highest of the designs, over three fine-tuning seeds: 0.30, 0.28 and 0.27
-    f = design_figures(work, "xpos_sink_token", 256, 1000, costs=[work / "costs16k.json"])
-    assert tuple(round(v, 2) for v in f.spread["ruler_8l"]) == (0.27, 0.3, 3)
+    # RULER-lite over three fine-tuning seeds, (mean, lowest, highest) at 2 decimals: the sink token's the highest of
+    # the designs (0.30, 0.28, 0.27), FoX's the lowest; the gated pattern's seeds 0.17, 0.24 and 0.25
+    for name, ruler in {"irope": (0.22, 0.19, 0.24), "xpos_bca_nope": (0.22, 0.19, 0.24),
+                        "xpos_bca_nope_gate": (0.22, 0.17, 0.25), "rnope_swa": (0.27, 0.25, 0.31),
+                        "xpos_sink_token": (0.29, 0.27, 0.3), "fox_nope": (0.16, 0.15, 0.17)}.items():
+        f = design_figures(work, name, 256, 1000)
+        low, high, seeds = f.spread["ruler_8l"]
+        assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == (*ruler, 3), name
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
     # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
