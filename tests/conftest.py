@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from fairseq.data import Dictionary
 
 import lex_plugin  # noqa: F401  (registers lex_lm)
 from lex_plugin.models.builder import build_random_lm
+from lex_plugin.modules.autocast import EMULATED_BF16_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("LEX_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -340,7 +342,8 @@ def check_design_model(model, options: dict, training_length: int, specs=None, f
             steps = [view.decoder(tokens[:, :L], incremental_state=state)[0]]
             steps += [view.decoder(tokens[:, : t + 1], incremental_state=state)[0] for t in range(L, tokens.size(1))]
         assert (torch.cat(steps, 1) - parallel).abs().max() <= 1e-4, spec
-    with torch.no_grad():
+    # a numerics check: bf16 emulated where the CPU has no native bf16 (the same numbers, slowly)
+    with torch.no_grad(), mock.patch.dict(os.environ, {EMULATED_BF16_ENV: "1"}):
         fp32 = model(tokens)[0].log_softmax(-1)
         bf16 = model.with_autocast(torch.bfloat16)(tokens)[0].float().log_softmax(-1)
     assert torch.isfinite(bf16).all() and ((bf16 - fp32).abs().amax(-1) >= 0.1).float().mean() <= flips
