@@ -57,7 +57,8 @@ def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
     twin = Figures("t", "design T", 300, **dict(ALL_MET, greedy_16l=0.5, ruler_8l=None))
     assert closest([worse, near, far]) is near
     text = markdown_verdict([worse, near, twin, far])
-    assert ("Closest trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: "
+    assert text.count("Closest") == 1, "the closest row is a trained design: named once, not twice"
+    assert ("Closest row, a trained design: design B, 4 goals met; short on greedy_16l 0.50 against 0.90; not measured: "
             "ruler_8l; shortfalls summing to 0.44 of their bars, against design W 0.89 (as many goals met, missed and "
             "not measured); tied with design T (as many goals met, missed and not measured, the same summed "
             "shortfall).") in text

@@ -203,8 +203,13 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
                     + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
     lines = ["**Every goal met:** " + "; ".join(winners) if winners else "**No row meets every goal.**"]
+    closest_row = None if winners else closest(rows)
     for kind, group in (("row", rows), ("trained design", [f for f in rows if not f.reference])):
         best = None if winners else closest(group)
+        if kind == "row" and best is not None and not best.reference:
+            kind = "row, a trained design"  # named once: the closest trained design is the same row
+        elif kind == "trained design" and best is closest_row:
+            continue
         if best is not None:
             tied = [f.label for f in group if f is not best and _rank(f) == _rank(best)]
             behind = sorted((f for f in group if _rank(f)[:3] == _rank(best)[:3] and _rank(f) != _rank(best)),
