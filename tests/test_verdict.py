@@ -308,11 +308,12 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         assert got == figures and f.eval_time == costs[name]["eval_time"], name
     # RULER-lite over its fine-tuning seeds, (mean, lowest, highest) at 2 decimals and the seeds: the sink token's the
     # highest of the designs (0.30, 0.28, 0.27), FoX's the lowest; the gated pattern's seeds 0.17, 0.24 and 0.25; the
-    # gate on RoPE 4/27 under seeds 1 and 2 alike (their cells differ), differential attention 0.20 and 0.24
+    # gate on RoPE 4/27 under seeds 1 and 2 alike (their cells differ) and 0.26 under seed 3, differential attention
+    # 0.20, 0.24 and 0.19
     for name, ruler in {"irope": (0.22, 0.19, 0.24, 3), "xpos_bca_nope": (0.22, 0.19, 0.24, 3),
                         "xpos_bca_nope_gate": (0.22, 0.17, 0.25, 3), "rnope_swa": (0.27, 0.25, 0.31, 3),
                         "xpos_sink_token": (0.29, 0.27, 0.3, 3), "fox_nope": (0.16, 0.15, 0.17, 3),
-                        "rope_gate_elementwise": (0.15, 0.15, 0.15, 2), "rope_diff": (0.22, 0.2, 0.24, 2)}.items():
+                        "rope_gate_elementwise": (0.19, 0.15, 0.26, 3), "rope_diff": (0.21, 0.19, 0.24, 3)}.items():
         f = design_figures(work, name, 256, 1000)
         low, high, seeds = f.spread["ruler_8l"]
         assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == ruler, name
