@@ -11,14 +11,14 @@ $(STAMP): setup.py scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-# README command 2: the test suite (1,201 tests: all passed in 18 min 2 s on 2 AMD EPYC cores beside a training job; 1,191 took 8 min 14 s with nothing else running).
+# README command 2: the test suite (its count and measured times: README.md).
 # Two workers (pytest-xdist), one thread each: one thread per worker keeps the two from oversubscribing the cores.
 # The tests run `lex` commands, fairseq-train, fairseq-eval-lm and scripts/reproduce.py (--in-process) inside the test
 # process (conftest.run_cli): no new interpreter per command.
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal tests $(PYTEST_ARGS)
 
-# The fast tier: the tests that prepare no data, train nothing and start no process (1,015 tests; 2 min 5 s on 2 cores).
+# The fast tier: the tests that prepare no data, train nothing and start no process (count and time: README.md).
 # tests/conftest.py marks a test that asks for a trained fixture e2e; any other that starts a process fails here,
 # naming the marker it needs.
 test-fast: install
