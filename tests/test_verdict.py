@@ -340,6 +340,23 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         assert f.eval_time == costs[name]["eval_time"] and "GPU" in f.measured_on
 
 
+def test_the_bases_trained_again_for_more_seeds_match_the_committed_length_tables():
+    """Seeds 2 and 3 of a RULER-lite row are fine-tuned from its base trained again (one thread); the base's length
+    table (designs_1000/reruns/NAME_base_one_thread) against the committed one, as the largest relative difference in
+    loss over their (window, length) cells: the gate's and SSMax's equal to 3e-7, differential attention's 0.11% off."""
+    work = REPO / "examples" / "lex_lm" / "designs_1000"
+
+    def largest_difference(name: str) -> float:
+        load = lambda path: {(r["window"], r["length"]): r["loss"] for r in json.loads(path.read_text())["results"]}
+        again, committed = load(work / "reruns" / f"{name}_base_one_thread" / "length_report.json"), load(
+            work / "runs" / name / "length_report.json")
+        assert again.keys() == committed.keys() and len(again) == 15, name
+        return max(abs(again[k] - committed[k]) / committed[k] for k in again)
+
+    assert largest_difference("rope_gate_elementwise") < 3e-7 and largest_difference("rope_ssmax") < 3e-7
+    assert 1e-3 < largest_difference("rope_diff") < 1.2e-3
+
+
 def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypatch, capsys):
     """scripts/verdict.py: a benchmark, reference or LongPPL path that does not exist, a reference that is not one,
     and an l or budget other than the one WORK/options.json records are refused, naming the option (they used to

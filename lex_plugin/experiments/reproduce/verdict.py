@@ -185,6 +185,24 @@ def _shortfalls(f: Figures) -> List[str]:
             f"{g.key} {shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
 
 
+def _closest_line(kind: str, best: Figures, group: Sequence[Figures]) -> str:
+    """The verdict's sentence on ``best``, the closest of ``group``: its goals met, its shortfalls, what is not
+    measured, the rows it was chosen over on the summed shortfall and those tied with it."""
+    tied = [f.label for f in group if f is not best and _rank(f) == _rank(best)]
+    behind = sorted((f for f in group if _rank(f)[:3] == _rank(best)[:3] and _rank(f) != _rank(best)),
+                    key=_rank, reverse=True)
+    total = -_rank(best)[3]
+    return (f"Closest {kind}: {best.label}, {sum(_met(best, g) is True for g in GOALS)} goals met; short on "
+            + ("; ".join(_shortfalls(best)) or "nothing measured") + "; not measured: "
+            + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none")
+            + (f"; shortfalls summing to {total:.2f} of their bars, against "
+               + ", ".join(f"{f.label} {-_rank(f)[3]:.2f}" for f in behind)
+               + " (as many goals met, missed and not measured)" if behind else "")
+            + (f"; tied with {', '.join(tied)} (as many goals met, missed and not measured, "
+               "the same summed shortfall)" if tied else "")
+            + ".")
+
+
 def markdown_verdict(rows: Sequence[Figures]) -> str:
     """The verdict table (one row per design or reference, the goals then the context columns; **bold** a met goal,
     ``-`` not measured) and the closing line: the rows that meet every goal, or the closest and its shortfalls."""
@@ -203,27 +221,14 @@ def markdown_verdict(rows: Sequence[Figures]) -> str:
                     + " | ".join(context) + f" | {f.measured_on} |")
     winners = [f.label for f in rows if all(_met(f, g) is True for g in GOALS)]
     lines = ["**Every goal met:** " + "; ".join(winners) if winners else "**No row meets every goal.**"]
-    closest_row = None if winners else closest(rows)
-    for kind, group in (("row", rows), ("trained design", [f for f in rows if not f.reference])):
-        best = None if winners else closest(group)
-        if kind == "row" and best is not None and not best.reference:
-            kind = "row, a trained design"  # named once: the closest trained design is the same row
-        elif kind == "trained design" and best is closest_row:
-            continue
-        if best is not None:
-            tied = [f.label for f in group if f is not best and _rank(f) == _rank(best)]
-            behind = sorted((f for f in group if _rank(f)[:3] == _rank(best)[:3] and _rank(f) != _rank(best)),
-                            key=_rank, reverse=True)
-            total = -_rank(best)[3]
-            lines.append(f"Closest {kind}: {best.label}, {sum(_met(best, g) is True for g in GOALS)} goals met; short on "
-                         + ("; ".join(_shortfalls(best)) or "nothing measured") + "; not measured: "
-                         + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none")
-                         + (f"; shortfalls summing to {total:.2f} of their bars, against "
-                            + ", ".join(f"{f.label} {-_rank(f)[3]:.2f}" for f in behind)
-                            + " (as many goals met, missed and not measured)" if behind else "")
-                         + (f"; tied with {', '.join(tied)} (as many goals met, missed and not measured, "
-                            "the same summed shortfall)" if tied else "")
-                         + ".")
+    best = None if winners else closest(rows)
+    if best is not None and best.reference:
+        lines.append(_closest_line("row", best, rows))
+        designs = [f for f in rows if not f.reference]
+        if designs:
+            lines.append(_closest_line("trained design", closest(designs), designs))
+    elif best is not None:  # also the closest trained design (max keeps the first of equals): named once
+        lines.append(_closest_line("row, a trained design", best, rows))
     line = " ".join(lines)
     return "\n".join(head + body + ["", line])
 
