@@ -38,7 +38,7 @@ def main():
     p.add_argument("-o", "--plot", type=Path, help="the PNG")
     args = p.parse_args()
     for option, path in [*(("--costs", c) for c in args.costs), *(("--reference", r) for r in args.reference)]:
-        if path is not None and not path.is_file():
+        if not path.is_file():
             p.error(f"{option}: no file {path}.")
     if args.longppl_dir is not None and not args.longppl_dir.is_dir():
         p.error(f"--longppl-dir: no directory {args.longppl_dir}.")
@@ -49,7 +49,7 @@ def main():
             p.error(f"{option} {given}, but {options} records {recorded[key]}: give {recorded[key]} (the runs' own).")
     try:
         rows = [row for path in args.reference for row in reference_figures(path)]
-    except ValueError as e:
+    except (FileNotFoundError, ValueError) as e:  # a report or run folder the list names is missing, or not one
         p.error(f"--reference: {e}")
     for given in parse_name_list(args.runs, "--runs"):
         name, _, variant = given.partition("/")

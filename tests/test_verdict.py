@@ -11,10 +11,10 @@ import pytest
 
 from conftest import REPO
 
-from lex_plugin.experiments.definitions import FAR_CONTEXT, RULER
+from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict, reference_figures,
-    provenance_cell, shortfall)
+    GOALS, Figures, Goal, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict,
+    provenance_cell, reference_figures, shortfall, written)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)
@@ -31,6 +31,29 @@ def test_each_goal_at_its_bar():
     for goal in GOALS:
         passes, fails = bars[goal.key]
         assert goal.test(passes) and not goal.test(fails), goal.key
+
+
+def test_a_cell_reads_as_its_goal_judges_it():
+    """A figure is written rounded half up from its shortest decimal form, as the definitions read it, and judged as
+    written: 0.995 is written 1.00 and does not read the far context (str.format wrote 0.99, bold-less under "< 1.00");
+    1.104x is written 1.10x and is cheap (it was written 1.10x and missed); 0.5004x of cache is written 0.500x and met;
+    a ratio of 1.00496 is written 1.0050 and is not flat, though it rounds to 1.00 from more decimals."""
+    goals = {g.key: g for g in GOALS}
+    assert "{:.2f}".format(0.995) == "0.99" and written(0.995, "{:.2f}") == "1.00"
+    f = Figures("e", "design E", 300, ratio=1.00496, longppl_ratio=0.995, eval_time=1.104, cache_64k=0.5004)
+    row = markdown_verdict([f]).splitlines()[2]
+    assert "| 1.0050 | 1.00 | - | - | **1.10x** | **0.500x** |" in row
+    assert [figure_meets(f, k, goals[k].test) for k in ("ratio", "longppl_ratio", "eval_time", "cache_64k")] == [
+        False, False, True, True]
+    assert not goals["ratio"].test(1.00496) and goals["ratio"].test(1.00494) and FLAT.meets(1.00496)
+    assert not goals["eval_time"].test(1.105) and not goals["cache_64k"].test(0.5005)
+    with pytest.raises(ValueError, match="written at 1 decimals, but 'flat' is read at 2"):
+        Goal("ratio", FLAT, 1)
+    with pytest.raises(ValueError, match="give a fixed-point field"):
+        written(1.0, "{}x")
+    # the closing line of a row that misses nothing measured
+    text = markdown_verdict([Figures("o", "design O", 300, ratio=0.99)])
+    assert "design O, 1 goal met; short on none; not measured: longppl_ratio, greedy_16l, " in text
 
 
 def test_the_verdict_names_the_winner_or_the_closest_and_its_shortfalls():
@@ -136,8 +159,12 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     assert rope is not None and abs(rope - 0.3203) > 0.01
     assert two.ruler_8l == pytest.approx((0.3203 + rope) / 2, abs=1e-4)
     assert two.spread["ruler_8l"] == (pytest.approx(min(rope, 0.3203), abs=1e-4), pytest.approx(max(rope, 0.3203), abs=1e-4), 2)
-    (run / "ruler_answers_seed2.json").unlink()
-    assert f.eval_time is None and f.gen_time is None and f.cache_64k is None
+    # a seed's report named otherwise than ruler_answers_seedN.json: refused, naming it (it was a bare int() error)
+    (run / "ruler_answers_seed2.json").rename(run / "ruler_answers_seed_2.json")
+    with pytest.raises(ValueError, match="ruler_answers_seed_2.json: a fine-tuning seed's report is named "
+                                         "ruler_answers_seedN.json"):
+        design_figures(tmp_path, "rnope_swa", 256, 300)
+    (run / "ruler_answers_seed_2.json").unlink()
     # no LongPPL report given: the run's longppl_common.json (the common evaluator's key tokens) is judged; its own
     # key tokens' longppl.json is shown beside it, judged by nothing
     shutil.copy(tmp_path / "lp.json", run / "longppl.json")
@@ -160,7 +187,11 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     f = design_figures(tmp_path, "xpos_bca_nope_moba", 256, 300)
     assert f.longppl_ratio is None and "longppl_ratio" not in f.without_value
     assert figure_meets(f, "longppl_ratio", lambda v: v < 1) is None and "| no window of l |" in markdown_verdict([f])
-    assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json").longppl_ratio is None
+    with pytest.raises(FileNotFoundError, match="none.json does not exist: measure run rnope_swa with fairseq-eval-lm"):
+        design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "none.json")  # given, so not "-"
+    # the far-context figure reads 16l alone: a common report without l is read
+    (tmp_path / "lp16.json").write_text(json.dumps({"results": json.loads((tmp_path / "lp.json").read_text())["results"][1:]}))
+    assert design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp16.json").longppl_ratio == pytest.approx(0.8)
     # a LongPPL report whose evaluator found no key token: measured, no value, the goal missed (not "not measured")
     (tmp_path / "lp0.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0),
                                                                _row("full", 4096, ppl=1.0, longppl=None, key_tokens=0)]}))
@@ -536,7 +567,7 @@ def test_a_reference_reads_its_passkey_under_its_mode_over_its_fine_tuning_seeds
     (run / "passkey_finetuned_seed3.json").write_text(json.dumps({"results": [_row("full", 2048, retrieved=1, greedy=1, trials=1)]}))
     (run / "passkey_finetuned_16l_seed3.json").write_text(json.dumps({"results": [_row("full", 4096, retrieved=1, greedy=1, trials=1)]}))
     path.write_text(json.dumps([ref]))
-    with pytest.raises(ValueError, match="seed _seed3 lack passkey_8l under rerope"):
+    with pytest.raises(ValueError, match="seed 3 lack passkey_8l under rerope"):
         reference_figures(path)
 
 

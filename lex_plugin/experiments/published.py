@@ -20,15 +20,17 @@ from pathlib import Path
 from typing import Callable, List, Sequence, Tuple
 
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
-from .definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER
+from .definitions import DEFINITIONS, FAR_CONTEXT
 from .reproduce.plots import plot_schemes
 from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
-from .reproduce.verdict import (Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
+from .reproduce.verdict import (GOALS, Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
                                 passkey_seeds, reference_figures, shown)
 from .ruler_families import ruler_families_table
 
 __all__ = ["BLOCKS", "Block", "PLOTS", "Plot", "VERDICT_1000", "VerdictRun", "decision_table", "definitions_table",
            "designs_ppl", "draw_plots", "generate", "replace_block", "scheme_rows", "schemes_1000", "verdict_1000_rows"]
+
+_GOALS = {g.key: g for g in GOALS}  # the verdict's columns by figure
 
 
 @dataclass(frozen=True)
@@ -88,41 +90,41 @@ def definitions_table() -> str:
 
 def _figures(f: Figures) -> str:
     parts = []
-    for key, name, fmt in (("ratio", "ppl 16l/l", "{:.4f}"), ("greedy_16l", "greedy passkey 16l", "{:.2f}"),
-                           ("ruler_8l", "RULER-lite 8l", "{:.2f}")):
+    for key, name in (("ratio", "ppl 16l/l"), ("greedy_16l", "greedy passkey 16l"), ("ruler_8l", "RULER-lite 8l")):
         if getattr(f, key) is not None:
-            parts.append(f"{name} {shown(f, key, fmt)}")
+            parts.append(f"{name} {shown(f, key, _GOALS[key].fmt)}")
     return ", ".join(parts) or "-"
 
 
 def _cost(f: Figures) -> str:
-    parts = [f"eval {f.eval_time:.2f}x" if f.eval_time is not None else "eval not measured",
-             f"cache {f.cache_64k:.3f}x" if f.cache_64k is not None else "cache not measured"]
+    parts = [f"{what} {shown(f, g.key, g.fmt)}" if getattr(f, g.key) is not None else f"{what} not measured"
+             for what, g in (("eval", _GOALS["eval_time"]), ("cache", _GOALS["cache_64k"]))]
     return ", ".join(parts)
 
 
-def _meets(f: Figures, definition, key: str) -> bool:
-    """Whether ``f``'s figure ``key`` meets ``definition``, over every seed where several were run (the verdict's
-    rule, ``figure_meets``)."""
-    return figure_meets(f, key, definition.meets) is True
+
+def _meets(f: Figures, key: str) -> bool:
+    """Whether ``f``'s figure ``key`` meets its goal in the verdict (:data:`verdict.GOALS`, judged as written), over
+    every seed where several were run (``figure_meets``)."""
+    return figure_meets(f, key, _GOALS[key].test) is True
 
 
 # each need: its words, which rows answer it, which of those is used (the cheapest), and the caveat
 NEEDS: Tuple[Tuple[str, Callable[[Figures], bool], str], ...] = (
     ("flat perplexity at any length, on an existing checkpoint",
-     lambda f: f.reference and _meets(f, FLAT, "ratio"),
+     lambda f: f.reference and _meets(f, "ratio"),
      "flat ignores the far context under a window (LongPPL, RULER-lite)"),
     ("flat perplexity, training a new model",
-     lambda f: not f.reference and _meets(f, FLAT, "ratio"),
+     lambda f: not f.reference and _meets(f, "ratio"),
      "one seed of training"),
     ("one passkey, written by greedy decoding at 16l",
-     lambda f: _meets(f, RETRIEVES, "greedy_16l"),
+     lambda f: _meets(f, "greedy_16l"),
      "greedy counts move between fine-tuning runs: a range where several seeds were run, else one run"),
     ("several needles (RULER-lite)",
-     lambda f: _meets(f, RULER, "ruler_8l"),
+     lambda f: _meets(f, "ruler_8l"),
      "the mean over the tasks that fit in l (9 of 11 at l = 256); the multi-needle tasks are lower"),
     ("the lowest cost that stays flat",
-     lambda f: _meets(f, FLAT, "ratio") and f.eval_time is not None,
+     lambda f: _meets(f, "ratio") and f.eval_time is not None,
      "evaluation time at 16k over full attention's, random weights"),
 )
 
@@ -367,8 +369,11 @@ def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
 
 
 def design_costs_tables(root: Path, run: VerdictRun = VERDICT_1000) -> str:
-    """The cost reports the verdict reads, each its table and its provenance line."""
-    return cost_report_tables(root, run.costs)
+    """The cost reports the verdict reads (its ``--costs``, then those its reference rows name, each once), each its
+    table and its provenance line."""
+    named = [(Path(ref).parent / raw["costs"]["report"]).as_posix() for ref in run.references
+             for raw in json.loads((root / ref).read_text()) if "costs" in raw]
+    return cost_report_tables(root, list(dict.fromkeys([*run.costs, *named])))
 
 
 # the forget gate's cost before its decay horizon (every key of a chunk attended) and after (the verdict's report)

@@ -15,17 +15,19 @@ folders each row reads (:func:`reference_figures`, each row with its source).
 """
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, Definition
+from ..definitions import (CHEAP_TO_EVALUATE, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, SMALL_CACHE,
+                           Definition, half_up)
 from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RULER_REPORT, RUNS, full_attention_only,
                         run_arguments)
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
            "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures",
-           "ruler_reports", "shortfall", "shown"]
+           "ruler_reports", "shortfall", "shown", "written"]
 
 
 @dataclass(frozen=True)
@@ -85,28 +87,49 @@ class Figures:
 
 @dataclass(frozen=True)
 class Goal:
-    """One column of the verdict: the figure it reads, its heading, the test and the value the test compares with
-    (for the shortfall), and how a value is written."""
+    """One column of the verdict: the figure it reads (``key``, a :class:`Figures` field) and the definition that judges
+    it (``experiments.definitions``), written at ``decimals`` (at least the definition's) followed by ``unit``. A cell
+    is judged as written: 1.00496 is written 1.0050 and is not flat, though it rounds to 1.00 from more decimals.
+
+    Raises:
+        ValueError: ``decimals`` below the definition's (a cell would hide the digit the goal is decided on).
+    """
 
     key: str
-    heading: str
-    test: Callable[[float], bool] = field(repr=False)
-    bar: float
-    fmt: str
+    definition: Definition
+    decimals: int
+    unit: str = ""
 
+    def __post_init__(self):
+        if self.decimals < self.definition.decimals:
+            raise ValueError(f"goal {self.key}: written at {self.decimals} decimals, but '{self.definition.name}' is "
+                             f"read at {self.definition.decimals}; write it at {self.definition.decimals} or more.")
 
-def _defined(key: str, definition: Definition, fmt: str) -> Goal:
-    """The goal a definition of ``experiments.definitions`` states (its heading, test and bar)."""
-    return Goal(key, f"{definition.name}: {definition.rule}", definition.meets, definition.bar, fmt)
+    @property
+    def heading(self) -> str:
+        return f"{self.definition.name}: {self.definition.rule}"
+
+    @property
+    def bar(self) -> float:
+        return self.definition.bar
+
+    @property
+    def fmt(self) -> str:
+        """How a cell writes the figure (:func:`written`): ``{:.2f}x``."""
+        return f"{{:.{self.decimals}f}}{self.unit}"
+
+    def test(self, value: float) -> bool:
+        """Whether ``value``, as the cell writes it, meets the definition."""
+        return self.definition.meets(half_up(value, self.decimals))
 
 
 GOALS = (
-    _defined("ratio", FLAT, "{:.4f}"),
-    _defined("longppl_ratio", FAR_CONTEXT, "{:.2f}"),
-    _defined("greedy_16l", RETRIEVES, "{:.2f}"),
-    _defined("ruler_8l", RULER, "{:.2f}"),
-    Goal("eval_time", "eval time 16k <= 1.1x full", lambda v: v <= 1.1, 1.1, "{:.2f}x"),
-    Goal("cache_64k", "cache 64k <= 0.5x full", lambda v: v <= 0.5, 0.5, "{:.3f}x"),
+    Goal("ratio", FLAT, 4),
+    Goal("longppl_ratio", FAR_CONTEXT, 2),
+    Goal("greedy_16l", RETRIEVES, 2),
+    Goal("ruler_8l", RULER, 2),
+    Goal("eval_time", CHEAP_TO_EVALUATE, 2, "x"),
+    Goal("cache_64k", SMALL_CACHE, 3, "x"),
 )
 CONTEXT = 16384  # the tokens the cost columns are measured at (the verdict's 16k)
 # shown beside the goals, judged by nothing
@@ -132,17 +155,31 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
     return figure_meets(f, goal.key, goal.test)
 
 
+def written(value: float, fmt: str) -> str:
+    """``value`` as ``fmt`` (``{:.Nf}`` and a unit: ``{:.2f}x``) writes it, rounded half up from its shortest decimal
+    form as the definitions read a figure (``definitions.half_up``): 0.995 -> "1.00", where ``str.format`` writes
+    "0.99" and a cell would read as meeting "< 1.00" while the goal says it does not.
+
+    Raises:
+        ValueError: ``fmt`` holds no ``{:.Nf}``.
+    """
+    found = re.search(r"\{:\.(\d+)f\}", fmt)
+    if found is None:
+        raise ValueError(f"format {fmt!r}: give a fixed-point field such as '{{:.2f}}'.")
+    return fmt.format(half_up(value, int(found.group(1))))
+
+
 def shown(f: Figures, key: str, fmt: str) -> str:
-    """A figure as a cell: its value, and over several seeds its mean with the range and the number of seeds; what
-    ``f.without_value`` says for a figure measured without a value, ``f.not_measurable`` for one that cannot be;
-    "-" not measured."""
+    """A figure as a cell, written by ``fmt`` (:func:`written`): its value, and over several seeds its mean with the
+    range and the number of seeds; what ``f.without_value`` says for a figure measured without a value,
+    ``f.not_measurable`` for one that cannot be; "-" not measured."""
     value = getattr(f, key)
     if value is None:
         return f.without_value.get(key) or f.not_measurable.get(key, "-")
     if key in f.spread:
         low, high, n = f.spread[key]
-        return f"{fmt.format(value)} ({fmt.format(low)}-{fmt.format(high)}, {n} seeds)"
-    return fmt.format(value)
+        return f"{written(value, fmt)} ({written(low, fmt)}-{written(high, fmt)}, {n} seeds)"
+    return written(value, fmt)
 
 
 def shortfall(f: Figures, goal: Goal) -> float:
@@ -182,7 +219,7 @@ def closest(rows: Sequence[Figures]) -> Optional[Figures]:
 
 def _shortfalls(f: Figures) -> List[str]:
     return [f"{g.key}: {shown(f, g.key, g.fmt)}" if getattr(f, g.key) is None else
-            f"{g.key} {shown(f, g.key, g.fmt)} against {g.fmt.format(g.bar)}" for g in GOALS if _met(f, g) is False]
+            f"{g.key} {shown(f, g.key, g.fmt)} against {written(g.bar, g.fmt)}" for g in GOALS if _met(f, g) is False]
 
 
 def _closest_line(kind: str, best: Figures, group: Sequence[Figures]) -> str:
@@ -192,8 +229,9 @@ def _closest_line(kind: str, best: Figures, group: Sequence[Figures]) -> str:
     behind = sorted((f for f in group if _rank(f)[:3] == _rank(best)[:3] and _rank(f) != _rank(best)),
                     key=_rank, reverse=True)
     total = -_rank(best)[3]
-    return (f"Closest {kind}: {best.label}, {sum(_met(best, g) is True for g in GOALS)} goals met; short on "
-            + ("; ".join(_shortfalls(best)) or "nothing measured") + "; not measured: "
+    met = sum(_met(best, g) is True for g in GOALS)
+    return (f"Closest {kind}: {best.label}, {met} goal{'' if met == 1 else 's'} met; short on "
+            + ("; ".join(_shortfalls(best)) or "none") + "; not measured: "
             + (", ".join(g.key for g in GOALS if _met(best, g) is None) or "none")
             + (f"; shortfalls summing to {total:.2f} of their bars, against "
                + ", ".join(f"{f.label} {-_rank(f)[3]:.2f}" for f in behind)
@@ -449,18 +487,18 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
 
     Raises:
         ValueError: one seed gives a figure that another seed's reports lack (a report missing, or without ``mode``
-            at that length): the mean would silently leave that seed out.
+            at that length): the mean would silently leave that seed out; a seed's report not named ``..._seedN``
+            (:func:`_seeds`).
     """
-    seeds = {p.stem.rpartition("_seed")[2] for p in run.glob("passkey_finetuned*_seed*.json")}
-    suffixes = [""] + [f"_seed{n}" for n in sorted(seeds, key=int)]
     per_seed = []
-    for sfx in suffixes:
+    for n in [None, *_seeds(run, ("passkey_finetuned", "passkey_finetuned_16l"))]:
+        sfx = "" if n is None else f"_seed{n}"
         reports = [_report(run / f"passkey_finetuned{sfx}.json"), _report(run / f"passkey_finetuned_16l{sfx}.json")]
         if reports == [None, None]:
             continue
         ranked_8l, greedy_8l = _passkey(reports, 8 * l, mode)
         per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1],
-                         "seed": f"seed {sfx or 'of the run'}"})
+                         "seed": "the run's seed" if n is None else f"seed {n}"})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
         means[key], range_ = _over_seeds(run, {seed["seed"]: seed[key] for seed in per_seed}, f"{key} under {mode}")
@@ -489,11 +527,33 @@ def _over_seeds(run: Path, by_seed: Dict[str, Optional[float]], what: str) -> Tu
     return sum(values) / len(values), ((min(values), max(values), len(values)) if len(values) > 1 else None)
 
 
+def _seeds(run: Path, stems: Sequence[str]) -> List[int]:
+    """N of each other fine-tuning seed's report ``STEM_seedN.json`` in ``run`` under any of ``stems``, ascending,
+    each once (``reproduce.steps._fine_tuning_seeds`` names them so).
+
+    Raises:
+        ValueError: a ``STEM_seed*.json`` whose N is not a whole number (which seed would it be?).
+    """
+    found = set()
+    for stem in stems:
+        for path in run.glob(f"{stem}_seed*.json"):
+            n = path.stem[len(f"{stem}_seed"):]
+            if not n.isdigit():
+                raise ValueError(f"{path}: a fine-tuning seed's report is named {stem}_seedN.json with N the seed; "
+                                 f"rename it, or move it out of {run}.")
+            found.add(int(n))
+    return sorted(found)
+
+
 def ruler_reports(run: Path) -> List[Path]:
     """A run folder's RULER-lite reports after fine-tuning, one a fine-tuning seed: the run's seed
-    (``ruler_answers.json``, listed whether or not it exists), then ``ruler_answers_seedN.json`` by N."""
-    return [run / RULER_REPORT, *sorted(run.glob("ruler_answers_seed*.json"),
-                                        key=lambda p: int(p.stem[len("ruler_answers_seed"):]))]
+    (``ruler_answers.json``, listed whether or not it exists), then ``ruler_answers_seedN.json`` by N.
+
+    Raises:
+        ValueError: a seed's report not named ``ruler_answers_seedN.json`` (:func:`_seeds`).
+    """
+    stem = Path(RULER_REPORT).stem
+    return [run / RULER_REPORT, *(run / f"{stem}_seed{n}.json" for n in _seeds(run, (stem,)))]
 
 
 def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
@@ -579,9 +639,14 @@ def _longppl_ratio(path: Path, l: int, *, far_context: bool = False) -> Tuple[Op
     report = json.loads(path.read_text())
     scored = {L: rows[0] for L, rows in mode_rows(report).items()}
     lp = {L: row.get("longppl") for L, row in scored.items()}
-    if lp.get(l) and lp.get(16 * l):
-        return (far_context_ratio(report, l, "full", str(path)) if far_context else lp[16 * l] / lp[l]), None
-    return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in (l, 16 * l)) else None)
+    read = (16 * l,) if far_context else (l, 16 * l)  # the lengths the ratio reads under full attention
+    if far_context:
+        ratio = far_context_ratio(report, l, "full", str(path))
+    else:
+        ratio = lp[16 * l] / lp[l] if lp.get(l) and lp.get(16 * l) else None
+    if ratio is not None:
+        return ratio, None
+    return None, ("no key token" if any(scored.get(L, {}).get("key_tokens") == 0 for L in read) else None)
 
 
 def design_figures(work: Path, name: str, training_length: int, updates: int, *, longppl: Optional[Path] = None,
@@ -603,7 +668,7 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
 
     Raises:
         KeyError: ``name`` is not a run of the reproduction. FileNotFoundError: the run (or its recalibration) has no
-            length report. ValueError: its cost row was measured at another context or l (:func:`_costs_row`); its
+            length report; ``longppl`` is given and does not exist. ValueError: its cost row was measured at another context or l (:func:`_costs_row`); its
             common-evaluator report lacks the sliding window of l (:func:`far_context_ratio`).
     """
     if name not in RUNS:
@@ -613,6 +678,10 @@ def design_figures(work: Path, name: str, training_length: int, updates: int, *,
         what = "been recalibrated (a DroPE run's last step)" if recalibrated else "been evaluated"
         raise FileNotFoundError(f"{run / 'length_report.json'} does not exist: run {name} has not {what}. Run "
                                 f"scripts/reproduce.py --work {work} --runs {name} first, or leave it out of --runs.")
+    if longppl is not None and not longppl.is_file():
+        raise FileNotFoundError(f"{longppl} does not exist: measure run {name} with fairseq-eval-lm --longppl "
+                                "--key-tokens (the common evaluator's) under --eval-windows full,sliding, or give no "
+                                f"report to read the run's {LONGPPL_COMMON_REPORT}.")
     report = json.loads((run / "length_report.json").read_text())
     l = training_length
     ppl = {L: rows[0]["ppl"] for L, rows in mode_rows(report).items()}
