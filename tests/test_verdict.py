@@ -399,7 +399,12 @@ def test_the_script_refuses_paths_and_settings_it_cannot_read(tmp_path, monkeypa
     base = ["verdict.py", "--work", str(work), "--runs", "irope"]
     bad_reference = tmp_path / "bad.json"
     bad_reference.write_text(json.dumps([{"name": "x"}]))
+    gone = tmp_path / "gone.json"  # a reference whose report is missing (a traceback before)
+    gone.write_text(json.dumps([{"name": "x", "label": "X", "updates": 1000,
+                                 "length": {"report": "none.json", "mode": "full"}}]))
     for extra, message in [(["--updates", "1000", "--costs", str(tmp_path / "none.json")], "--costs: no file"),
+                           (["--updates", "1000", "--reference", str(gone)], "x reads its length from"),
+                           (["--updates", "1000", "--longppl-dir", str(tmp_path)], "irope.json does not exist"),
                            (["--updates", "1000", "--longppl-dir", str(tmp_path / "none")], "--longppl-dir: no directory"),
                            (["--updates", "1000", "--reference", str(bad_reference)], "--reference:"),
                            (["--updates", "300"], "--updates 300, but"),

@@ -354,6 +354,9 @@ def reference_figures(path: Path) -> List[Figures]:
                 forms = " or ".join("{" + ", ".join(f'"{k}"' for k in sorted(form)) + "}" for form in READ_FORMS[key])
                 raise ValueError(f"{path}: {raw['name']}'s {key} is {forms}; got "
                                  f"{sorted(given) if isinstance(given, dict) else given!r}.")
+            if "report" in given and not (Path(path).parent / given["report"]).is_file():
+                raise FileNotFoundError(f"{path}: {raw['name']} reads its {key} from {Path(path).parent / given['report']}, "
+                                        "which does not exist: correct the path (relative to the list) or measure it first.")
         length_report = json.loads((Path(path).parent / read["length"]["report"]).read_text()) if "length" in read else None
         length = None if length_report is None else int(length_report["training_length"])  # the l cost rows must have
         for key, given in read.items():
