@@ -490,7 +490,21 @@ def test_a_reference_reads_the_far_context_over_the_window_of_l(tmp_path):
     path.write_text(json.dumps([{**ref, "longppl_common": {"report": "common.json", "mode": "rerope"}}]))
     (rerope,) = reference_figures(path)
     assert rerope.longppl_ratio == pytest.approx(40.9213 / 50.6787, abs=1e-4) and FAR_CONTEXT.meets(rerope.longppl_ratio)
+    # a provenance typed beside the length report it is read from; a common report of another l; a length report
+    # without LongPPL, the figure it lacks named (it named every figure the report gives)
     report = json.loads((tmp_path / "common.json").read_text())
+    (tmp_path / "common512.json").write_text(json.dumps({**report, "training_length": 512}))
+    length = json.loads((tmp_path / "length.json").read_text())
+    (tmp_path / "no_longppl.json").write_text(json.dumps(
+        {**length, "results": [{k: v for k, v in r.items() if k != "longppl"} for r in length["results"]]}))
+    for bad, match in (({**ref, "measured_on": "a GPU"}, "gives measured_on and a length report"),
+                       ({**ref, "longppl_common": {"report": "common512.json", "mode": "bca"}},
+                        "measured at l = 512, and its length from a report at l = 256"),
+                       ({**ref, "length": {"report": "no_longppl.json", "mode": "bca"}},
+                        "lacks the bca rows xpos+bca reads for longppl_self (of ratio, longppl_self)")):
+        path.write_text(json.dumps([bad]))
+        with pytest.raises(ValueError, match=re.escape(match)):
+            reference_figures(path)
     report["results"] = [r for r in report["results"] if not r["window"].startswith("sliding")]
     (tmp_path / "common.json").write_text(json.dumps(report))
     path.write_text(json.dumps([ref]))

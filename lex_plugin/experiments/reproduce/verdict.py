@@ -337,7 +337,8 @@ def reference_figures(path: Path) -> List[Figures]:
             in none of its forms (:data:`READ_FORMS`); a figure (or its seeds' range) both transcribed and read; a
             report without that mode at l and 16l (8l for RULER-lite; for ``longppl_common``, at 16l, beside the
             sliding window of l there: :func:`far_context_ratio`); a run folder whose seeds do not all hold the mode
-            (:func:`passkey_seeds`, :func:`_ruler_seeds`).
+            (:func:`passkey_seeds`, :func:`_ruler_seeds`); a report measured at another l than the row's length
+            report; ``measured_on`` typed beside a length report (it is read from the report's provenance).
         FileNotFoundError: a named report that does not exist, or a run folder without the probe's report.
     """
     known = {f.name for f in fields(Figures)} - {"reference"}
@@ -362,6 +363,9 @@ def reference_figures(path: Path) -> List[Figures]:
         for key, given in read.items():
             raw.update(_read_figures(Path(path), raw, key, given, length))
         if length_report is not None:
+            if "measured_on" in raw:
+                raise ValueError(f"{path}: {raw['name']} gives measured_on and a length report, whose provenance it "
+                                 "is read from; give one.")
             raw["measured_on"] = provenance_cell(length_report)
         rows.append(Figures(**raw, reference=True))
     return rows
@@ -398,14 +402,20 @@ def _read_figures(path: Path, raw: dict, key: str, given: dict, length: Optional
         figures = {k: row[k] for k in ("eval_time", "gen_time", "cache_64k")}
     else:
         report = json.loads((path.parent / given["report"]).read_text())
+        if length is not None and int(report["training_length"]) != length:
+            raise ValueError(f"{path}: {raw['name']} reads its {key} from {given['report']}, measured at "
+                             f"l = {report['training_length']}, and its length from a report at l = {length}: give "
+                             "reports of one model.")
         figures = _report_figures(report, key, given["mode"], str(path.parent / given["report"]))
     source = given.get("report") or given["run"]
     twice = sorted((set(figures) | set(spread)) & (set(raw) | set(raw.get("spread", {}))))
     if twice:
         raise ValueError(f"{path}: {raw['name']} gives {', '.join(twice)} and reads it from {source}; give one.")
-    if any(value is None for value in figures.values()):
-        raise ValueError(f"{path}: {source} lacks the {given.get('mode')} rows {raw['name']} reads "
-                         f"({', '.join(figures)}).")
+    missing = [k for k, value in figures.items() if value is None]
+    if missing:
+        raise ValueError(f"{path}: {source} lacks the {given.get('mode')} rows {raw['name']} reads for "
+                         f"{', '.join(missing)} (of {', '.join(figures)}): measure them there (a length report's "
+                         "LongPPL needs fairseq-eval-lm --longppl), or read the figure from a report that has them.")
     return {**figures, "spread": {**raw.get("spread", {}), **spread}} if spread else figures
 
 
