@@ -16,6 +16,7 @@ from typing import Callable, Tuple
 __all__ = ["CHEAP_TO_EVALUATE", "DEFINITIONS", "Definition", "FAR_CONTEXT", "FAR_CONTEXT_BASELINE", "FLAT", "RETRIEVES",
            "RETRIEVES_RANKED", "RULER", "SMALL_CACHE", "half_up"]
 
+
 def half_up(value: float, decimals: int) -> float:
     """``value`` rounded half up to ``decimals`` decimals from its shortest decimal form (1.005 -> 1.01, 0.995 -> 1.00,
     where ``round`` and ``str.format``, reading the binary value, give 1.0 and 0.99)."""

@@ -102,7 +102,6 @@ def _cost(f: Figures) -> str:
     return ", ".join(parts)
 
 
-
 def _meets(f: Figures, key: str) -> bool:
     """Whether ``f``'s figure ``key`` meets its goal in the verdict (:data:`verdict.GOALS`, judged as written), over
     every seed where several were run (``figure_meets``)."""
