@@ -199,6 +199,10 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     assert f.longppl_ratio is None and figure_meets(f, "longppl_ratio", lambda v: v < 1) is False
     table = markdown_verdict([f])
     assert "| no key token |" in table and "| 0 of 3 measured |" in table and "longppl_ratio: no key token;" in table
+    # the far-context figure reads 16l alone: no key token at l, none measured at 16l, is not measured (not missed)
+    (tmp_path / "lp0l.json").write_text(json.dumps({"results": [_row("full", 256, ppl=1.0, longppl=None, key_tokens=0)]}))
+    f = design_figures(tmp_path, "rnope_swa", 256, 300, longppl=tmp_path / "lp0l.json")
+    assert f.longppl_ratio is None and "longppl_ratio" not in f.without_value
     with pytest.raises(KeyError, match="not a run"):
         design_figures(tmp_path, "nope", 256, 300)
     with pytest.raises(FileNotFoundError, match="irope has not been evaluated"):
@@ -349,6 +353,9 @@ def test_the_committed_1000_update_reports_give_the_results_row():
         f = design_figures(work, name, 256, 1000)
         low, high, seeds = f.spread["ruler_8l"]
         assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == ruler, name
+    # RESULTS: learned sinks' highest seed just below the sink token's lowest, both written 0.27
+    sinks, token = (design_figures(work, n, 256, 1000).spread["ruler_8l"] for n in ("rope_learned_sinks", "xpos_sink_token"))
+    assert sinks[1] < token[0] and round(sinks[1], 2) == round(token[0], 2) == 0.27
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
     # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
