@@ -49,6 +49,8 @@ def test_a_cell_reads_as_its_goal_judges_it():
     assert not goals["eval_time"].test(1.105) and not goals["cache_64k"].test(0.5005)
     with pytest.raises(ValueError, match="written at 1 decimals, but 'flat' is read at 2"):
         Goal("ratio", FLAT, 1)
+    with pytest.raises(ValueError, match="nan is not a measured figure"):
+        goals["ratio"].test(float("nan"))
     with pytest.raises(ValueError, match="give a fixed-point field"):
         written(1.0, "{}x")
     # the closing line of a row that misses nothing measured

@@ -19,7 +19,13 @@ __all__ = ["CHEAP_TO_EVALUATE", "DEFINITIONS", "Definition", "FAR_CONTEXT", "FAR
 
 def half_up(value: float, decimals: int) -> float:
     """``value`` rounded half up to ``decimals`` decimals from its shortest decimal form (1.005 -> 1.01, 0.995 -> 1.00,
-    where ``round`` and ``str.format``, reading the binary value, give 1.0 and 0.99)."""
+    where ``round`` and ``str.format``, reading the binary value, give 1.0 and 0.99).
+
+    Raises:
+        ValueError: ``value`` is not finite (a figure that was not measured is None, not NaN).
+    """
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{value} is not a measured figure: it cannot be rounded.")
     return float(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
 
 
