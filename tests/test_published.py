@@ -65,6 +65,9 @@ def test_a_definition_reads_its_figure_rounded_half_up():
         assert definition.meets(below) != definition.meets(above), definition.name
     with pytest.raises(ValueError, match="not a measured figure"):
         FLAT.meets(float("nan"))
+    assert not FLAT.meets(1.0049, written_at=3) and FLAT.meets(1.0049, written_at=4)  # judged as a cell writes it
+    with pytest.raises(ValueError, match="read at 2 decimals; a figure written at 1"):
+        FLAT.meets(1.0, written_at=1)
     with pytest.raises(ValueError, match="op '=='"):
         Definition("x", "y", "==", 1.0, 2)
 

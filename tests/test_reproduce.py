@@ -994,6 +994,29 @@ def test_a_flat_and_retrieving_row_needs_both_counts_or_neither():
             flat_and_retrieving_row("rope", "full", 1.0, retrieved, trials)
 
 
+def test_the_probe_tables_judge_a_ratio_as_they_write_it():
+    """A ratio of 1.0049 rounds to 1.00 (flat), but the tables write it at 3 decimals, "1.005", which reads 1.01: the
+    row says "no" beside "1.005" in both tables, where it said "yes". A LongPPL ratio of 0.995 is written 1.00 and
+    does not read the far context (< 1.00); a ranked score of 179 / 200 = 0.895 is written 0.90 and retrieves."""
+    from lex_plugin.experiments.definitions import FLAT
+    from lex_plugin.experiments.reproduce.probe_tables import (far_context, flat_and_retrieving_row,
+                                                                markdown_far_context, markdown_flat_and_retrieving)
+
+    assert FLAT.meets(1.0049) and not flat_and_retrieving_row("rope", "full", 1.0049)["flat"]
+    assert flat_and_retrieving_row("rope", "full", 1.00449)["flat"]
+    row = flat_and_retrieving_row("rope", "full", 1.0049, 179, 200)  # 0.895
+    assert "{:.2f}".format(0.895) == "0.90" and row["retrieves"]
+    assert "| 1.005 | 0.90 (179/200; " in markdown_flat_and_retrieving([row], L, 16 * L)
+    assert "| no | yes |" in markdown_flat_and_retrieving([row], L, 16 * L)
+    report = {"results": [{"length": L, "ppl": 10.0, "window": "full", "attention": {"mode": "full"}, "longppl": 4.0},
+                          {"length": 16 * L, "ppl": 10.049, "window": "full", "attention": {"mode": "full"}, "longppl": 3.98},
+                          {"length": 16 * L, "ppl": 11.0, "window": "sliding", "attention": {"mode": "sliding"},
+                           "longppl": 4.0}]}
+    (full,) = [r for r in far_context({"rope": report}, {}, L) if r["method"] == "full"]
+    assert not full["flat"] and not full["far"]  # 1.0049 written 1.005; LongPPL 0.995 written 1.00, not < 1.00
+    assert "| no (1.005) | no (1.00) |" in markdown_far_context([full], L)
+
+
 def test_the_options_check_themselves():
     """ReproduceOptions refuses what no step could run, naming the flag, whoever builds it (the script or a caller)."""
     good = dict(training_length=L, max_update=10, lengths=LENGTHS, eval_tokens=8 * L)

@@ -11,10 +11,10 @@ import pytest
 
 from conftest import REPO
 
-from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER
+from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER, written
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, Goal, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict,
-    provenance_cell, reference_figures, shortfall, written)
+    provenance_cell, reference_figures, shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
 ALL_MET = dict(ratio=0.995, longppl_ratio=0.8, greedy_16l=0.92, ruler_8l=0.6, eval_time=0.9, cache_64k=0.25)

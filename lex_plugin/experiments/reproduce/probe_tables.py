@@ -3,7 +3,7 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
-from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES_RANKED
+from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES_RANKED, written
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 from .tables import LEGACY_MODES, _num
 
@@ -15,6 +15,10 @@ __all__ = ["BABILONG_KEPT", "BABILONG_RETRIEVAL", "far_context", "flat_and_retri
 # "retrieves" in the far-context verdict: BABILong-lite's greedy accuracy at 8l (mean over its tasks) at least this,
 # and at least BABILONG_KEPT times the same window's at l (a window that answers at 8l as well as it does at l)
 BABILONG_RETRIEVAL, BABILONG_KEPT = 0.5, 0.9
+
+# the decimals these tables write a perplexity ratio and a score at; each is judged as written
+# (``Definition.meets(value, written_at=...)``), so no cell reads otherwise than its verdict
+RATIO_AT, SCORE_AT = 3, 2
 
 
 def _passkey_mode(result: dict) -> str:
@@ -94,8 +98,8 @@ def flat_and_retrieving_row(run: str, method: str, ratio: float, retrieved: Opti
         raise ValueError(f"{run}, {method}: give retrieved and trials (>= 1) together, or neither (not probed); got "
                          f"{retrieved} of {trials}.")
     score = None if trials is None else retrieved / trials
-    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": FLAT.meets(ratio),
-            "retrieves": None if score is None else RETRIEVES_RANKED.meets(score), "retrieved": retrieved, "trials": trials,
+    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": FLAT.meets(ratio, written_at=RATIO_AT),
+            "retrieves": None if score is None else RETRIEVES_RANKED.meets(score, written_at=SCORE_AT), "retrieved": retrieved, "trials": trials,
             "interval": None if trials is None else wilson_interval(retrieved, trials)}
 
 
@@ -110,10 +114,11 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
 
     def accuracy(r) -> str:
         low, high = r["interval"]
-        return f"{r['passkey']:.2f} ({r['retrieved']}/{r['trials']}; {low:.2f}-{high:.2f})"
+        score = f"{{:.{SCORE_AT}f}}"
+        return f"{written(r['passkey'], score)} ({r['retrieved']}/{r['trials']}; {written(low, score)}-{written(high, score)})"
 
-    # the ratio to 3 decimals; flat reads it at FLAT's 2 decimals, rounded half up
-    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {r['ratio']:.3f} | "
+    # the ratio at RATIO_AT decimals; flat reads it as written, at FLAT's 2 decimals, rounded half up
+    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {written(r['ratio'], f'{{:.{RATIO_AT}f}}')} | "
             f"{cell(r['passkey'], accuracy(r) if r['passkey'] is not None else '')} | "
             f"{cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
             f"{cell(r['retrieves'], 'yes' if r['retrieves'] else 'no')} |" for r in rows]
@@ -178,8 +183,8 @@ def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> s
             ratio = ppl[-1] / ppl[0] if ppl[0] and ppl[-1] else None
             lratio = lp[-1] / lp[0] if lp[0] and lp[-1] else None
             lines.append(f"| {WINDOW_LABEL.get(mode, mode)} | " + " | ".join(_num(v) for v in ppl)
-                         + f" | {'-' if ratio is None else f'{ratio:.3f}'} | " + " | ".join(_num(v) for v in lp)
-                         + f" | {'-' if lratio is None else f'{lratio:.2f}'} |")
+                         + f" | {'-' if ratio is None else written(ratio, f'{{:.{RATIO_AT}f}}')} | " + " | ".join(_num(v) for v in lp)
+                         + f" | {'-' if lratio is None else written(lratio, f'{{:.{SCORE_AT}f}}')} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -226,8 +231,9 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
             g1, g8 = g.get(l), g.get(8 * l)
             retrieves = None if g1 is None or g8 is None else (g8 >= BABILONG_RETRIEVAL and g8 >= BABILONG_KEPT * g1)
             out.append({"run": name, "method": mode, "top": top, "ratio": ratio, "longppl_ratio": lratio,
-                        "greedy_l": g1, "greedy_8l": g8, "flat": FLAT.meets(ratio),
-                        "far": None if lratio is None else FAR_CONTEXT.meets(lratio), "retrieves": retrieves})
+                        "greedy_l": g1, "greedy_8l": g8, "flat": FLAT.meets(ratio, written_at=RATIO_AT),
+                        "far": None if lratio is None else FAR_CONTEXT.meets(lratio, written_at=SCORE_AT),
+                        "retrieves": retrieves})
     return out
 
 
@@ -247,9 +253,10 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
         every = r["flat"] and r["far"] and r["retrieves"]
         if every:
             passing.append(label.replace(" | ", " + "))
-        lr = "-" if r["longppl_ratio"] is None else f"{r['longppl_ratio']:.2f}"
-        g = "-" if r["greedy_8l"] is None else f"{r['greedy_8l']:.2f} ({r['greedy_l']:.2f})"
-        cells = [yes(r["flat"], f"{r['ratio']:.3f}"), yes(r["far"], lr), yes(r["retrieves"], g)]
+        score, ratio = f"{{:.{SCORE_AT}f}}", f"{{:.{RATIO_AT}f}}"
+        lr = "-" if r["longppl_ratio"] is None else written(r["longppl_ratio"], score)
+        g = "-" if r["greedy_8l"] is None else f"{written(r['greedy_8l'], score)} ({written(r['greedy_l'], score)})"
+        cells = [yes(r["flat"], written(r["ratio"], ratio)), yes(r["far"], lr), yes(r["retrieves"], g)]
         lines.append(f"| {'**' + label.replace(' | ', '** | **') + '**' if every else label} | " + " | ".join(cells) + " |")
     if all(r["retrieves"] is None for r in rows):
         return "\n".join(lines + ["", "**All three:** not decided: no BABILong-lite results at l and 8l in this work directory."])

@@ -15,19 +15,18 @@ folders each row reads (:func:`reference_figures`, each row with its source).
 """
 
 import json
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..definitions import (CHEAP_TO_EVALUATE, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, SMALL_CACHE,
-                           Definition, half_up)
+                           Definition, written)
 from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RULER_REPORT, RUNS, full_attention_only,
                         run_arguments)
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
            "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures",
-           "ruler_reports", "shortfall", "shown", "written"]
+           "ruler_reports", "shortfall", "shown"]
 
 
 @dataclass(frozen=True)
@@ -115,12 +114,12 @@ class Goal:
 
     @property
     def fmt(self) -> str:
-        """How a cell writes the figure (:func:`written`): ``{:.2f}x``."""
+        """How a cell writes the figure (``definitions.written``): ``{:.2f}x``."""
         return f"{{:.{self.decimals}f}}{self.unit}"
 
     def test(self, value: float) -> bool:
         """Whether ``value``, as the cell writes it, meets the definition."""
-        return self.definition.meets(half_up(value, self.decimals))
+        return self.definition.meets(value, written_at=self.decimals)
 
 
 GOALS = (
@@ -155,22 +154,8 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
     return figure_meets(f, goal.key, goal.test)
 
 
-def written(value: float, fmt: str) -> str:
-    """``value`` as ``fmt`` (``{:.Nf}`` and a unit: ``{:.2f}x``) writes it, rounded half up from its shortest decimal
-    form as the definitions read a figure (``definitions.half_up``): 0.995 -> "1.00", where ``str.format`` writes
-    "0.99" and a cell would read as meeting "< 1.00" while the goal says it does not.
-
-    Raises:
-        ValueError: ``fmt`` holds no ``{:.Nf}``.
-    """
-    found = re.search(r"\{:\.(\d+)f\}", fmt)
-    if found is None:
-        raise ValueError(f"format {fmt!r}: give a fixed-point field such as '{{:.2f}}'.")
-    return fmt.format(half_up(value, int(found.group(1))))
-
-
 def shown(f: Figures, key: str, fmt: str) -> str:
-    """A figure as a cell, written by ``fmt`` (:func:`written`): its value, and over several seeds its mean with the
+    """A figure as a cell, written by ``fmt`` (``definitions.written``): its value, and over several seeds its mean with the
     range and the number of seeds; what ``f.without_value`` says for a figure measured without a value,
     ``f.not_measurable`` for one that cannot be; "-" not measured."""
     value = getattr(f, key)
