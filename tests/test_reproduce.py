@@ -999,7 +999,7 @@ def test_the_probe_tables_judge_a_ratio_as_they_write_it():
     row says "no" beside "1.005" in both tables, where it said "yes". A LongPPL ratio of 0.995 is written 1.00 and
     does not read the far context (< 1.00); a ranked score of 179 / 200 = 0.895 is written 0.90 and retrieves."""
     from lex_plugin.experiments.definitions import FLAT
-    from lex_plugin.experiments.reproduce.probe_tables import (far_context, flat_and_retrieving_row,
+    from lex_plugin.experiments.reproduce.probe_tables import (answers_far, far_context, flat_and_retrieving_row,
                                                                 markdown_far_context, markdown_flat_and_retrieving)
 
     assert FLAT.meets(1.0049) and not flat_and_retrieving_row("rope", "full", 1.0049)["flat"]
@@ -1015,6 +1015,10 @@ def test_the_probe_tables_judge_a_ratio_as_they_write_it():
     (full,) = [r for r in far_context({"rope": report}, {}, L) if r["method"] == "full"]
     assert not full["flat"] and not full["far"]  # 1.0049 written 1.005; LongPPL 0.995 written 1.00, not < 1.00
     assert "| no (1.005) | no (1.00) |" in markdown_far_context([full], L)
+    # BABILong-lite's third test reads the accuracies as written: 0.4951 is written 0.50 and answers far; 0.50 at 8l
+    # keeps 0.55's at l (0.91) but not 0.56's (0.89)
+    assert answers_far(0.0, 0.4951) and not answers_far(0.0, 0.4949)
+    assert answers_far(0.55, 0.50) and not answers_far(0.56, 0.50)
 
 
 def test_the_options_check_themselves():

@@ -3,18 +3,15 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
-from ..definitions import FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES_RANKED, written
+from ..definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT,
+                           RETRIEVES_RANKED, half_up, written)
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 from .tables import LEGACY_MODES, _num
 
-__all__ = ["BABILONG_KEPT", "BABILONG_RETRIEVAL", "far_context", "flat_and_retrieving",
+__all__ = ["answers_far", "far_context", "flat_and_retrieving",
            "flat_and_retrieving_row", "markdown_babilong", "markdown_far_context", "markdown_flat_and_retrieving",
            "markdown_longppl", "markdown_ruler", "wilson_interval"]
 
-
-# "retrieves" in the far-context verdict: BABILong-lite's greedy accuracy at 8l (mean over its tasks) at least this,
-# and at least BABILONG_KEPT times the same window's at l (a window that answers at 8l as well as it does at l)
-BABILONG_RETRIEVAL, BABILONG_KEPT = 0.5, 0.9
 
 # the decimals these tables write a perplexity ratio and a score at; each is judged as written
 # (``Definition.meets(value, written_at=...)``), so no cell reads otherwise than its verdict
@@ -203,13 +200,25 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
     return "\n".join(lines)
 
 
+def answers_far(greedy_l: float, greedy_8l: float) -> bool:
+    """The far-context table's third test on BABILong-lite's greedy accuracies at l and 8l (fractions in [0, 1]), read
+    as the table writes them (:data:`SCORE_AT` decimals): ``definitions.BABILONG_RETRIEVES`` on the accuracy at 8l and
+    ``definitions.BABILONG_KEPT`` on its ratio to the one at l (met where the one at l is written 0.00).
+
+    Raises:
+        ValueError: an accuracy is not finite.
+    """
+    at_l, at_8l = half_up(greedy_l, SCORE_AT), half_up(greedy_8l, SCORE_AT)
+    return BABILONG_RETRIEVES.meets(at_8l) and (at_l == 0 or BABILONG_KEPT.meets(at_8l / at_l))
+
+
 def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> List[dict]:
     """The far-context verdict of each run and window that has a LongPPL report: flat (ppl at the longest length over
     ppl at l, ``definitions.FLAT``), reads the far context (``definitions.FAR_CONTEXT``'s figure and bar: LongPPL at the
     longest length over the same model's there under the sliding window of l, on the report's key tokens, the
     checkpoint's own for the reproduction's ``longppl`` probe; None where the report has no such window), and, where the run
-    has a BABILong-lite report, retrieves (greedy accuracy at 8l at least :data:`BABILONG_RETRIEVAL` and at least
-    :data:`BABILONG_KEPT` times the window's own at l; None where either length is missing).
+    has a BABILong-lite report, retrieves (:func:`answers_far` on the greedy accuracies at l and 8l; None where either
+    length is missing).
 
     Returns:
         One dict per row: run, method (the mode), top (the longest length), ratio, longppl_ratio, greedy_l,
@@ -229,7 +238,7 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
             lratio = lp_top / lp_window if lp_top and lp_window else None
             g = greedy.get(mode, {})
             g1, g8 = g.get(l), g.get(8 * l)
-            retrieves = None if g1 is None or g8 is None else (g8 >= BABILONG_RETRIEVAL and g8 >= BABILONG_KEPT * g1)
+            retrieves = None if g1 is None or g8 is None else answers_far(g1, g8)
             out.append({"run": name, "method": mode, "top": top, "ratio": ratio, "longppl_ratio": lratio,
                         "greedy_l": g1, "greedy_8l": g8, "flat": FLAT.meets(ratio, written_at=RATIO_AT),
                         "far": None if lratio is None else FAR_CONTEXT.meets(lratio, written_at=SCORE_AT),
@@ -245,7 +254,7 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
 
     top = max(r["top"] for r in rows)
     lines = [f"| model | window / method | flat: ppl {top // l}l / l <= {FLAT.bar:.{FLAT.decimals}f} | reads the far "
-             f"context: LongPPL {top // l}l over the window of l's there, own key tokens < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | retrieves: BABILong greedy 8l (l), >= {BABILONG_RETRIEVAL} and >= {BABILONG_KEPT} x l |",
+             f"context: LongPPL {top // l}l over the window of l's there, own key tokens < {FAR_CONTEXT.bar:.{FAR_CONTEXT.decimals}f} | answers far: BABILong greedy 8l (l), >= {BABILONG_RETRIEVES.bar:.{BABILONG_RETRIEVES.decimals}f} and 8l / l >= {BABILONG_KEPT.bar:.{BABILONG_KEPT.decimals}f} |",
              "|---|---|---|---|---|"]
     passing = []
     for r in rows:
