@@ -37,3 +37,15 @@ def test_a_layer_neither_global_nor_bounded_is_refused():
         _positions_at([100, 40], [110, 12], [110, 40], 10, 1000, 100)
     with pytest.raises(ValueError, match="must be above the training length"):
         measure_design_costs("irope", L, context=L)
+
+
+def test_the_costs_table_writes_the_verdicts_ratios_as_the_verdict_does():
+    """BENCHMARKS' cost table writes the two ratios the verdict judges as the verdict writes them, rounded half up
+    (1.105 is "1.11x", str.format wrote "1.10x", which reads as cheap; 0.5005 is "0.501x", not "0.500x")."""
+    from lex_plugin.experiments.benchmark_tables import design_costs_markdown
+
+    row = {"run": "x", "eval_s": {"design": 2.21, "base": 2.0}, "eval_time": 1.105, "ms_per_token": {"design": 1.0, "base": 1.0},
+           "gen_time": 1.0, "kept": {"design": [1001], "base": [2000]}, "cache_64k": 0.5005}
+    assert "{:.2f}".format(1.105) == "1.10"
+    text = design_costs_markdown([row])
+    assert "| 1.11x |" in text and "| 0.501x |" in text

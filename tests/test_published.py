@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lex_plugin.experiments.definitions import DEFINITIONS, FAR_CONTEXT, FLAT, RETRIEVES, RULER, Definition
+from lex_plugin.experiments.definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, DEFINITIONS, FAR_CONTEXT, FLAT,
+                                                RETRIEVES, RULER, Definition)
 from lex_plugin.experiments.published import BLOCKS, decision_table, generate, replace_block, verdict_1000_rows
 from lex_plugin.experiments.reproduce.verdict import Figures, shown
 
@@ -58,11 +59,15 @@ def test_a_definition_reads_its_figure_rounded_half_up():
     assert FLAT.meets(1.0049) and not FLAT.meets(1.005) and FLAT.meets(0.5)
     assert FAR_CONTEXT.meets(0.9949) and not FAR_CONTEXT.meets(0.995)
     assert RETRIEVES.meets(0.895) and not RETRIEVES.meets(0.8949) and RULER.meets(0.465) and not RULER.meets(0.4649)
-    assert FLAT.rule == "ppl(16l) / ppl(l) <= 1.00" and FLAT.edge == pytest.approx(1.005)
-    assert RETRIEVES.edge == pytest.approx(0.895)
-    for definition in DEFINITIONS:  # the edge is where the verdict flips
-        below, above = definition.edge - 1e-9, definition.edge + 1e-9
-        assert definition.meets(below) != definition.meets(above), definition.name
+    assert FLAT.rule == "ppl(16l) / ppl(l) <= 1.00" and FLAT.edge() == pytest.approx(1.005)
+    assert RETRIEVES.edge() == pytest.approx(0.895) == RETRIEVES.edge(written_at=2)
+    assert FLAT.edge(written_at=3) == pytest.approx(1.0045) and RETRIEVES.edge(written_at=3) == pytest.approx(0.8945)
+    for definition in (*DEFINITIONS, BABILONG_RETRIEVES, BABILONG_KEPT):  # the edge is where the verdict flips
+        for at in (None, definition.decimals, definition.decimals + 1, definition.decimals + 2):
+            below, above = definition.edge(at) - 1e-9, definition.edge(at) + 1e-9
+            assert definition.meets(below, written_at=at) != definition.meets(above, written_at=at), (definition.name, at)
+    with pytest.raises(ValueError, match="written at 1 cannot be judged"):
+        FLAT.edge(written_at=1)
     with pytest.raises(ValueError, match="not a measured figure"):
         FLAT.meets(float("nan"))
     assert not FLAT.meets(1.0049, written_at=3) and FLAT.meets(1.0049, written_at=4)  # judged as a cell writes it

@@ -92,8 +92,8 @@ def test_magnitudes_hold_at_the_targets_and_give_the_paper_ratios():
 
 
 def test_magnitudes_missed_are_reported_missed():
-    # just short of each target; LeX + BCA flat but above ALiBi's perplexity at 16l
-    reports, lengths = magnitude_reports(2.99, 4.99, 1.001, 1.2)
+    # just short of each target as the table writes it (2.99, 4.99, 1.01)
+    reports, lengths = magnitude_reports(2.99, 4.99, 1.006, 1.2)
     rows = reproduce.check_magnitudes(reproduce.ppl_table(reports), L, lengths)
     assert [r["holds"] for r in rows] == [False, False, None, False]
     reports, lengths = magnitude_reports(9.0, 9.0, 0.9, 0.85)  # flat, but ALiBi lower still
@@ -134,6 +134,20 @@ def test_a_missed_magnitude_gives_the_tokens_its_power_law_reaches_the_target_at
     assert row["run"] == "xpos" and row["holds"] is False and row["trend"] is None
     one = {"rope": {800: budgets["rope"][800]}}
     assert reproduce.check_magnitudes(ppl, L, [L, 16 * L], one, 1000)[0]["trend"] is None
+
+
+def test_a_magnitude_is_judged_as_its_table_writes_it():
+    """The magnitudes table writes ratios at 2 decimals and judges them as written: LeX + BCA from 10.00 to 10.03
+    reads "1.00" against "<= 1" and holds; RoPE from 10.00 to 29.96 reads "3.00" against ">= 3" and holds (both read
+    "**no**" beside those figures when judged on 1.003 and 2.996)."""
+    ppl = {"xpos": {"bca": {L: 10.0, 16 * L: 10.03}}, "alibi": {"full": {L: 10.0, 16 * L: 11.0}},
+           "rope": {"full": {L: 10.0, 16 * L: 29.96}}}
+    rows = {r["run"]: r for r in reproduce.check_magnitudes(ppl, L, [L, 16 * L])}
+    assert rows["xpos"]["holds"] and rows["rope"]["holds"]
+    text = reproduce.markdown_magnitudes(list(rows.values()))
+    assert "| 3.00 | 17.20 | >= 3 | yes |" in text and "| 1.00 | 0.94 | <= 1 and below ALiBi | yes |" in text
+    ppl["rope"]["full"][16 * L] = 29.949  # 2.9949, written 2.99
+    assert not reproduce.check_magnitudes(ppl, L, [L, 16 * L])[0]["holds"]
 
 
 def test_missing_numbers_give_no_verdict():
@@ -491,8 +505,9 @@ def test_a_ruler_bin_without_answer_lengths_is_written_again(tmp_path, monkeypat
 
 
 def test_far_context_verdicts():
-    """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) over the sliding window of l's at 16l, retrieves from BABILong-lite's greedy
-    accuracy at 8l (mean over the tasks that fitted) against 0.5 and 0.9 x the window's own at l; undecided without it."""
+    """Flat from ppl(16l) / ppl(l), far from LongPPL(16l) over the sliding window of l's at 16l, answers far from
+    BABILong-lite's greedy accuracy at 8l (mean over the tasks that fitted) against 0.50 and 0.900 x the window's own at
+    l (definitions.BABILONG_RETRIEVES, BABILONG_KEPT); undecided without it."""
     from lex_plugin.experiments.reproduce.probe_tables import far_context, markdown_babilong, markdown_far_context, markdown_longppl
 
     def row(mode, length, ppl, longppl):
@@ -521,11 +536,11 @@ def test_far_context_verdicts():
     rows = {(r["run"], r["method"]): r for r in far_context(longppl, babilong, L)}
     full, bca, rerope, dca = (rows["rope", m] for m in ("full", "bca", "rerope", "dca"))
     assert full["ratio"] == pytest.approx(1.3) and not full["flat"] and full["far"] and full["longppl_ratio"] == pytest.approx(0.625)
-    assert full["greedy_l"] == pytest.approx(0.8) and full["greedy_8l"] == pytest.approx(0.5) and full["retrieves"] is False
-    assert bca["flat"] and bca["far"] is False and bca["retrieves"] is False
-    assert rerope["flat"] and rerope["far"] and rerope["greedy_8l"] == pytest.approx(0.8) and rerope["retrieves"] is True
-    assert dca["flat"] and dca["far"] and dca["retrieves"] is False
-    assert rows["alibi", "full"]["retrieves"] is None  # no BABILong report: undecided
+    assert full["greedy_l"] == pytest.approx(0.8) and full["greedy_8l"] == pytest.approx(0.5) and full["answers_far"] is False
+    assert bca["flat"] and bca["far"] is False and bca["answers_far"] is False
+    assert rerope["flat"] and rerope["far"] and rerope["greedy_8l"] == pytest.approx(0.8) and rerope["answers_far"] is True
+    assert dca["flat"] and dca["far"] and dca["answers_far"] is False
+    assert rows["alibi", "full"]["answers_far"] is None  # no BABILong report: undecided
     text = markdown_far_context(list(rows.values()), L)
     assert text.endswith("**All three:** RoPE (Roformer) + ReRoPE (w = l/2)")
     assert "| **RoPE (Roformer)** | **ReRoPE (w = l/2)** | yes (1.004) | yes (0.83) | yes (0.80 (0.80)) |" in text
@@ -1000,7 +1015,8 @@ def test_the_probe_tables_judge_a_ratio_as_they_write_it():
     does not read the far context (< 1.00); a ranked score of 179 / 200 = 0.895 is written 0.90 and retrieves."""
     from lex_plugin.experiments.definitions import FLAT
     from lex_plugin.experiments.reproduce.probe_tables import (answers_far, far_context, flat_and_retrieving_row,
-                                                                markdown_far_context, markdown_flat_and_retrieving)
+                                                                markdown_babilong, markdown_far_context,
+                                                                markdown_flat_and_retrieving)
 
     assert FLAT.meets(1.0049) and not flat_and_retrieving_row("rope", "full", 1.0049)["flat"]
     assert flat_and_retrieving_row("rope", "full", 1.00449)["flat"]
@@ -1019,6 +1035,12 @@ def test_the_probe_tables_judge_a_ratio_as_they_write_it():
     # keeps 0.55's at l (0.91) but not 0.56's (0.89)
     assert answers_far(0.0, 0.4951) and not answers_far(0.0, 0.4949)
     assert answers_far(0.55, 0.50) and not answers_far(0.56, 0.50)
+    assert not answers_far(0.67, 0.60) and answers_far(0.60, 0.54)  # 0.896 is below 0.900; 0.900 is not
+    babilong = {"rope": {"results": [{"task": "qa1", "window": "full", "attention": {"mode": "full"}, "length": n * L,
+                                      "trials": 200, "greedy": 99} for n in (1, 8)]}}  # 0.495, written 0.50 in both
+    assert "| 0.50 | 0.50 |" in markdown_babilong(babilong, ["rope"], L)
+    only_8l = dict(full, greedy_l=None, greedy_8l=0.5, answers_far=None)  # a report with 8l but not l: undecided
+    assert "| 0.50 (-) |" in markdown_far_context([only_8l], L)  # a cell written, not a TypeError
 
 
 def test_the_options_check_themselves():

@@ -5,6 +5,7 @@ writes them there) and the scripts print them."""
 from typing import List
 
 from .benchmark import markdown_table
+from .definitions import written
 
 __all__ = ["design_costs_markdown", "limits_markdown", "provenance_line"]
 
@@ -18,13 +19,14 @@ def provenance_line(prov: dict) -> str:
 
 def design_costs_markdown(rows: List[dict]) -> str:
     """Each design against its base model (``experiments.design_costs``): evaluation seconds and their ratio,
-    generation ms per token and their ratio, the key/value positions kept at 64k and their ratio."""
+    generation ms per token and their ratio, the key/value positions kept at 64k and their ratio; the two ratios the
+    verdict judges (time and cache) written as it writes them (``definitions.written``: 1.105 is "1.11x", not "1.10x")."""
     return markdown_table(
         ["run", "eval s (design / base)", "eval time", "gen ms/token (design / base)", "gen time",
          "cache 64k (positions, design / base)", "cache"],
-        [[r["run"], f"{r['eval_s']['design']:.2f} / {r['eval_s']['base']:.2f}", f"{r['eval_time']:.2f}x",
+        [[r["run"], f"{r['eval_s']['design']:.2f} / {r['eval_s']['base']:.2f}", written(r["eval_time"], "{:.2f}x"),
           f"{r['ms_per_token']['design']:.2f} / {r['ms_per_token']['base']:.2f}", f"{r['gen_time']:.2f}x",
-          f"{sum(r['kept']['design']):,} / {sum(r['kept']['base']):,}", f"{r['cache_64k']:.3f}x"] for r in rows])
+          f"{sum(r['kept']['design']):,} / {sum(r['kept']['base']):,}", written(r["cache_64k"], "{:.3f}x")] for r in rows])
 
 
 def limits_markdown(report: dict) -> str:

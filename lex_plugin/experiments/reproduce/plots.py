@@ -54,6 +54,7 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
     methods. Returns False (and writes nothing) when no row has a passkey result."""
     from ...plotting import figure
     from ..definitions import FLAT, RETRIEVES_RANKED
+    from .probe_tables import RATIO_AT, SCORE_AT
 
     points = sorted((r for r in rows if r["passkey"] is not None), key=lambda r: (r["passkey"], -r["ratio"]))
     if not points:
@@ -78,8 +79,8 @@ def plot_flat_and_retrieving(rows, l: int, top: int, out: Path) -> bool:
         flat.xaxis.set_major_locator(MaxNLocator(4))  # ratios differ in the third decimal: few, wide tick labels
         flat.set_yticks(list(ys), labels, fontsize=8)
         flat.set_ylim(-0.7, len(points) - 0.3)
-        flat.axvline(FLAT.edge, color="grey", linestyle=":", linewidth=1)
-        found.axvline(RETRIEVES_RANKED.edge, color="grey", linestyle=":", linewidth=1)
+        flat.axvline(FLAT.edge(written_at=RATIO_AT), color="grey", linestyle=":", linewidth=1)  # as the table judges
+        found.axvline(RETRIEVES_RANKED.edge(written_at=SCORE_AT), color="grey", linestyle=":", linewidth=1)
         flat.set_xlabel(f"ppl({top // l}l) / ppl(l)  (flat: left of the line)")
         found.set_xlabel("passkey accuracy at 8l, 95% interval  (retrieves: right of the line)")
         found.set_xlim(-0.03, 1.03)
@@ -98,6 +99,7 @@ def plot_schemes(rows: Sequence[dict], out: Path) -> None:
     scheme, explained once below the panels; every label has a line of its own."""
     from ...plotting import figure
     from ..definitions import FLAT, RETRIEVES, RETRIEVES_RANKED
+    from .verdict import GOALS
 
     schemes = list(dict.fromkeys(r["label"] for r in rows))
     colours = {label: f"C{i}" for i, label in enumerate(schemes)}
@@ -124,8 +126,9 @@ def plot_schemes(rows: Sequence[dict], out: Path) -> None:
                                capsize=2, linewidth=1, markersize=5)
         flat.set_yticks(ys, [f"{r['label']}, {r['window']}{_seeds(r['probed'])}" for r in rows], fontsize=8)
         flat.set_ylim(-0.7, len(rows) - 0.3)
-        flat.axvline(FLAT.edge, color="grey", linestyle=":", linewidth=1)
-        for edge in sorted({RETRIEVES.edge, RETRIEVES_RANKED.edge}):
+        goals = {g.key: g for g in GOALS}  # each line where the verdict's cell, as written, flips
+        flat.axvline(FLAT.edge(written_at=goals["ratio"].decimals), color="grey", linestyle=":", linewidth=1)
+        for edge in sorted({RETRIEVES.edge(written_at=goals["greedy_16l"].decimals), RETRIEVES_RANKED.edge()}):
             found.axvline(edge, color="grey", linestyle=":", linewidth=1)
         flat.set_xlabel("ppl(16l) / ppl(l)  (flat: left of the line)")
         found.set_xlabel("passkey after fine-tuning, mean over seeds, bar: their range\n(retrieves: right of the line)")

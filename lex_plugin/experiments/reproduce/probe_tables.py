@@ -1,6 +1,7 @@
 """The reproduction's far-context tables: which method is flat and retrieves (with Wilson intervals), RULER-lite,
 LongPPL, BABILong-lite and the far-context verdict, each from the probes' reports."""
 
+import math
 from typing import Dict, List, Optional, Sequence
 
 from ..definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT,
@@ -16,6 +17,14 @@ __all__ = ["answers_far", "far_context", "flat_and_retrieving",
 # the decimals these tables write a perplexity ratio and a score at; each is judged as written
 # (``Definition.meets(value, written_at=...)``), so no cell reads otherwise than its verdict
 RATIO_AT, SCORE_AT = 3, 2
+
+
+def _cell(value: Optional[float], decimals: int) -> str:
+    """A figure written at ``decimals`` as the definitions read it (``definitions.written``); "-" for None, and a
+    figure that is not finite as Python writes it ("inf"), as :func:`tables._num` does."""
+    if value is None:
+        return "-"
+    return written(value, f"{{:.{decimals}f}}") if math.isfinite(value) else f"{value}"
 
 
 def _passkey_mode(result: dict) -> str:
@@ -111,11 +120,10 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
 
     def accuracy(r) -> str:
         low, high = r["interval"]
-        score = f"{{:.{SCORE_AT}f}}"
-        return f"{written(r['passkey'], score)} ({r['retrieved']}/{r['trials']}; {written(low, score)}-{written(high, score)})"
+        return f"{_cell(r['passkey'], SCORE_AT)} ({r['retrieved']}/{r['trials']}; {_cell(low, SCORE_AT)}-{_cell(high, SCORE_AT)})"
 
     # the ratio at RATIO_AT decimals; flat reads it as written, at FLAT's 2 decimals, rounded half up
-    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {written(r['ratio'], f'{{:.{RATIO_AT}f}}')} | "
+    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {_cell(r['ratio'], RATIO_AT)} | "
             f"{cell(r['passkey'], accuracy(r) if r['passkey'] is not None else '')} | "
             f"{cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
             f"{cell(r['retrieves'], 'yes' if r['retrieves'] else 'no')} |" for r in rows]
@@ -180,8 +188,7 @@ def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> s
             ratio = ppl[-1] / ppl[0] if ppl[0] and ppl[-1] else None
             lratio = lp[-1] / lp[0] if lp[0] and lp[-1] else None
             lines.append(f"| {WINDOW_LABEL.get(mode, mode)} | " + " | ".join(_num(v) for v in ppl)
-                         + f" | {'-' if ratio is None else written(ratio, f'{{:.{RATIO_AT}f}}')} | " + " | ".join(_num(v) for v in lp)
-                         + f" | {'-' if lratio is None else written(lratio, f'{{:.{SCORE_AT}f}}')} |")
+                         + f" | {_cell(ratio, RATIO_AT)} | " + " | ".join(_num(v) for v in lp) + f" | {_cell(lratio, SCORE_AT)} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -196,14 +203,15 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
     for name, g in greedy.items():
         for mode, by in g.items():
             lines.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL.get(mode, mode)} | "
-                         + " | ".join(f"{by[L]:.2f}" if L in by else "-" for L in lengths) + " |")
+                         + " | ".join(_cell(by.get(L), SCORE_AT) for L in lengths) + " |")
     return "\n".join(lines)
 
 
 def answers_far(greedy_l: float, greedy_8l: float) -> bool:
     """The far-context table's third test on BABILong-lite's greedy accuracies at l and 8l (fractions in [0, 1]), read
     as the table writes them (:data:`SCORE_AT` decimals): ``definitions.BABILONG_RETRIEVES`` on the accuracy at 8l and
-    ``definitions.BABILONG_KEPT`` on its ratio to the one at l (met where the one at l is written 0.00).
+    ``definitions.BABILONG_KEPT`` on its ratio to the one at l, read exactly (0.60 against 0.67 is 0.896: not kept;
+    met where the one at l is written 0.00).
 
     Raises:
         ValueError: an accuracy is not finite.
@@ -217,12 +225,12 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
     ppl at l, ``definitions.FLAT``), reads the far context (``definitions.FAR_CONTEXT``'s figure and bar: LongPPL at the
     longest length over the same model's there under the sliding window of l, on the report's key tokens, the
     checkpoint's own for the reproduction's ``longppl`` probe; None where the report has no such window), and, where the run
-    has a BABILong-lite report, retrieves (:func:`answers_far` on the greedy accuracies at l and 8l; None where either
-    length is missing).
+    has a BABILong-lite report, answers far (:func:`answers_far` on the greedy accuracies at l and 8l; None where
+    either length is missing).
 
     Returns:
         One dict per row: run, method (the mode), top (the longest length), ratio, longppl_ratio, greedy_l,
-        greedy_8l (None without BABILong), flat, far, retrieves (None when undecided).
+        greedy_8l (None without BABILong), flat, far, answers_far (None when undecided).
     """
     out = []
     for name, report in longppl.items():
@@ -238,11 +246,11 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
             lratio = lp_top / lp_window if lp_top and lp_window else None
             g = greedy.get(mode, {})
             g1, g8 = g.get(l), g.get(8 * l)
-            retrieves = None if g1 is None or g8 is None else answers_far(g1, g8)
+            far_answers = None if g1 is None or g8 is None else answers_far(g1, g8)
             out.append({"run": name, "method": mode, "top": top, "ratio": ratio, "longppl_ratio": lratio,
                         "greedy_l": g1, "greedy_8l": g8, "flat": FLAT.meets(ratio, written_at=RATIO_AT),
                         "far": None if lratio is None else FAR_CONTEXT.meets(lratio, written_at=SCORE_AT),
-                        "retrieves": retrieves})
+                        "answers_far": far_answers})
     return out
 
 
@@ -259,14 +267,13 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
     passing = []
     for r in rows:
         label = f"{LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])}"
-        every = r["flat"] and r["far"] and r["retrieves"]
+        every = r["flat"] and r["far"] and r["answers_far"]
         if every:
             passing.append(label.replace(" | ", " + "))
-        score, ratio = f"{{:.{SCORE_AT}f}}", f"{{:.{RATIO_AT}f}}"
-        lr = "-" if r["longppl_ratio"] is None else written(r["longppl_ratio"], score)
-        g = "-" if r["greedy_8l"] is None else f"{written(r['greedy_8l'], score)} ({written(r['greedy_l'], score)})"
-        cells = [yes(r["flat"], written(r["ratio"], ratio)), yes(r["far"], lr), yes(r["retrieves"], g)]
+        g = "-" if r["greedy_8l"] is None else f"{_cell(r['greedy_8l'], SCORE_AT)} ({_cell(r['greedy_l'], SCORE_AT)})"
+        cells = [yes(r["flat"], _cell(r["ratio"], RATIO_AT)), yes(r["far"], _cell(r["longppl_ratio"], SCORE_AT)),
+                 yes(r["answers_far"], g)]
         lines.append(f"| {'**' + label.replace(' | ', '** | **') + '**' if every else label} | " + " | ".join(cells) + " |")
-    if all(r["retrieves"] is None for r in rows):
+    if all(r["answers_far"] is None for r in rows):
         return "\n".join(lines + ["", "**All three:** not decided: no BABILong-lite results at l and 8l in this work directory."])
     return "\n".join(lines + ["", "**All three:** " + ("; ".join(passing) if passing else "none")])

@@ -166,7 +166,7 @@ def _tables(o: ReproduceOptions, runs: Sequence[str], r: _Reports) -> str:
             f"{BABILONG_FINETUNE['updates']} updates x {BABILONG_FINETUNE['batch_size']} stories of at most l - 1 tokens, "
             "the loss on the answers alone): greedy exact match, mean over the tasks", "",
             markdown_babilong(babilong, runs, l)] if babilong else []),
-        *(["", "### Does it use the far context? Flat, reads the far context, retrieves", "",
+        *(["", "### Does it use the far context? Flat, reads the far context, answers far", "",
             markdown_far_context(verdicts, l)] if verdicts else []),
         "", "### Claims", "", markdown_claims(claims),
         "", "### Wall time per step", "", "| step | wall time |", "|---|---:|",

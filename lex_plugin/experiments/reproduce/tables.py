@@ -4,6 +4,7 @@ accuracy, attention resolution, and the paper's claims checked against the numbe
 import math
 from typing import Dict, List, Optional, Sequence
 
+from ..definitions import half_up, written
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
@@ -33,6 +34,12 @@ def _num(value: Optional[float]) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
+
+
+def _ratio(value: Optional[float]) -> str:
+    """A ratio at 2 decimals as the definitions write a figure (``definitions.written``: 0.995 is "1.00"); "-" for None,
+    and one that is not finite as :func:`_num` writes it."""
+    return written(value, "{:.2f}") if value is not None and math.isfinite(value) else _num(value)
 
 
 def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int) -> str:
@@ -291,7 +298,8 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
         target = op and f"{op} {bound:g}" + (" and below ALiBi" if name == "xpos" else "")
         holds, trend = None, None
         if op and 16 in ratios:
-            holds = ratios[16] >= bound if op == ">=" else ratios[16] <= bound
+            at16 = half_up(ratios[16], 2) if math.isfinite(ratios[16]) else ratios[16]  # as markdown_magnitudes writes it
+            holds = at16 >= bound if op == ">=" else at16 <= bound
             if name == "xpos":  # no verdict until ALiBi has its number
                 holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
                 numbers += f" (ALiBi {_num(alibi_16)})"
@@ -329,7 +337,7 @@ def markdown_magnitudes(rows: List[dict]) -> str:
     for r in rows:
         met = "-" if r["holds"] is None else "yes" if r["holds"] else "**no**"
         out.append(f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL[r['window']]} | "
-                   + " | ".join(_num(r["ratios"].get(k)) for k in ks)
+                   + " | ".join(_ratio(r["ratios"].get(k)) for k in ks)
                    + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} | {_trend(r.get('trend'))} |")
     return "\n".join(out)
 
