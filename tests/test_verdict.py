@@ -346,18 +346,28 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # RULER-lite over its fine-tuning seeds, (mean, lowest, highest) at 2 decimals and the seeds: the sink token's the
     # highest of the designs (0.30, 0.28, 0.27), FoX's the lowest; the gated pattern's seeds 0.17, 0.24 and 0.25; the
     # gate on RoPE 4/27 under seeds 1 and 2 alike (their cells differ) and 0.26 under seed 3, differential attention
-    # 0.20, 0.24 and 0.19, SSMax 0.23, 0.18 and 0.31, learned sinks 0.24, 0.27 and 0.27
+    # 0.20, 0.24 and 0.19, SSMax 0.23, 0.18 and 0.31, learned sinks 0.24, 0.27 and 0.27, Gemma 5:1 0.14, 0.12 and 0.16
     for name, ruler in {"irope": (0.22, 0.19, 0.24, 3), "xpos_bca_nope": (0.22, 0.19, 0.24, 3),
                         "xpos_bca_nope_gate": (0.22, 0.17, 0.25, 3), "rnope_swa": (0.27, 0.25, 0.31, 3),
                         "xpos_sink_token": (0.29, 0.27, 0.3, 3), "fox_nope": (0.16, 0.15, 0.17, 3),
                         "rope_gate_elementwise": (0.19, 0.15, 0.26, 3), "rope_diff": (0.21, 0.19, 0.24, 3),
-                        "rope_ssmax": (0.24, 0.18, 0.31, 3), "rope_learned_sinks": (0.26, 0.24, 0.27, 3)}.items():
+                        "rope_ssmax": (0.24, 0.18, 0.31, 3), "rope_learned_sinks": (0.26, 0.24, 0.27, 3),
+                        "gemma_5to1": (0.14, 0.12, 0.16, 3)}.items():
         f = design_figures(work, name, 256, 1000)
         low, high, seeds = f.spread["ruler_8l"]
         assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == ruler, name
     # RESULTS: learned sinks' highest seed just below the sink token's lowest, both written 0.27
     sinks, token = (design_figures(work, n, 256, 1000).spread["ruler_8l"] for n in ("rope_learned_sinks", "xpos_sink_token"))
     assert sinks[1] < token[0] and round(sinks[1], 2) == round(token[0], 2) == 0.27
+    # RESULTS: Gemma 5:1's mean the lowest of the designs with three RULER-lite seeds; its range overlaps FoX's and
+    # reaches below it
+    means = {n: design_figures(work, n, 256, 1000) for n in ("irope", "xpos_bca_nope", "xpos_bca_nope_gate", "rnope_swa",
+                                                              "xpos_sink_token", "fox_nope", "rope_gate_elementwise",
+                                                              "rope_diff", "rope_ssmax", "rope_learned_sinks", "gemma_5to1")}
+    assert all(f.spread["ruler_8l"][2] == 3 for f in means.values())
+    assert min(means, key=lambda n: means[n].ruler_8l) == "gemma_5to1"
+    gemma, fox = means["gemma_5to1"].spread["ruler_8l"], means["fox_nope"].spread["ruler_8l"]
+    assert gemma[0] < fox[0] < gemma[1] < fox[1]
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
     # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
