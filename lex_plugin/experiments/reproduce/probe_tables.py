@@ -1,13 +1,12 @@
 """The reproduction's far-context tables: which method is flat and retrieves (with Wilson intervals), RULER-lite,
 LongPPL, BABILong-lite and the far-context verdict, each from the probes' reports."""
 
-import math
 from typing import Dict, List, Optional, Sequence
 
 from ..definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT,
                            RETRIEVES_RANKED, half_up, written)
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
-from .tables import LEGACY_MODES, _num
+from .tables import LEGACY_MODES, _fixed, _num
 
 __all__ = ["answers_far", "far_context", "flat_and_retrieving",
            "flat_and_retrieving_row", "markdown_babilong", "markdown_far_context", "markdown_flat_and_retrieving",
@@ -17,14 +16,6 @@ __all__ = ["answers_far", "far_context", "flat_and_retrieving",
 # the decimals these tables write a perplexity ratio and a score at; each is judged as written
 # (``Definition.meets(value, written_at=...)``), so no cell reads otherwise than its verdict
 RATIO_AT, SCORE_AT = 3, 2
-
-
-def _cell(value: Optional[float], decimals: int) -> str:
-    """A figure written at ``decimals`` as the definitions read it (``definitions.written``); "-" for None, and a
-    figure that is not finite as Python writes it ("inf"), as :func:`tables._num` does."""
-    if value is None:
-        return "-"
-    return written(value, f"{{:.{decimals}f}}") if math.isfinite(value) else f"{value}"
 
 
 def _passkey_mode(result: dict) -> str:
@@ -104,9 +95,10 @@ def flat_and_retrieving_row(run: str, method: str, ratio: float, retrieved: Opti
         raise ValueError(f"{run}, {method}: give retrieved and trials (>= 1) together, or neither (not probed); got "
                          f"{retrieved} of {trials}.")
     score = None if trials is None else retrieved / trials
-    return {"run": run, "method": method, "ratio": ratio, "passkey": score, "flat": FLAT.meets(ratio, written_at=RATIO_AT),
-            "retrieves": None if score is None else RETRIEVES_RANKED.meets(score, written_at=SCORE_AT), "retrieved": retrieved, "trials": trials,
-            "interval": None if trials is None else wilson_interval(retrieved, trials)}
+    return {"run": run, "method": method, "ratio": ratio, "passkey": score,
+            "flat": FLAT.meets(ratio, written_at=RATIO_AT),
+            "retrieves": None if score is None else RETRIEVES_RANKED.meets(score, written_at=SCORE_AT),
+            "retrieved": retrieved, "trials": trials, "interval": None if trials is None else wilson_interval(retrieved, trials)}
 
 
 def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
@@ -120,10 +112,12 @@ def markdown_flat_and_retrieving(rows: List[dict], l: int, top: int) -> str:
 
     def accuracy(r) -> str:
         low, high = r["interval"]
-        return f"{_cell(r['passkey'], SCORE_AT)} ({r['retrieved']}/{r['trials']}; {_cell(low, SCORE_AT)}-{_cell(high, SCORE_AT)})"
+        return (f"{_fixed(r['passkey'], SCORE_AT)} ({r['retrieved']}/{r['trials']}; "
+                f"{_fixed(low, SCORE_AT)}-{_fixed(high, SCORE_AT)})")
 
     # the ratio at RATIO_AT decimals; flat reads it as written, at FLAT's 2 decimals, rounded half up
-    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | {_cell(r['ratio'], RATIO_AT)} | "
+    body = [f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL.get(r['method'], r['method'])} | "
+            f"{_fixed(r['ratio'], RATIO_AT)} | "
             f"{cell(r['passkey'], accuracy(r) if r['passkey'] is not None else '')} | "
             f"{cell(r['flat'], 'yes' if r['flat'] else 'no')} | "
             f"{cell(r['retrieves'], 'yes' if r['retrieves'] else 'no')} |" for r in rows]
@@ -188,7 +182,8 @@ def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> s
             ratio = ppl[-1] / ppl[0] if ppl[0] and ppl[-1] else None
             lratio = lp[-1] / lp[0] if lp[0] and lp[-1] else None
             lines.append(f"| {WINDOW_LABEL.get(mode, mode)} | " + " | ".join(_num(v) for v in ppl)
-                         + f" | {_cell(ratio, RATIO_AT)} | " + " | ".join(_num(v) for v in lp) + f" | {_cell(lratio, SCORE_AT)} |")
+                         + f" | {_fixed(ratio, RATIO_AT)} | " + " | ".join(_num(v) for v in lp)
+                         + f" | {_fixed(lratio, SCORE_AT)} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -203,7 +198,7 @@ def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) ->
     for name, g in greedy.items():
         for mode, by in g.items():
             lines.append(f"| {LABELS.get(name, name)} | {WINDOW_LABEL.get(mode, mode)} | "
-                         + " | ".join(_cell(by.get(L), SCORE_AT) for L in lengths) + " |")
+                         + " | ".join(_fixed(by.get(L), SCORE_AT) for L in lengths) + " |")
     return "\n".join(lines)
 
 
@@ -270,8 +265,8 @@ def markdown_far_context(rows: List[dict], l: int) -> str:
         every = r["flat"] and r["far"] and r["answers_far"]
         if every:
             passing.append(label.replace(" | ", " + "))
-        g = "-" if r["greedy_8l"] is None else f"{_cell(r['greedy_8l'], SCORE_AT)} ({_cell(r['greedy_l'], SCORE_AT)})"
-        cells = [yes(r["flat"], _cell(r["ratio"], RATIO_AT)), yes(r["far"], _cell(r["longppl_ratio"], SCORE_AT)),
+        g = "-" if r["greedy_8l"] is None else f"{_fixed(r['greedy_8l'], SCORE_AT)} ({_fixed(r['greedy_l'], SCORE_AT)})"
+        cells = [yes(r["flat"], _fixed(r["ratio"], RATIO_AT)), yes(r["far"], _fixed(r["longppl_ratio"], SCORE_AT)),
                  yes(r["answers_far"], g)]
         lines.append(f"| {'**' + label.replace(' | ', '** | **') + '**' if every else label} | " + " | ".join(cells) + " |")
     if all(r["answers_far"] is None for r in rows):

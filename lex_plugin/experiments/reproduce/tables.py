@@ -36,10 +36,12 @@ def _num(value: Optional[float]) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
 
 
-def _ratio(value: Optional[float]) -> str:
-    """A ratio at 2 decimals as the definitions write a figure (``definitions.written``: 0.995 is "1.00"); "-" for None,
-    and one that is not finite as :func:`_num` writes it."""
-    return written(value, "{:.2f}") if value is not None and math.isfinite(value) else _num(value)
+def _fixed(value: Optional[float], decimals: int) -> str:
+    """A figure at ``decimals`` as the definitions write one (``definitions.written``: 0.995 at 2 is "1.00"), for a
+    table that judges it as written; "-" for None, and a figure that is not finite as Python writes it ("inf")."""
+    if value is None:
+        return "-"
+    return written(value, f"{{:.{decimals}f}}") if math.isfinite(value) else f"{value}"
 
 
 def markdown_ppl(ppl, runs: Sequence[str], windows: Sequence[str], lengths: Sequence[int], l: int) -> str:
@@ -337,7 +339,7 @@ def markdown_magnitudes(rows: List[dict]) -> str:
     for r in rows:
         met = "-" if r["holds"] is None else "yes" if r["holds"] else "**no**"
         out.append(f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL[r['window']]} | "
-                   + " | ".join(_ratio(r["ratios"].get(k)) for k in ks)
+                   + " | ".join(_fixed(r["ratios"].get(k), 2) for k in ks)
                    + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} | {_trend(r.get('trend'))} |")
     return "\n".join(out)
 
