@@ -393,8 +393,8 @@ def test_the_committed_1000_update_reports_give_the_results_row():
 def test_the_bases_trained_again_for_more_seeds_match_the_committed_length_tables():
     """Seeds 2 and 3 of a RULER-lite row are fine-tuned from its base trained again (one thread); the base's length
     table (designs_1000/reruns/NAME_base_one_thread) against the committed one, as the largest relative difference in
-    loss over their (window, length) cells: the gate's, SSMax's, learned sinks', Gemma 5:1's and DroPE's equal to
-    4e-7, differential attention's 0.11% off."""
+    loss over their (window, length) cells: the gate's, SSMax's, learned sinks', Gemma 5:1's, DroPE's and RoPE's
+    (for RoPE + ReRoPE's passkey seeds) equal to 4e-7, differential attention's 0.11% off."""
     work = REPO / "examples" / "lex_lm" / "designs_1000"
 
     def largest_difference(name: str) -> float:
@@ -404,7 +404,7 @@ def test_the_bases_trained_again_for_more_seeds_match_the_committed_length_table
         assert again.keys() == committed.keys() and len(again) == 15, name
         return max(abs(again[k] - committed[k]) / committed[k] for k in again)
 
-    for name in ("rope_gate_elementwise", "rope_ssmax", "rope_learned_sinks", "gemma_5to1", "rope_drope"):
+    for name in ("rope_gate_elementwise", "rope_ssmax", "rope_learned_sinks", "gemma_5to1", "rope_drope", "rope"):
         assert largest_difference(name) < 4e-7, name
     assert 1e-3 < largest_difference("rope_diff") < 1.2e-3
 
