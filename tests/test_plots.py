@@ -189,3 +189,17 @@ def test_lex_plot_draws_only_the_windows_asked_for(figures, tmp_path):
     assert drawn == ["A: full", "A: bca(128)+sinks(4)", "B: full", "B: bca(128)+sinks(4)"]
     with pytest.raises(ValueError, match="under rerope"):
         plot_reports([a], tmp_path / "x.png", modes=["rerope"])
+
+
+def test_the_flat_line_is_where_a_cell_as_written_flips(figures, tmp_path):
+    """The flat-and-retrieving plot draws flat's line at 1.0045, where the table's ratio written at 3 decimals flips
+    (1.0045 -> "1.005", not flat), not at 1.005; retrieving's at 0.895 (the score is written at its own 2 decimals)."""
+    from lex_plugin.experiments.reproduce.plots import plot_flat_and_retrieving
+    from lex_plugin.experiments.reproduce.probe_tables import flat_and_retrieving_row
+
+    rows = [flat_and_retrieving_row("rope", "full", 1.0044, 9, 10), flat_and_retrieving_row("rope", "rerope", 1.0046, 5, 10)]
+    assert [r["flat"] for r in rows] == [True, False]
+    assert plot_flat_and_retrieving(rows, 256, 4096, tmp_path / "flat.png")
+    flat, found = figures[-1].axes[:2]
+    lines = lambda ax: [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":"]  # noqa: E731
+    assert lines(flat) == [pytest.approx(1.0045)] and lines(found) == [pytest.approx(0.895)]

@@ -148,6 +148,9 @@ def test_a_magnitude_is_judged_as_its_table_writes_it():
     assert "| 3.00 | 17.20 | >= 3 | yes |" in text and "| 1.00 | 0.94 | <= 1 and below ALiBi | yes |" in text
     ppl["rope"]["full"][16 * L] = 29.949  # 2.9949, written 2.99
     assert not reproduce.check_magnitudes(ppl, L, [L, 16 * L])[0]["holds"]
+    ppl["rope"]["full"][16 * L] = float("inf")  # a model that diverged: judged and written as it is, not an error
+    (row,) = [r for r in reproduce.check_magnitudes(ppl, L, [L, 16 * L]) if r["run"] == "rope"]
+    assert row["holds"] and "| RoPE (Roformer) | full attention | inf |" in reproduce.markdown_magnitudes([row])
 
 
 def test_missing_numbers_give_no_verdict():
@@ -1041,6 +1044,10 @@ def test_the_probe_tables_judge_a_ratio_as_they_write_it():
     assert "| 0.50 | 0.50 |" in markdown_babilong(babilong, ["rope"], L)
     only_8l = dict(full, greedy_l=None, greedy_8l=0.5, answers_far=None)  # a report with 8l but not l: undecided
     assert "| 0.50 (-) |" in markdown_far_context([only_8l], L)  # a cell written, not a TypeError
+    longppl = {"rope": {"results": [dict(report["results"][0], longppl=0.0),  # LongPPL of 0 at l: no ratio, "-"
+                                    dict(report["results"][1], ppl=float("inf"), longppl=4.0)]}}
+    from lex_plugin.experiments.reproduce.probe_tables import markdown_longppl
+    assert "| 10.00 | inf | inf | 0.00 | 4.00 | - |" in markdown_longppl(longppl, ["rope"], L)
 
 
 def test_the_options_check_themselves():

@@ -91,12 +91,16 @@ class Definition:
         """
         if value != value or value in (float("inf"), float("-inf")):
             raise ValueError(f"{self.name}: {value} is not a measured figure.")
-        if written_at is not None:
-            if written_at < self.decimals:
-                raise ValueError(f"'{self.name}' is read at {self.decimals} decimals; a figure written at {written_at} "
-                                 f"cannot be judged as written: write it at {self.decimals} or more.")
+        if self._written_at(written_at) is not None:
             value = half_up(value, written_at)
         return bool(self._compare(self.rounded(value), self.bar))
+
+    def _written_at(self, written_at: Optional[int]) -> Optional[int]:
+        """``written_at``, checked: None, or at least :attr:`decimals` (ValueError otherwise)."""
+        if written_at is not None and written_at < self.decimals:
+            raise ValueError(f"'{self.name}' is read at {self.decimals} decimals; a figure written at {written_at} "
+                             f"cannot be judged as written: write it at {self.decimals} or more.")
+        return written_at
 
     def edge(self, written_at: Optional[int] = None) -> float:
         """The unrounded value where the verdict flips (a plot's line): bar + half a unit of the last decimal for
@@ -107,9 +111,7 @@ class Definition:
         Raises:
             ValueError: ``written_at`` is below :attr:`decimals`.
         """
-        if written_at is not None and written_at < self.decimals:
-            raise ValueError(f"'{self.name}' is read at {self.decimals} decimals; a figure written at {written_at} "
-                             f"cannot be judged as written: write it at {self.decimals} or more.")
+        self._written_at(written_at)
         half = 0.5 * 10.0 ** -self.decimals
         edge = self.bar + half if self.op in ("<=", ">") else self.bar - half
         return edge if written_at is None or written_at == self.decimals else edge - 0.5 * 10.0 ** -written_at

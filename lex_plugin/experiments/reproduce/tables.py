@@ -261,6 +261,7 @@ PAPER_RATIOS = {
 }
 # the magnitudes the reproduction aims for at 16l (issue "the paper's magnitudes at CPU scale"): the least ratio
 # ppl(16l) / ppl(l) for the models that should degrade, the most for LeX + BCA (which must also stay below ALiBi)
+MAGNITUDE_AT = 2  # the decimals markdown_magnitudes writes a ratio at; check_magnitudes judges it as written
 MAGNITUDE_TARGETS = {("rope", "full"): (">=", 3.0), ("sinusoidal", "full"): (">=", 5.0), ("xpos", "bca"): ("<=", 1.0)}
 
 
@@ -300,7 +301,7 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
         target = op and f"{op} {bound:g}" + (" and below ALiBi" if name == "xpos" else "")
         holds, trend = None, None
         if op and 16 in ratios:
-            at16 = half_up(ratios[16], 2) if math.isfinite(ratios[16]) else ratios[16]  # as markdown_magnitudes writes it
+            at16 = half_up(ratios[16], MAGNITUDE_AT) if math.isfinite(ratios[16]) else ratios[16]
             holds = at16 >= bound if op == ">=" else at16 <= bound
             if name == "xpos":  # no verdict until ALiBi has its number
                 holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
@@ -339,7 +340,7 @@ def markdown_magnitudes(rows: List[dict]) -> str:
     for r in rows:
         met = "-" if r["holds"] is None else "yes" if r["holds"] else "**no**"
         out.append(f"| {LABELS.get(r['run'], r['run'])} | {WINDOW_LABEL[r['window']]} | "
-                   + " | ".join(_fixed(r["ratios"].get(k), 2) for k in ks)
+                   + " | ".join(_fixed(r["ratios"].get(k), MAGNITUDE_AT) for k in ks)
                    + f" | {_num(r['paper'][8])} | {r['target'] or '-'} | {met} | {r['numbers'] or '-'} | {_trend(r.get('trend'))} |")
     return "\n".join(out)
 
