@@ -65,6 +65,25 @@ def test_claims_fail_when_the_numbers_say_so():
     assert f"{16 * L}: 45.00" in claims[0]["numbers"]
 
 
+def test_claims_are_judged_on_their_numbers_as_written():
+    """A perplexity that rises by less than its last written decimal does not rise as written (30.004 is "30.00"), one
+    that rises by half of it does (30.005 is "30.01", half up); LeX + BCA equal to ALiBi as written is at or below it;
+    resolutions are judged at their 4 written decimals. Judging the raw numbers fails the first claim and the
+    resolution's."""
+    reports = paper_like()
+    reports["xpos"] = report({("bca(16)", n): 30.0 + 0.004 * (i > 0) for i, n in enumerate(LENGTHS)})
+    reports["alibi"] = report({("full", n): 30.0 for n in LENGTHS})
+    flat = {"xpos": resolution(0.12339, 0.12341)}  # both "0.1234": BCA does not exceed as written
+    claims = {c["claim"].split(":")[0]: c for c in reproduce.check_claims(reproduce.ppl_table(reports), flat, L, LENGTHS)}
+    assert claims["LeX + BCA"]["holds"] and claims["LeX + BCA"]["numbers"] == f"{L}: 30.00, " + ", ".join(
+        f"{n}: 30.00" for n in LENGTHS[1:])
+    assert claims["LeX + BCA at or below ALiBi (full attention) at 4l and beyond"]["holds"]
+    assert not claims["xPos"]["holds"] and claims["xPos"]["numbers"] == "BCA 0.1234 vs full 0.1234"
+    reports["xpos"] = report({("bca(16)", n): 30.0 + 0.005 * (i > 0) for i, n in enumerate(LENGTHS)})
+    (rises, *_) = reproduce.check_claims(reproduce.ppl_table(reports), {}, L, LENGTHS)
+    assert not rises["holds"] and f"{2 * L}: 30.01" in rises["numbers"]
+
+
 def magnitude_reports(rope16, sinusoidal16, xpos16, alibi16):
     """Reports at l..16l whose ppl(16l) / ppl(l) are the given ratios (every ppl at l is 10; ALiBi's ratio is its own)."""
     lengths = LENGTHS + [16 * L]

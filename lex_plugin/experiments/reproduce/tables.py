@@ -30,9 +30,23 @@ def ppl_table(reports: Dict[str, dict]) -> Dict[str, Dict[str, Dict[int, float]]
     return out
 
 
+def _as_written(value: float) -> float:
+    """A perplexity as :func:`_num` writes it: half up to 2 decimals below 1,000, to a whole number from 1,000 on
+    (``definitions.half_up``); a value that is not finite as it is. The claims judge a perplexity so, so no claim
+    reads "rises" over two numbers written alike."""
+    if not math.isfinite(value):
+        return value
+    at_two = half_up(value, 2)
+    return half_up(value, 0) if at_two >= 1000 else at_two
+
+
 def _num(value: Optional[float]) -> str:
+    """A perplexity as the tables write it (:func:`_as_written`): "30.12", "1,447", "inf"; "-" for None."""
     if value is None:
         return "-"
+    value = _as_written(value)
+    if not math.isfinite(value):
+        return f"{value}"
     return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
 
 
@@ -194,7 +208,8 @@ def markdown_resolution(resolution: Dict[str, Dict[str, dict]], runs: Sequence[s
 
 def check_claims(ppl, resolution, l: int, lengths: Sequence[int]) -> List[dict]:
     """The issue's four claims, each with its verdict and the numbers it rests on. Nothing is forced: a
-    claim that fails is reported as failing.
+    claim that fails is reported as failing. Each is judged on its numbers as written (perplexities by
+    :func:`_as_written`, resolutions at 4 decimals half up), so a claim never reads otherwise than its numbers.
 
     Args:
         ppl: :func:`ppl_table`'s output; resolution: as for :func:`markdown_resolution`; l: the training
@@ -207,7 +222,8 @@ def check_claims(ppl, resolution, l: int, lengths: Sequence[int]) -> List[dict]:
     claims = []
 
     def get(name, window, L):
-        return ppl.get(name, {}).get(window, {}).get(L)
+        value = ppl.get(name, {}).get(window, {}).get(L)
+        return None if value is None else _as_written(value)
 
     longer = [L for L in lengths if L > l]
     # 1. LeX + BCA perplexity does not rise from l to the longest length.
@@ -237,8 +253,8 @@ def check_claims(ppl, resolution, l: int, lengths: Sequence[int]) -> List[dict]:
     r_bca = res.get("bca", {}).get("lengths", {}).get(str(2 * l))
     if r_full and r_bca:
         claims.append({"claim": f"xPos: resolution with BCA exceeds resolution without at 2l = {2 * l}",
-                       "holds": r_bca["R"] > r_full["R"],
-                       "numbers": f"BCA {r_bca['R']:.4f} vs full {r_full['R']:.4f}"})
+                       "holds": half_up(r_bca["R"], 4) > half_up(r_full["R"], 4),
+                       "numbers": f"BCA {written(r_bca['R'], '{:.4f}')} vs full {written(r_full['R'], '{:.4f}')}"})
     return claims
 
 
@@ -304,7 +320,7 @@ def check_magnitudes(ppl, l: int, lengths: Sequence[int], budgets: Optional[dict
             at16 = half_up(ratios[16], MAGNITUDE_AT) if math.isfinite(ratios[16]) else ratios[16]
             holds = at16 >= bound if op == ">=" else at16 <= bound
             if name == "xpos":  # no verdict until ALiBi has its number
-                holds = None if alibi_16 is None else holds and row[16 * l] < alibi_16
+                holds = None if alibi_16 is None else holds and _as_written(row[16 * l]) < _as_written(alibi_16)
                 numbers += f" (ALiBi {_num(alibi_16)})"
         if holds is False and op == ">=" and tokens_per_update:
             points = [(u * tokens_per_update, snap[window][16 * l] / snap[window][l])
