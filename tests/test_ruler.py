@@ -307,7 +307,7 @@ def test_lex_ruler_and_ruler_data(trained, data_bin, tmp_path, hub):
                for r in report["results"])
     summary = {(s["window"], s["measure"], s["relative"]) for s in report["summary"]}
     assert summary == {(w, m, rel) for w in ("full", "bca(32)") for m in ("greedy", "ranking") for rel in (None, 0.9)}
-    assert "| full | greedy |" in proc.stdout and "effective (85.6%)" in proc.stdout
+    assert "| full | greedy |" in proc.stdout and "effective (0.856)" in proc.stdout
     assert all((tmp_path / f"ruler_{t}.png").stat().st_size > 5000 for t in ("niah_single_2", "vt", "fwe"))
 
     dest = tmp_path / "ruler-bin"
@@ -357,6 +357,38 @@ def test_effective_length_and_weighted_averages_by_hand():
     dip = [RulerResult("a", "full", L, 0.5, trials=2, score=2 * v, queries=2, greedy=v)
            for L, v in zip((64, 128, 256, 512), (0.9, 0.7, 0.95, 0.95))]
     assert effective_length(dip, "full", "ranking", threshold=0.856)["effective_length"] == 64
+
+
+def test_effective_length_judges_each_average_as_the_table_writes_it(tmp_path):
+    """An average of 0.8564 is written "0.856" and does not exceed RULER's 0.856, though its raw value does; 0.8565 is
+    written "0.857" and does. The relative bar is the factor times the shortest length's average as written
+    (0.9 x 0.857 = 0.7713, bar "0.771"), written beside the effective length. A bar with more decimals than an average
+    is written at is refused, by the table and by the CLI before the probe runs."""
+    from lex_plugin.evaluation.ruler import format_ruler
+
+    def results(*averages):
+        return [RulerResult("a", "full", L, 0.5, trials=1, score=v, queries=1, greedy=v)
+                for L, v in zip((64, 128, 256), averages)]
+
+    assert effective_length(results(0.8565, 0.8564, 0.9), "full", "ranking")["effective_length"] == 64
+    assert effective_length(results(0.8564, 0.9, 0.9), "full", "ranking")["effective_length"] is None
+    own = effective_length(results(0.8565, 0.7715, 0.7714), "full", "ranking", relative=0.9)
+    assert own["threshold"] == 0.771 and own["effective_length"] == 128  # 0.7715 is "0.772", 0.7714 is "0.771"
+    table = format_ruler(results(0.8565, 0.8564, 0.9))
+    assert "| full | ranking | 0.857 | 0.856 | 0.900 |" in table and "| 64 | 256 (bar 0.771) |" in table
+    for bad in (0.8555, 1.5):
+        with pytest.raises(ValueError, match="at most 3 decimals"):
+            effective_length(results(0.9, 0.9, 0.9), "full", "ranking", threshold=bad)
+        with pytest.raises(ValueError, match="at most 3 decimals"):
+            format_ruler(results(0.9, 0.9, 0.9), threshold=bad)
+    # the CLI refuses it before reading the checkpoint (an empty file here)
+    from click.testing import CliRunner
+
+    from lex_plugin.cli import main
+
+    (tmp_path / "empty.pt").touch()
+    result = CliRunner().invoke(main, ["ruler", str(tmp_path), "--path", str(tmp_path / "empty.pt"), "--threshold", "0.8555"])
+    assert result.exit_code == 1 and "at most 3 decimals" in result.output, result.output
 
 
 def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypatch):

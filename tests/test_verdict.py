@@ -11,7 +11,8 @@ import pytest
 
 from conftest import REPO
 
-from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER, written
+from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER
+from lex_plugin.rounding import written
 from lex_plugin.experiments.reproduce.verdict import (
     GOALS, Figures, Goal, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict,
     provenance_cell, reference_figures, shortfall)

@@ -65,7 +65,8 @@ def passkey_cmd(checkpoint, data, lengths, depths, windows, trials, distractors,
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default="test", show_default=True, help="split of the data-bin the book haystacks come from")
 @click.option("--threshold", type=click.FloatRange(0, 1), default=0.856, show_default=True,
-              help="effective length: the task average must exceed this at every length up to it (RULER's 85.6%)")
+              help="effective length: the task average, at 3 decimals, must exceed this at every length up to it (RULER's "
+                   "0.856; at most 3 decimals)")
 @click.option("--relative-threshold", type=click.FloatRange(0, 1), default=0.9, show_default=True,
               help="effective length also at this fraction of the window's own average at the shortest length")
 @probe_options
@@ -80,9 +81,10 @@ def ruler_cmd(checkpoint, data, tasks, lengths, depths, windows, trials, distrac
     answer against K same-typed distractors. Per (task, window, length, depth): tables, each window's effective
     length and weighted averages, JSON, one heat map per task (--plot OUT.png writes OUT_TASK.png)."""
     from ..data.stream import split_stream
-    from ..evaluation.ruler import effective_length, format_ruler, plot_ruler, ruler_accuracy
+    from ..evaluation.ruler import check_threshold, effective_length, format_ruler, plot_ruler, ruler_accuracy
 
     try:
+        check_threshold(threshold)  # before the probe runs, not after it
         hub = open_hub(checkpoint, data, flags)
         l = flags["training_length"] or hub.training_length
         if lengths is None and l is None:

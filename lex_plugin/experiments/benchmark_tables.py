@@ -5,7 +5,7 @@ writes them there) and the scripts print them."""
 from typing import List
 
 from .benchmark import markdown_table
-from .definitions import written
+from ..rounding import written
 
 __all__ = ["design_costs_markdown", "limits_markdown", "provenance_line"]
 
@@ -20,7 +20,7 @@ def provenance_line(prov: dict) -> str:
 def design_costs_markdown(rows: List[dict]) -> str:
     """Each design against its base model (``experiments.design_costs``): evaluation seconds and their ratio,
     generation ms per token and their ratio, the key/value positions kept at 64k and their ratio; the two ratios the
-    verdict judges (time and cache) written as it writes them (``definitions.written``: 1.105 is "1.11x", not "1.10x")."""
+    verdict judges (time and cache) written as it writes them (``rounding.written``: 1.105 is "1.11x", not "1.10x")."""
     return markdown_table(
         ["run", "eval s (design / base)", "eval time", "gen ms/token (design / base)", "gen time",
          "cache 64k (positions, design / base)", "cache"],

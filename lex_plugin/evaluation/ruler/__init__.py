@@ -2,9 +2,9 @@
 models, scored by greedy exact match and by candidate log-probability, with RULER's effective length
 (:mod:`.probe`): ``lex ruler``, ``lex ruler-data``."""
 
-from .probe import (RulerResult, answer_query, effective_length, finetune_samples, format_ruler, plot_ruler,
-                    ruler_accuracy, sentence_stops)
+from .probe import (AVERAGE_AT, RulerResult, answer_query, check_threshold, effective_length, finetune_samples,
+                    format_ruler, plot_ruler, ruler_accuracy, sentence_stops)
 from .tasks import DEPTHLESS, TASKS, Query, RulerSample, make_sample
 
-__all__ = ["DEPTHLESS", "Query", "RulerResult", "RulerSample", "TASKS", "answer_query", "effective_length",
-           "finetune_samples", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy", "sentence_stops"]
+__all__ = ["AVERAGE_AT", "DEPTHLESS", "Query", "RulerResult", "RulerSample", "TASKS", "answer_query", "check_threshold",
+           "effective_length", "finetune_samples", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy", "sentence_stops"]

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ...data.finetune import FinetuneRow
+from ...rounding import half_up, written
 from ...modules.attention.spec import AttentionSpec
 from ..length_eval import progress_bar
 from ..journal import CellJournal
@@ -40,8 +41,9 @@ ANSWER_ROOM = 48  # tokens kept free for a fine-tuning sample's answer text (4 v
 GREEDY_SLACK = 4  # tokens greedy decoding may write beyond the answer text's length
 REDRAWS = 20  # prompts drawn for a trial before its length counts as too short for the task
 RULER_THRESHOLD = 0.856  # RULER's effective-length threshold (Llama-2-7B's average at 4K)
+AVERAGE_AT = 3  # the decimals a task average is written and judged at (RULER's bar, 85.6%, has 3)
 
-__all__ = ["RulerResult", "answer_query", "effective_length", "finetune_samples", "format_ruler", "plot_ruler",
+__all__ = ["AVERAGE_AT", "RulerResult", "answer_query", "check_threshold", "effective_length", "finetune_samples", "format_ruler", "plot_ruler",
            "ruler_accuracy", "sentence_stops"]
 
 
@@ -272,6 +274,18 @@ def _task_average(results: Sequence[RulerResult], window: str, length: int, meas
     return sum(values) / len(values) if values else None
 
 
+def check_threshold(threshold: float) -> None:
+    """Refuse an effective-length bar written at more decimals than a task average is judged at (:data:`AVERAGE_AT`).
+
+    Raises:
+        ValueError: ``threshold`` is outside [0, 1] or has more than :data:`AVERAGE_AT` decimals (0.8555: which
+            written average, 0.855 or 0.856, would pass?).
+    """
+    if not 0 <= threshold <= 1 or half_up(threshold, AVERAGE_AT) != threshold:
+        raise ValueError(f"effective-length threshold {threshold}: give a fraction in [0, 1] with at most {AVERAGE_AT} "
+                         f"decimals (RULER's is {RULER_THRESHOLD}), the decimals a task average is written and judged at.")
+
+
 def effective_length(results: Sequence[RulerResult], window: str, measure: str = "greedy",
                      threshold: float = RULER_THRESHOLD, relative: Optional[float] = None) -> dict:
     """RULER's summary of one window (Hsieh et al. 2024, section 4): the task average at each length, its
@@ -279,18 +293,24 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
 
     Args:
         measure: ``greedy`` (string_match_all) or ``ranking``.
-        threshold: the effective length's bar (RULER: 0.856); with ``relative``, the bar is instead ``relative``
-            times the window's own average at the shortest length.
+        threshold: the effective length's bar (RULER: 0.856), at most :data:`AVERAGE_AT` decimals; with
+            ``relative``, the bar is instead ``relative`` times the window's own average at the shortest length as
+            written, rounded half up to :data:`AVERAGE_AT` decimals.
+
+    An average exceeds the bar when, rounded half up to :data:`AVERAGE_AT` decimals as :func:`format_ruler` writes
+    it, it is above the bar: no written average reads otherwise than the effective length.
 
     Returns:
         {"tasks": the tasks averaged (those scored at every length: a task skipped at a length, too long for it,
         is left out of every average), "averages": {L: avg or None}, "wavg_inc", "wavg_dec" (weights 1..n rising /
         falling with the length's rank), "threshold" (the bar used), "effective_length": the longest L such that
-        the average exceeds the bar at every length up to L, or None when the shortest does not}.
+        the average exceeds the bar at every length up to L, or None when the shortest does not}; the averages
+        unrounded.
 
     Raises:
-        ValueError: an unknown measure or window.
+        ValueError: an unknown measure or window; a threshold that :func:`check_threshold` refuses.
     """
+    check_threshold(threshold)
     if measure not in MEASURES:
         raise ValueError(f"unknown RULER measure {measure!r}; choose from {', '.join(MEASURES)}.")
     lengths = sorted({r.length for r in results if r.window == window})
@@ -302,10 +322,11 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
     n = len(known)
     inc = sum((i + 1) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
     dec = sum((n - i) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
-    bar = threshold if relative is None else (relative * known[0][1] if known else None)
+    bar = threshold if relative is None else (half_up(relative * half_up(known[0][1], AVERAGE_AT), AVERAGE_AT)
+                                              if known else None)
     effective = None
     for L, v in averages.items():
-        if v is None or bar is None or not v > bar:
+        if v is None or bar is None or not half_up(v, AVERAGE_AT) > bar:
             break
         effective = L
     return {"tasks": tasks, "averages": averages, "wavg_inc": inc, "wavg_dec": dec, "threshold": bar,
@@ -316,7 +337,13 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
                  threshold: float = RULER_THRESHOLD, relative: float = 0.9) -> str:
     """Markdown: the greedy table (string_match_all: rows task x window, columns lengths, cells the mean over
     depths), the same for ranking, then per window and measure the task average, RULER's weighted averages and
-    the effective length at ``threshold`` and at ``relative`` x the window's own average at the shortest length."""
+    the effective length at ``threshold`` and at ``relative`` x the window's own average at the shortest length
+    (:func:`effective_length`), the averages written at :data:`AVERAGE_AT` decimals, as they are judged.
+
+    Raises:
+        ValueError: a threshold that :func:`check_threshold` refuses.
+    """
+    check_threshold(threshold)
     lengths = sorted({r.length for r in results})
     name = (lambda L: f"{L} ({L / training_length:g}l)") if training_length else str
     chance = 1 / (1 + results[0].distractors) if results else 0
@@ -336,12 +363,13 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
                     v = value(rows) if rows else None
                     cells.append("-" if v is None else f"{v:.2f}")
                 lines.append(f"| {task} | {window} | " + " | ".join(cells) + " |")
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else written(v, f"{{:.{AVERAGE_AT}f}}")  # noqa: E731
     lines += ["", f"Task average per window, RULER's weighted averages and effective length (the longest length up to "
-                  f"which every task average exceeds {threshold:.1%}, or {relative:g} x the window's own average at "
-                  f"{name(lengths[0]) if lengths else '-'}; over the tasks scored at every length)",
+                  f"which every task average, as written, exceeds {threshold:.{AVERAGE_AT}f}, or {relative:g} x the "
+                  f"window's own average at {name(lengths[0]) if lengths else '-'}, the bar beside it; over the tasks "
+                  "scored at every length)",
               "| window | measure | " + " | ".join(map(name, lengths)) + " | wAvg (inc) | wAvg (dec) | effective "
-              f"({threshold:.1%}) | effective ({relative:g} x own) |", "|---|---|" + "---:|" * (len(lengths) + 4)]
+              f"({threshold:.{AVERAGE_AT}f}) | effective ({relative:g} x own) |", "|---|---|" + "---:|" * (len(lengths) + 4)]
     left_out = sorted({r.task for r in results} - set(effective_length(results, results[0].window, "ranking")["tasks"])
                       if results else set())
     if left_out:
@@ -352,7 +380,8 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
             own = effective_length(results, window, measure, threshold, relative)
             lines.append(f"| {window} | {measure} | " + " | ".join(fmt(absolute["averages"].get(L)) for L in lengths)
                          + f" | {fmt(absolute['wavg_inc'])} | {fmt(absolute['wavg_dec'])} | "
-                         f"{absolute['effective_length'] or '-'} | {own['effective_length'] or '-'} |")
+                         f"{absolute['effective_length'] or '-'} | {own['effective_length'] or '-'}"
+                         + (f" (bar {fmt(own['threshold'])})" if own["threshold"] is not None else "") + " |")
     return "\n".join(lines)
 
 

@@ -3,8 +3,9 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
+from ...rounding import half_up, written
 from ..definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT,
-                           RETRIEVES_RANKED, half_up, written)
+                           RETRIEVES_RANKED)
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 from .tables import LEGACY_MODES, _fixed, _num
 

@@ -4,7 +4,7 @@ accuracy, attention resolution, and the paper's claims checked against the numbe
 import math
 from typing import Dict, List, Optional, Sequence
 
-from ..definitions import half_up, written
+from ...rounding import half_up, written
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
 
 # modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
@@ -32,7 +32,7 @@ def ppl_table(reports: Dict[str, dict]) -> Dict[str, Dict[str, Dict[int, float]]
 
 def _as_written(value: float) -> float:
     """A perplexity as :func:`_num` writes it: half up to 2 decimals below 1,000, to a whole number from 1,000 on
-    (``definitions.half_up``); a value that is not finite as it is. The claims judge a perplexity so, so no claim
+    (``rounding.half_up``); a value that is not finite as it is. The claims judge a perplexity so, so no claim
     reads "rises" over two numbers written alike."""
     if not math.isfinite(value):
         return value
@@ -51,7 +51,7 @@ def _num(value: Optional[float]) -> str:
 
 
 def _fixed(value: Optional[float], decimals: int) -> str:
-    """A figure at ``decimals`` as the definitions write one (``definitions.written``: 0.995 at 2 is "1.00"), for a
+    """A figure at ``decimals`` as the definitions write one (``rounding.written``: 0.995 at 2 is "1.00"), for a
     table that judges it as written; "-" for None, and a figure that is not finite as Python writes it ("inf")."""
     if value is None:
         return "-"

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...rounding import written
 from ..definitions import (CHEAP_TO_EVALUATE, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, SMALL_CACHE,
-                           Definition, written)
+                           Definition)
 from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRATED, RULER_REPORT, RUNS, full_attention_only,
                         run_arguments)
 
@@ -114,7 +115,7 @@ class Goal:
 
     @property
     def fmt(self) -> str:
-        """How a cell writes the figure (``definitions.written``): ``{:.2f}x``."""
+        """How a cell writes the figure (``rounding.written``): ``{:.2f}x``."""
         return f"{{:.{self.decimals}f}}{self.unit}"
 
     def test(self, value: float) -> bool:
@@ -155,7 +156,7 @@ def _met(f: Figures, goal: Goal) -> Optional[bool]:
 
 
 def shown(f: Figures, key: str, fmt: str) -> str:
-    """A figure as a cell, written by ``fmt`` (``definitions.written``): its value, and over several seeds its mean with the
+    """A figure as a cell, written by ``fmt`` (``rounding.written``): its value, and over several seeds its mean with the
     range and the number of seeds; what ``f.without_value`` says for a figure measured without a value,
     ``f.not_measurable`` for one that cannot be; "-" not measured."""
     value = getattr(f, key)
