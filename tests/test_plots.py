@@ -117,7 +117,7 @@ def test_the_schemes_plot_draws_the_tables_rows_with_their_seeds(figures, tmp_pa
     labels = [t.get_text() for t in flat.get_yticklabels()]
     assert len(labels) == len(set(labels)) == len(rows) == 9
     assert "ALiBi, ReRoPE (w = l/2), 3 seeds" in labels and "RoPE, BCA" in labels
-    assert "RoPE, ReRoPE (w = l/2), one seed" in labels
+    assert "RoPE, ReRoPE (w = l/2), 3 seeds" in labels
     assert [t.get_text() for t in found.texts] == ["not probed"]
     bars = sorted((round(float(seg[0][0]), 2), round(float(seg[1][0]), 2)) for c in found.collections
                   if isinstance(c, LineCollection) for seg in c.get_segments() if seg[0][1] == seg[1][1])

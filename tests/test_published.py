@@ -123,13 +123,19 @@ def test_the_schemes_table_reads_the_far_context_and_the_passkey_as_the_verdict_
     for name, key in where.items():
         assert cells[key] == f"{FAR_CONTEXT.rounded(refs[name].longppl_ratio):.2f}", name
         assert passkey[key] == (shown(refs[name], "passkey_8l", "{:.2f}"), shown(refs[name], "greedy_16l", "{:.2f}")), name
-    # by hand from the raw reports: ALiBi + ReRoPE wrote the key at 16l in 49 of 50 prompts under each of three seeds
-    counts = []
-    for sfx in ("", "_seed2", "_seed3"):
-        raw = json.loads((REPO / f"examples/lex_lm/designs_1000/runs/alibi/passkey_finetuned_16l{sfx}.json").read_text())
-        rows = [r for r in raw["results"] if r["window"].startswith("rerope") and r["length"] == 4096]
-        counts.append((sum(r["greedy"] for r in rows), sum(r["trials"] for r in rows)))
-    assert counts == [(49, 50)] * 3 and passkey[("ALiBi", "ReRoPE (w = l/2)")][1] == "0.98 (0.98-0.98, 3 seeds)"
+    # by hand from the raw reports: ALiBi + ReRoPE wrote the key at 16l in 49 of 50 prompts under each of three seeds,
+    # RoPE + ReRoPE in 26, 4 and 6 (its seed 1 the highest: the mean over three is half of seed 1's)
+    def greedy_counts(scheme):
+        counts = []
+        for sfx in ("", "_seed2", "_seed3"):
+            raw = json.loads((REPO / f"examples/lex_lm/designs_1000/runs/{scheme}/passkey_finetuned_16l{sfx}.json").read_text())
+            rows = [r for r in raw["results"] if r["window"].startswith("rerope") and r["length"] == 4096]
+            counts.append((sum(r["greedy"] for r in rows), sum(r["trials"] for r in rows)))
+        return counts
+
+    assert greedy_counts("alibi") == [(49, 50)] * 3 and passkey[("ALiBi", "ReRoPE (w = l/2)")][1] == "0.98 (0.98-0.98, 3 seeds)"
+    assert greedy_counts("rope") == [(26, 50), (4, 50), (6, 50)]
+    assert passkey[("RoPE", "ReRoPE (w = l/2)")] == ("1.00 (1.00-1.00, 3 seeds)", "0.24 (0.08-0.52, 3 seeds)")
     assert cells[("LeX (xPos)", "BCA")] == "1.02" and not FAR_CONTEXT.meets(1.02)
     # every scheme's BCA measured on the common key tokens (RoPE's from its report with BCA among its windows), each
     # worked out by hand from the raw rows at 16l: LongPPL under bca(128) over LongPPL under sliding(256)
