@@ -7,4 +7,5 @@ from .probe import (AVERAGE_AT, RulerResult, answer_query, check_threshold, effe
 from .tasks import DEPTHLESS, TASKS, Query, RulerSample, make_sample
 
 __all__ = ["AVERAGE_AT", "DEPTHLESS", "Query", "RulerResult", "RulerSample", "TASKS", "answer_query", "check_threshold",
-           "effective_length", "finetune_samples", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy", "sentence_stops"]
+           "effective_length", "finetune_samples", "format_ruler", "make_sample", "plot_ruler", "ruler_accuracy",
+           "sentence_stops"]

@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from ...data.finetune import FinetuneRow
-from ...rounding import half_up, written
 from ...modules.attention.spec import AttentionSpec
+from ...rounding import half_up, written
 from ..length_eval import progress_bar
 from ..journal import CellJournal
 from ..passkey import CandidateScores, ReadPrompt, read_context, read_prompt, score_continuations
@@ -43,8 +43,8 @@ REDRAWS = 20  # prompts drawn for a trial before its length counts as too short 
 RULER_THRESHOLD = 0.856  # RULER's effective-length threshold (Llama-2-7B's average at 4K)
 AVERAGE_AT = 3  # the decimals a task average is written and judged at (RULER's bar, 85.6%, has 3)
 
-__all__ = ["AVERAGE_AT", "RulerResult", "answer_query", "check_threshold", "effective_length", "finetune_samples", "format_ruler", "plot_ruler",
-           "ruler_accuracy", "sentence_stops"]
+__all__ = ["AVERAGE_AT", "RulerResult", "answer_query", "check_threshold", "effective_length", "finetune_samples",
+           "format_ruler", "plot_ruler", "ruler_accuracy", "sentence_stops"]
 
 
 def sentence_stops(encode) -> List[int]:
