@@ -7,7 +7,7 @@ length) rounds it here, so no cell reads otherwise than its verdict.
 import re
 from decimal import ROUND_HALF_UP, Decimal
 
-__all__ = ["half_up", "written"]
+__all__ = ["half_up", "product_half_up", "written"]
 
 
 def half_up(value: float, decimals: int) -> float:
@@ -20,6 +20,19 @@ def half_up(value: float, decimals: int) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"{value} is not a measured figure: it cannot be rounded.")
     return float(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
+def product_half_up(factor: float, value: float, decimals: int) -> float:
+    """``factor`` x ``value`` worked out as a reader would, on their shortest decimal forms, then rounded half up to
+    ``decimals`` (0.9 x 0.815 = 0.7335 -> 0.734 at 3, where the binary product 0.73349... gives 0.733).
+
+    Raises:
+        ValueError: either is not finite.
+    """
+    for x in (factor, value):
+        half_up(x, 0)  # refuses a value that is not finite, as half_up says
+    product = Decimal(repr(float(factor))) * Decimal(repr(float(value)))
+    return float(product.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
 
 
 def written(value: float, fmt: str) -> str:

@@ -82,6 +82,11 @@ def test_claims_are_judged_on_their_numbers_as_written():
     reports["xpos"] = report({("bca(16)", n): 30.0 + 0.005 * (i > 0) for i, n in enumerate(LENGTHS)})
     (rises, *_) = reproduce.check_claims(reproduce.ppl_table(reports), {}, L, LENGTHS)
     assert not rises["holds"] and f"{2 * L}: 30.01" in rises["numbers"]
+    # the resolution table writes R as the claim reads it (0.87615 is "0.8762", half up); a resolution that is not
+    # finite gives no claim rather than stopping the table
+    assert "0.8762" in reproduce.markdown_resolution({"xpos": resolution(0.87615, 0.5)}, ["xpos"], [2 * L])
+    claims = reproduce.check_claims(reproduce.ppl_table(reports), {"xpos": resolution(float("nan"), 0.5)}, L, LENGTHS)
+    assert not any(c["claim"].startswith("xPos") for c in claims)
 
 
 def magnitude_reports(rope16, sinusoidal16, xpos16, alibi16):

@@ -361,9 +361,11 @@ def test_effective_length_and_weighted_averages_by_hand():
 
 def test_effective_length_judges_each_average_as_the_table_writes_it(tmp_path):
     """An average of 0.8564 is written "0.856" and does not exceed RULER's 0.856, though its raw value does; 0.8565 is
-    written "0.857" and does. The relative bar is the factor times the shortest length's average as written
-    (0.9 x 0.857 = 0.7713, bar "0.771"), written beside the effective length. A bar with more decimals than an average
-    is written at is refused, by the table and by the CLI before the probe runs."""
+    written "0.857" and does. The relative bar is the factor times the shortest length's average as written, on
+    decimals, at 4 decimals (0.9 x 0.857 = 0.7713; 0.75 x 0.071 = 0.05325 -> 0.0533, not the binary product's 0.0532),
+    written beside the effective length; a window whose averages stay at its shortest length's, however small, keeps
+    every length. A bar with more decimals than an average is written at is refused, by the table and by the CLI
+    before the probe runs."""
     from lex_plugin.evaluation.ruler import format_ruler
 
     def results(*averages):
@@ -373,9 +375,13 @@ def test_effective_length_judges_each_average_as_the_table_writes_it(tmp_path):
     assert effective_length(results(0.8565, 0.8564, 0.9), "full", "ranking")["effective_length"] == 64
     assert effective_length(results(0.8564, 0.9, 0.9), "full", "ranking")["effective_length"] is None
     own = effective_length(results(0.8565, 0.7715, 0.7714), "full", "ranking", relative=0.9)
-    assert own["threshold"] == 0.771 and own["effective_length"] == 128  # 0.7715 is "0.772", 0.7714 is "0.771"
+    assert own["threshold"] == 0.7713 and own["effective_length"] == 128  # 0.7715 is "0.772", 0.7714 is "0.771"
+    # 0.75 x 0.071 = 0.05325 -> 0.0533, where the binary product 0.0532499... gives 0.0532: 0.053 does not exceed it
+    tie = effective_length(results(0.071, 0.053, 0.053), "full", "ranking", relative=0.75)
+    assert tie["threshold"] == 0.0533 and tie["effective_length"] == 64
+    assert effective_length(results(0.003, 0.003, 0.003), "full", "ranking", relative=0.9)["effective_length"] == 256
     table = format_ruler(results(0.8565, 0.8564, 0.9))
-    assert "| full | ranking | 0.857 | 0.856 | 0.900 |" in table and "| 64 | 256 (bar 0.771) |" in table
+    assert "| full | ranking | 0.857 | 0.856 | 0.900 |" in table and "| 64 | 256 (bar 0.7713) |" in table
     for bad in (0.8555, 1.5):
         with pytest.raises(ValueError, match="at most 3 decimals"):
             effective_length(results(0.9, 0.9, 0.9), "full", "ranking", threshold=bad)

@@ -13,8 +13,8 @@ greedy decoding writes as many tokens as the answer text has, plus 4 (:func:`ans
 the fraction of its answers whose tokens appear in what it wrote (``string_match_all``, on token ids).
 
 Summaries per window (:func:`effective_length`): RULER's effective length, the longest length up to which
-every length's task average exceeds a threshold (RULER's 85.6%, or a fraction of the model's own average at
-the shortest length), and RULER's length-weighted averages (weights rising, ``wAvg (inc)``, or falling,
+every length's task average, as written at 3 decimals, exceeds a threshold (RULER's 0.856, or a fraction of the
+model's own average at the shortest length), and RULER's length-weighted averages (weights rising, ``wAvg (inc)``, or falling,
 ``wAvg (dec)``, linearly with the length's rank).
 """
 
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ...data.finetune import FinetuneRow
 from ...modules.attention.spec import AttentionSpec
-from ...rounding import half_up, written
+from ...rounding import half_up, product_half_up, written
 from ..length_eval import progress_bar
 from ..journal import CellJournal
 from ..passkey import CandidateScores, ReadPrompt, read_context, read_prompt, score_continuations
@@ -295,7 +295,8 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
         measure: ``greedy`` (string_match_all) or ``ranking``.
         threshold: the effective length's bar (RULER: 0.856), at most :data:`AVERAGE_AT` decimals; with
             ``relative``, the bar is instead ``relative`` times the window's own average at the shortest length as
-            written, rounded half up to :data:`AVERAGE_AT` decimals.
+            written, worked out on decimals and kept to one more decimal than an average (0.9 x 0.003 = 0.0027,
+            which 0.003 exceeds: a window never fails its own average).
 
     An average exceeds the bar when, rounded half up to :data:`AVERAGE_AT` decimals as :func:`format_ruler` writes
     it, it is above the bar: no written average reads otherwise than the effective length.
@@ -322,7 +323,7 @@ def effective_length(results: Sequence[RulerResult], window: str, measure: str =
     n = len(known)
     inc = sum((i + 1) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
     dec = sum((n - i) * v for i, (_, v) in enumerate(known)) / (n * (n + 1) / 2) if n else None
-    bar = threshold if relative is None else (half_up(relative * half_up(known[0][1], AVERAGE_AT), AVERAGE_AT)
+    bar = threshold if relative is None else (product_half_up(relative, half_up(known[0][1], AVERAGE_AT), AVERAGE_AT + 1)
                                               if known else None)
     effective = None
     for L, v in averages.items():
@@ -361,7 +362,7 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
                 for L in lengths:
                     rows = [r for r in results if r.task == task and r.window == window and r.length == L]
                     v = value(rows) if rows else None
-                    cells.append("-" if v is None else f"{v:.2f}")
+                    cells.append("-" if v is None else written(v, "{:.2f}"))
                 lines.append(f"| {task} | {window} | " + " | ".join(cells) + " |")
     fmt = lambda v: "-" if v is None else written(v, f"{{:.{AVERAGE_AT}f}}")  # noqa: E731
     lines += ["", f"Task average per window, RULER's weighted averages and effective length (the longest length up to "
@@ -381,7 +382,8 @@ def format_ruler(results: Sequence[RulerResult], training_length: Optional[int] 
             lines.append(f"| {window} | {measure} | " + " | ".join(fmt(absolute["averages"].get(L)) for L in lengths)
                          + f" | {fmt(absolute['wavg_inc'])} | {fmt(absolute['wavg_dec'])} | "
                          f"{absolute['effective_length'] or '-'} | {own['effective_length'] or '-'}"
-                         + (f" (bar {fmt(own['threshold'])})" if own["threshold"] is not None else "") + " |")
+                         + (f" (bar {written(own['threshold'], f'{{:.{AVERAGE_AT + 1}f}}')})"
+                            if own["threshold"] is not None else "") + " |")
     return "\n".join(lines)
 
 

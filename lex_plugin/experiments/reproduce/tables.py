@@ -201,7 +201,7 @@ def markdown_resolution(resolution: Dict[str, Dict[str, dict]], runs: Sequence[s
         for L in lengths:
             for w in ("full", "bca"):
                 r = res.get(w, {}).get("lengths", {}).get(str(L))
-                cells.append(f"{r['R']:.4f}" if r else "-")
+                cells.append(_fixed(r["R"], 4) if r else "-")
         rows.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -251,7 +251,7 @@ def check_claims(ppl, resolution, l: int, lengths: Sequence[int]) -> List[dict]:
     res = resolution.get("xpos", {})
     r_full = res.get("full", {}).get("lengths", {}).get(str(2 * l))
     r_bca = res.get("bca", {}).get("lengths", {}).get(str(2 * l))
-    if r_full and r_bca:
+    if r_full and r_bca and math.isfinite(r_full["R"]) and math.isfinite(r_bca["R"]):
         claims.append({"claim": f"xPos: resolution with BCA exceeds resolution without at 2l = {2 * l}",
                        "holds": half_up(r_bca["R"], 4) > half_up(r_full["R"], 4),
                        "numbers": f"BCA {written(r_bca['R'], '{:.4f}')} vs full {written(r_full['R'], '{:.4f}')}"})
