@@ -10,6 +10,21 @@ from decimal import ROUND_HALF_UP, Decimal
 __all__ = ["half_up", "product_half_up", "written"]
 
 
+def _decimal(value: float) -> Decimal:
+    """``value``'s shortest decimal form (``repr``), the number a reader sees.
+
+    Raises:
+        ValueError: ``value`` is not finite (a figure that was not measured is None, not NaN).
+    """
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{value} is not a measured figure: it cannot be rounded.")
+    return Decimal(repr(float(value)))
+
+
+def _quantize(value: Decimal, decimals: int) -> float:
+    return float(value.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
 def half_up(value: float, decimals: int) -> float:
     """``value`` rounded half up to ``decimals`` decimals from its shortest decimal form (1.005 -> 1.01, 0.995 -> 1.00,
     where ``round`` and ``str.format``, reading the binary value, give 1.0 and 0.99).
@@ -17,9 +32,7 @@ def half_up(value: float, decimals: int) -> float:
     Raises:
         ValueError: ``value`` is not finite (a figure that was not measured is None, not NaN).
     """
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{value} is not a measured figure: it cannot be rounded.")
-    return float(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+    return _quantize(_decimal(value), decimals)
 
 
 def product_half_up(factor: float, value: float, decimals: int) -> float:
@@ -29,10 +42,7 @@ def product_half_up(factor: float, value: float, decimals: int) -> float:
     Raises:
         ValueError: either is not finite.
     """
-    for x in (factor, value):
-        half_up(x, 0)  # refuses a value that is not finite, as half_up says
-    product = Decimal(repr(float(factor))) * Decimal(repr(float(value)))
-    return float(product.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+    return _quantize(_decimal(factor) * _decimal(value), decimals)
 
 
 def written(value: float, fmt: str) -> str:

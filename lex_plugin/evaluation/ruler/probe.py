@@ -14,8 +14,8 @@ the fraction of its answers whose tokens appear in what it wrote (``string_match
 
 Summaries per window (:func:`effective_length`): RULER's effective length, the longest length up to which
 every length's task average, as written at 3 decimals, exceeds a threshold (RULER's 0.856, or a fraction of the
-model's own average at the shortest length), and RULER's length-weighted averages (weights rising, ``wAvg (inc)``, or falling,
-``wAvg (dec)``, linearly with the length's rank).
+model's own average at the shortest length), and RULER's length-weighted averages (weights rising, ``wAvg (inc)``,
+or falling, ``wAvg (dec)``, linearly with the length's rank).
 """
 
 import logging
