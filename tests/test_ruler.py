@@ -397,6 +397,20 @@ def test_effective_length_judges_each_average_as_the_table_writes_it(tmp_path):
     assert result.exit_code == 1 and "at most 3 decimals" in result.output, result.output
 
 
+def test_the_cli_defaults_are_the_probes():
+    """`lex ruler` writes its bars' defaults as literals (the CLI module does not import the probe when it loads); they
+    must be the probe's own: RULER's threshold (and its help names it) and the relative factor of ``format_ruler``."""
+    import inspect
+
+    from lex_plugin.cli.probes import ruler_cmd
+    from lex_plugin.evaluation.ruler import format_ruler
+
+    options = {p.name: p for p in ruler_cmd.params}
+    assert options["threshold"].default == probe_module.RULER_THRESHOLD
+    assert f"RULER's {probe_module.RULER_THRESHOLD}" in options["threshold"].help
+    assert options["relative_threshold"].default == inspect.signature(format_ruler).parameters["relative"].default
+
+
 def test_a_later_trial_too_long_for_its_length_is_redrawn(hub, filler, monkeypatch):
     """A prompt that does not fit is drawn again (trial 1's first draw here): the cell keeps all its trials; a cell
     that never fits keeps none and says why."""
