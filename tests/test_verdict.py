@@ -348,14 +348,14 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # highest of the designs (0.30, 0.28, 0.27), FoX's the lowest; the gated pattern's seeds 0.17, 0.24 and 0.25; the
     # gate on RoPE 4/27 under seeds 1 and 2 alike (their cells differ) and 0.26 under seed 3, differential attention
     # 0.20, 0.24 and 0.19, SSMax 0.23, 0.18 and 0.31, learned sinks 0.24, 0.27 and 0.27, Gemma 5:1 0.14, 0.12 and 0.16,
-    # DroPE 0.19, 0.21 and 0.16, MoBA in every layer 0.24, 0.20 and 0.26
+    # DroPE 0.19, 0.21 and 0.16, MoBA in every layer 0.24, 0.20 and 0.26, the landmark pattern 0.19, 0.17 and 0.16
     for name, ruler in {"irope": (0.22, 0.19, 0.24, 3), "xpos_bca_nope": (0.22, 0.19, 0.24, 3),
                         "xpos_bca_nope_gate": (0.22, 0.17, 0.25, 3), "rnope_swa": (0.27, 0.25, 0.31, 3),
                         "xpos_sink_token": (0.29, 0.27, 0.3, 3), "fox_nope": (0.16, 0.15, 0.17, 3),
                         "rope_gate_elementwise": (0.19, 0.15, 0.26, 3), "rope_diff": (0.21, 0.19, 0.24, 3),
                         "rope_ssmax": (0.24, 0.18, 0.31, 3), "rope_learned_sinks": (0.26, 0.24, 0.27, 3),
                         "gemma_5to1": (0.14, 0.12, 0.16, 3), "rope_drope": (0.18, 0.16, 0.21, 3),
-                        "xpos_moba": (0.23, 0.2, 0.26, 3)}.items():
+                        "xpos_moba": (0.23, 0.2, 0.26, 3), "xpos_bca_nope_landmark": (0.17, 0.16, 0.19, 3)}.items():
         f = design_figures(work, name, 256, 1000)
         low, high, seeds = f.spread["ruler_8l"]
         assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == ruler, name
@@ -367,7 +367,7 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     means = {n: design_figures(work, n, 256, 1000) for n in ("irope", "xpos_bca_nope", "xpos_bca_nope_gate", "rnope_swa",
                                                               "xpos_sink_token", "fox_nope", "rope_gate_elementwise",
                                                               "rope_diff", "rope_ssmax", "rope_learned_sinks", "gemma_5to1",
-                                                              "rope_drope", "xpos_moba")}
+                                                              "rope_drope", "xpos_moba", "xpos_bca_nope_landmark")}
     assert all(f.spread["ruler_8l"][2] == 3 for f in means.values())
     assert min(means, key=lambda n: means[n].ruler_8l) == "gemma_5to1"
     gemma, fox = means["gemma_5to1"].spread["ruler_8l"], means["fox_nope"].spread["ruler_8l"]
@@ -383,6 +383,11 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     moba, rnope, token = (means[n].spread["ruler_8l"] for n in ("xpos_moba", "rnope_swa", "xpos_sink_token"))
     assert min(m[0] for m in middle) < moba[0] < max(m[1] for m in middle) < moba[1]
     assert rnope[0] < moba[1] < min(rnope[1], token[0])
+    # RESULTS: the landmark pattern as DroPE: its lowest seed within FoX's range, its highest within the middle three's
+    # span, its mean above FoX's highest seed
+    landmark = means["xpos_bca_nope_landmark"].spread["ruler_8l"]
+    assert fox[0] < landmark[0] < fox[1] < means["xpos_bca_nope_landmark"].ruler_8l
+    assert min(m[0] for m in middle) < landmark[1] < max(m[1] for m in middle)
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
     # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
