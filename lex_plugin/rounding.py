@@ -4,6 +4,7 @@ against a bar (the definitions of ``experiments.definitions``, the reproduction'
 length) rounds it here, so no cell reads otherwise than its verdict.
 """
 
+import math
 import re
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -16,7 +17,7 @@ def _decimal(value: float) -> Decimal:
     Raises:
         ValueError: ``value`` is not finite (a figure that was not measured is None, not NaN).
     """
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise ValueError(f"{value} is not a measured figure: it cannot be rounded.")
     return Decimal(repr(float(value)))
 

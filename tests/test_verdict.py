@@ -52,6 +52,12 @@ def test_a_cell_reads_as_its_goal_judges_it():
         Goal("ratio", FLAT, 1)
     with pytest.raises(ValueError, match="nan is not a measured figure"):
         goals["ratio"].test(float("nan"))
+    from lex_plugin.rounding import half_up, product_half_up
+
+    for bad in (float("nan"), float("inf"), float("-inf")):  # rounding itself refuses them, not only the goals
+        for rounds in (lambda: half_up(bad, 2), lambda: product_half_up(0.9, bad, 2), lambda: product_half_up(bad, 0.5, 2)):
+            with pytest.raises(ValueError, match="is not a measured figure"):
+                rounds()
     with pytest.raises(ValueError, match="give a fixed-point field"):
         written(1.0, "{}x")
     # the closing line of a row that misses nothing measured
@@ -388,6 +394,13 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     landmark = means["xpos_bca_nope_landmark"].spread["ruler_8l"]
     assert fox[0] < landmark[0] < fox[1] < means["xpos_bca_nope_landmark"].ruler_8l
     assert min(m[0] for m in middle) < landmark[1] < max(m[1] for m in middle)
+    # RESULTS' per-seed figures (seeds 1, 2, 3), each from its report
+    from lex_plugin.experiments.reproduce.verdict import ruler_reports
+
+    for name, written in {"rope_drope": [0.19, 0.21, 0.16], "xpos_moba": [0.24, 0.20, 0.26],
+                          "xpos_bca_nope_landmark": [0.19, 0.17, 0.16]}.items():
+        seeds = [_ruler_mean(json.loads(p.read_text()), 2048) for p in ruler_reports(work / "runs" / name)]
+        assert [round(v, 2) for v in seeds] == written, name
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
     # no key written at 16l under any
     for name, ranked in {"rope_learned_sinks": (0.4, 0.62, 3), "rope_drope": (0.14, 0.24, 3),
