@@ -354,14 +354,16 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     # highest of the designs (0.30, 0.28, 0.27), FoX's the lowest; the gated pattern's seeds 0.17, 0.24 and 0.25; the
     # gate on RoPE 4/27 under seeds 1 and 2 alike (their cells differ) and 0.26 under seed 3, differential attention
     # 0.20, 0.24 and 0.19, SSMax 0.23, 0.18 and 0.31, learned sinks 0.24, 0.27 and 0.27, Gemma 5:1 0.14, 0.12 and 0.16,
-    # DroPE 0.19, 0.21 and 0.16, MoBA in every layer 0.24, 0.20 and 0.26, the landmark pattern 0.19, 0.17 and 0.16
+    # DroPE 0.19, 0.21 and 0.16, MoBA in every layer 0.24, 0.20 and 0.26, the landmark pattern 0.19, 0.17 and 0.16, the
+    # MoBA pattern 0.21, 0.18 and 0.21
     for name, ruler in {"irope": (0.22, 0.19, 0.24, 3), "xpos_bca_nope": (0.22, 0.19, 0.24, 3),
                         "xpos_bca_nope_gate": (0.22, 0.17, 0.25, 3), "rnope_swa": (0.27, 0.25, 0.31, 3),
                         "xpos_sink_token": (0.29, 0.27, 0.3, 3), "fox_nope": (0.16, 0.15, 0.17, 3),
                         "rope_gate_elementwise": (0.19, 0.15, 0.26, 3), "rope_diff": (0.21, 0.19, 0.24, 3),
                         "rope_ssmax": (0.24, 0.18, 0.31, 3), "rope_learned_sinks": (0.26, 0.24, 0.27, 3),
                         "gemma_5to1": (0.14, 0.12, 0.16, 3), "rope_drope": (0.18, 0.16, 0.21, 3),
-                        "xpos_moba": (0.23, 0.2, 0.26, 3), "xpos_bca_nope_landmark": (0.17, 0.16, 0.19, 3)}.items():
+                        "xpos_moba": (0.23, 0.2, 0.26, 3), "xpos_bca_nope_landmark": (0.17, 0.16, 0.19, 3),
+                        "xpos_bca_nope_moba": (0.2, 0.18, 0.21, 3)}.items():
         f = design_figures(work, name, 256, 1000)
         low, high, seeds = f.spread["ruler_8l"]
         assert (round(f.ruler_8l, 2), round(low, 2), round(high, 2), seeds) == ruler, name
@@ -373,9 +375,13 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     means = {n: design_figures(work, n, 256, 1000) for n in ("irope", "xpos_bca_nope", "xpos_bca_nope_gate", "rnope_swa",
                                                               "xpos_sink_token", "fox_nope", "rope_gate_elementwise",
                                                               "rope_diff", "rope_ssmax", "rope_learned_sinks", "gemma_5to1",
-                                                              "rope_drope", "xpos_moba", "xpos_bca_nope_landmark")}
+                                                              "rope_drope", "xpos_moba", "xpos_bca_nope_landmark",
+                                                              "xpos_bca_nope_moba")}
     assert all(f.spread["ruler_8l"][2] == 3 for f in means.values())
     assert min(means, key=lambda n: means[n].ruler_8l) == "gemma_5to1"
+    # RESULTS: SSMax's range the widest of the fifteen
+    assert max(means, key=lambda n: means[n].spread["ruler_8l"][1] - means[n].spread["ruler_8l"][0]) == "rope_ssmax"
+    assert len(means) == 15
     gemma, fox = means["gemma_5to1"].spread["ruler_8l"], means["fox_nope"].spread["ruler_8l"]
     assert gemma[0] < fox[0] < gemma[1] < fox[1]
     # RESULTS: DroPE between FoX and the middle three: its lowest seed within FoX's range, its highest within the middle
@@ -394,11 +400,16 @@ def test_the_committed_1000_update_reports_give_the_results_row():
     landmark = means["xpos_bca_nope_landmark"].spread["ruler_8l"]
     assert fox[0] < landmark[0] < fox[1] < means["xpos_bca_nope_landmark"].ruler_8l
     assert min(m[0] for m in middle) < landmark[1] < max(m[1] for m in middle)
+    # RESULTS: the MoBA pattern within the middle three's span, its mean above the landmark pattern's highest seed (the
+    # two ranges overlap)
+    pattern = means["xpos_bca_nope_moba"].spread["ruler_8l"]
+    assert min(m[0] for m in middle) < pattern[0] and pattern[1] < max(m[1] for m in middle)
+    assert landmark[0] < pattern[0] < landmark[1] < means["xpos_bca_nope_moba"].ruler_8l
     # RESULTS' per-seed figures (seeds 1, 2, 3), each from its report
     from lex_plugin.experiments.reproduce.verdict import ruler_reports
 
     for name, written in {"rope_drope": [0.19, 0.21, 0.16], "xpos_moba": [0.24, 0.20, 0.26],
-                          "xpos_bca_nope_landmark": [0.19, 0.17, 0.16]}.items():
+                          "xpos_bca_nope_landmark": [0.19, 0.17, 0.16], "xpos_bca_nope_moba": [0.21, 0.18, 0.21]}.items():
         seeds = [_ruler_mean(json.loads(p.read_text()), 2048) for p in ruler_reports(work / "runs" / name)]
         assert [round(v, 2) for v in seeds] == written, name
     # learned sinks, DroPE, the sink token, the gate on RoPE and differential attention over three fine-tuning seeds:
