@@ -16,10 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_documents_tables_are_what_the_committed_reports_give():
-    """The drift check: every block of RESULTS.md and the README regenerates from the reports with no difference."""
+    """The drift check: every block of RESULTS, BENCHMARKS, the README and the walkthrough (examples/lex_lm/README.md)
+    regenerates from the reports with no difference."""
     assert generate(REPO, check=True) == []
     documents = {block.document for block in BLOCKS}
-    assert documents == {"examples/lex_lm/RESULTS.md", "examples/lex_lm/BENCHMARKS.md", "README.md"}
+    assert documents == {"examples/lex_lm/RESULTS.md", "examples/lex_lm/BENCHMARKS.md", "README.md",
+                         "examples/lex_lm/README.md"}
 
 
 def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_path):
@@ -32,7 +34,7 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
     for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
-                 "longppl_rope.json", "longppl_alibi.json", "limits.json"):
+                 "longppl_rope.json", "longppl_alibi.json", "limits.json", "length_report.json"):
         shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
     results = root / "examples/lex_lm/RESULTS.md"
     text = results.read_text()
@@ -218,3 +220,18 @@ def test_the_first_runs_table_sets_each_gpu_run_beside_the_verdicts_run():
         assert again[1].startswith("again") and "GPU" not in again[-1] and "unknown" not in again[-1]
         by = mode_rows(json.loads((REPO / f"examples/lex_lm/designs_1000/runs/{name}/length_report.json").read_text()))
         assert again[2] == f"{by[4096][0]['ppl'] / by[256][0]['ppl']:.4f}", name
+
+
+def test_the_walkthroughs_length_table_reads_the_demos_report_and_refuses_other_windows(tmp_path):
+    """examples/lex_lm/README.md's length table: each length's perplexity under full attention and BCA from make demo's
+    eval-lm report (114.31 at l under both, 119.78 and 112.78 at 16l); a report with another window is refused."""
+    from lex_plugin.experiments.published import demo_length_table
+
+    table = demo_length_table(REPO)
+    assert "| 256 | 1 | 114.31 | 114.31 |" in table and "| 4096 | 16 | 119.78 | 112.78 |" in table
+    assert "BCA (blocks of 128) ppl" in table and "--report-json work/demo/length_report.json" in table
+    report = json.loads((REPO / "examples/lex_lm/length_report.json").read_text())
+    report["results"] = [dict(r, window="sliding(256)") if r["window"].startswith("bca") else r for r in report["results"]]
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(ValueError, match="expected the windows full and bca"):
+        demo_length_table(tmp_path, "report.json")

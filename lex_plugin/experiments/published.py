@@ -1,6 +1,7 @@
 """The published tables, generated from committed reports: each a :class:`Block` of a document, written between two
 markers by ``python scripts/results.py`` and compared by ``python scripts/results.py --check`` (a test runs it), so a
-table in RESULTS.md or the README is what its reports give, never typed.
+table in RESULTS.md, BENCHMARKS.md, the README or the walkthrough (examples/lex_lm/README.md) is what its
+reports give, never typed.
 
 A block in a document::
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Sequence, Tuple
 
+from .benchmark import markdown_table
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FAR_CONTEXT
 from .reproduce.plots import plot_schemes
@@ -350,10 +352,31 @@ class Block:
 
 
 RESULTS, README, BENCHMARKS = "examples/lex_lm/RESULTS.md", "README.md", "examples/lex_lm/BENCHMARKS.md"
+WALKTHROUGH = "examples/lex_lm/README.md"
 
 
 def _bench_report(root: Path, path: str) -> dict:
     return json.loads((root / path).read_text())
+
+
+def demo_length_table(root: Path, path: str = "examples/lex_lm/length_report.json") -> str:
+    """The walkthrough's length table from ``make demo``'s eval-lm report (``--report-json``): perplexity at each
+    length under full attention and BCA, at two decimals, and the report's provenance line.
+
+    Raises:
+        ValueError: the report does not hold exactly the windows full and BCA at the same lengths.
+    """
+    report = _bench_report(root, path)
+    by_window = {}
+    for r in report["results"]:
+        by_window.setdefault(r["window"], {})[r["length"]] = r["ppl"]
+    bca = [w for w in by_window if w.startswith("bca")]
+    if len(by_window) != 2 or "full" not in by_window or len(bca) != 1 or by_window["full"].keys() != by_window[bca[0]].keys():
+        raise ValueError(f"{path}: expected the windows full and bca(N) at the same lengths, found {sorted(by_window)}")
+    l, block = report["training_length"], bca[0][len("bca("):-1]
+    rows = [[str(n), str(n // l), f"{by_window['full'][n]:.2f}", f"{by_window[bca[0]][n]:.2f}"] for n in sorted(by_window["full"])]
+    return "\n".join([markdown_table(["length", "x l", "full attention ppl", f"BCA (blocks of {block}) ppl"], rows), "",
+                      provenance_line(report["provenance"])])
 
 
 def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
@@ -402,6 +425,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(BENCHMARKS, "limits", lambda root: limits_markdown(_bench_report(root, "examples/lex_lm/limits.json"))),
     Block(README, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(README, "schemes_1000", schemes_1000),
+    Block(WALKTHROUGH, "demo_length", demo_length_table),
 )
 
 
