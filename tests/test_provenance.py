@@ -49,3 +49,17 @@ def test_every_report_the_documents_link_records_its_provenance():
     for name in sorted(linked - not_reports):
         report = json.loads((REPO / name).read_text())
         assert fields <= set(report.get("provenance", {})), name
+
+
+def test_a_provenance_line_says_which_fields_nothing_recorded():
+    """The line under a generated table: known fields as recorded, an "unknown" one said to be unrecorded (it read
+    "on unknown, ... unknown s" before)."""
+    from lex_plugin.experiments.benchmark_tables import provenance_line
+
+    known = {"date": "2026-12-01", "device": "AMD EPYC, 2 cores", "torch": "2.13.0+cpu", "commit": "0123456789abcdef",
+             "dirty": True, "wall_s": 81.4, "command": "lex passkey x"}
+    assert provenance_line(known) == ("Measured 2026-12-01 on AMD EPYC, 2 cores, torch 2.13.0+cpu, commit 0123456789 "
+                                      "(uncommitted changes), 81.4 s: `lex passkey x`.")
+    unknown = dict(known, **{k: UNKNOWN for k in ("device", "torch", "commit", "dirty", "wall_s", "command")})
+    assert provenance_line(unknown) == ("Measured 2026-12-01 on an unrecorded device, torch unrecorded, commit "
+                                        "unrecorded, wall time unrecorded: command unrecorded.")

@@ -5,16 +5,24 @@ writes them there) and the scripts print them."""
 from typing import List
 
 from .benchmark import markdown_table
+from ..provenance import UNKNOWN
 from ..rounding import written
 
 __all__ = ["design_costs_markdown", "limits_markdown", "provenance_line"]
 
 
 def provenance_line(prov: dict) -> str:
-    """One line: when, on what, at which commit, how long, by which command (a report's ``provenance``)."""
+    """One line: when, on what, at which commit, how long, by which command (a report's ``provenance``); a field
+    nothing recorded (``"unknown"``, :mod:`lex_plugin.provenance`) is said to be unrecorded."""
+    def known(key: str, text: str, unrecorded: str) -> str:
+        return unrecorded if prov[key] == UNKNOWN else text
+
     dirty = " (uncommitted changes)" if prov.get("dirty") is True else ""
-    return (f"Measured {prov['date']} on {prov['device']}, torch {prov['torch']}, commit {prov['commit'][:10]}{dirty}, "
-            f"{prov['wall_s']} s: `{prov['command']}`.")
+    return (f"Measured {prov['date']} on {known('device', prov['device'], 'an unrecorded device')}, "
+            f"{known('torch', 'torch ' + str(prov['torch']), 'torch unrecorded')}, "
+            f"{known('commit', 'commit ' + str(prov['commit'])[:10] + dirty, 'commit unrecorded')}, "
+            f"{known('wall_s', str(prov['wall_s']) + ' s', 'wall time unrecorded')}: "
+            f"{known('command', '`' + str(prov['command']) + '`', 'command unrecorded')}.")
 
 
 def design_costs_markdown(rows: List[dict]) -> str:
