@@ -233,5 +233,5 @@ def test_the_walkthroughs_length_table_reads_the_demos_report_and_refuses_other_
     report = json.loads((REPO / "examples/lex_lm/length_report.json").read_text())
     report["results"] = [dict(r, window="sliding(256)") if r["window"].startswith("bca") else r for r in report["results"]]
     (tmp_path / "report.json").write_text(json.dumps(report))
-    with pytest.raises(ValueError, match="expected the windows full and bca"):
+    with pytest.raises(ValueError, match="expected the modes full and bca"):
         demo_length_table(tmp_path, "report.json")

@@ -24,7 +24,7 @@ from .benchmark import markdown_table
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FAR_CONTEXT
 from .reproduce.plots import plot_schemes
-from .reproduce.tables import markdown_claims, markdown_ppl, markdown_resolution, ppl_table
+from .reproduce.tables import _num, markdown_claims, markdown_ppl, markdown_resolution, ppl_table
 from .reproduce.verdict import (GOALS, Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
                                 passkey_seeds, reference_figures, shown)
 from .ruler_families import ruler_families_table
@@ -361,20 +361,19 @@ def _bench_report(root: Path, path: str) -> dict:
 
 def demo_length_table(root: Path, path: str = "examples/lex_lm/length_report.json") -> str:
     """The walkthrough's length table from ``make demo``'s eval-lm report (``--report-json``): perplexity at each
-    length under full attention and BCA, at two decimals, and the report's provenance line.
+    length under full attention and BCA (the stream protocol's rows, read and written as the reproduction's tables
+    read and write them: ``tables.ppl_table``, two decimals half up), and the report's provenance line.
 
     Raises:
-        ValueError: the report does not hold exactly the windows full and BCA at the same lengths.
+        ValueError: the report does not hold exactly the modes full and BCA at the same lengths.
     """
     report = _bench_report(root, path)
-    by_window = {}
-    for r in report["results"]:
-        by_window.setdefault(r["window"], {})[r["length"]] = r["ppl"]
-    bca = [w for w in by_window if w.startswith("bca")]
-    if len(by_window) != 2 or "full" not in by_window or len(bca) != 1 or by_window["full"].keys() != by_window[bca[0]].keys():
-        raise ValueError(f"{path}: expected the windows full and bca(N) at the same lengths, found {sorted(by_window)}")
-    l, block = report["training_length"], bca[0][len("bca("):-1]
-    rows = [[str(n), str(n // l), f"{by_window['full'][n]:.2f}", f"{by_window[bca[0]][n]:.2f}"] for n in sorted(by_window["full"])]
+    ppl = ppl_table({"demo": report}).get("demo", {})
+    if set(ppl) != {"full", "bca"} or ppl["full"].keys() != ppl["bca"].keys():
+        raise ValueError(f"{path}: expected the modes full and bca at the same lengths, found {sorted(ppl)}")
+    block = next(r["window"] for r in report["results"] if r["window"].startswith("bca"))[len("bca("):-1]
+    l = report["training_length"]
+    rows = [[str(n), str(n // l), _num(ppl["full"][n]), _num(ppl["bca"][n])] for n in sorted(ppl["full"])]
     return "\n".join([markdown_table(["length", "x l", "full attention ppl", f"BCA (blocks of {block}) ppl"], rows), "",
                       provenance_line(report["provenance"])])
 
