@@ -109,3 +109,24 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     found = list(links(doc))
     assert found == ["b.md", "#title", "#nowhere", "c.md", "i.png", "d.md", "h.md", "f.md#g", "e.md"]
     assert anchors(doc) == {"title", "the---bca-flag"}
+
+
+def test_every_report_the_documents_link_records_its_provenance():
+    """Each JSON report that README, RESULTS, BENCHMARKS or the walkthrough links (:func:`links`) carries a provenance
+    block with every field a report records ("unknown" where nothing recorded it). Not reports: the verdict's list of
+    reference rows (a configuration) and flat_and_retrieving.json, whose "source" names the RESULTS tables it was copied
+    from."""
+    import json
+
+    not_reports = {"examples/lex_lm/verdict_reference.json", "examples/lex_lm/flat_and_retrieving.json"}
+    fields = {"command", "commit", "dirty", "device", "torch", "python", "seed", "date", "wall_s"}
+    linked = set()
+    for doc in ("README.md", "examples/lex_lm/RESULTS.md", "examples/lex_lm/BENCHMARKS.md", "examples/lex_lm/README.md"):
+        for target in links(REPO / doc):
+            file_part = target.partition("#")[0]
+            if file_part.endswith(".json"):
+                linked.add(((REPO / doc).parent / file_part).resolve().relative_to(REPO).as_posix())
+    assert len(linked) > 30 and not_reports <= linked
+    for name in sorted(linked - not_reports):
+        report = json.loads((REPO / name).read_text())
+        assert fields <= set(report.get("provenance", {})), name

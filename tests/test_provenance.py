@@ -32,25 +32,6 @@ def test_a_report_records_command_device_versions_seed_and_wall_time():
     assert provenance([], cuda=False)["wall_s"] is None
 
 
-def test_every_report_the_documents_link_records_its_provenance():
-    """Each JSON report that README, RESULTS, BENCHMARKS or the walkthrough links carries a provenance block with every
-    field a report records ("unknown" where nothing recorded it). Not reports: the verdict's list of reference rows
-    (a configuration) and flat_and_retrieving.json, whose "source" names the RESULTS tables it was copied from."""
-    import json
-
-    not_reports = {"examples/lex_lm/verdict_reference.json", "examples/lex_lm/flat_and_retrieving.json"}
-    fields = {"command", "commit", "dirty", "device", "torch", "python", "seed", "date", "wall_s"}
-    linked = set()
-    for doc in ("README.md", "examples/lex_lm/RESULTS.md", "examples/lex_lm/BENCHMARKS.md", "examples/lex_lm/README.md"):
-        for target in re.findall(r"\]\(([^)#\s]+\.json)\)", (REPO / doc).read_text()):
-            path = ((REPO / doc).parent / target).resolve()
-            linked.add(path.relative_to(REPO).as_posix())
-    assert len(linked) > 30 and not_reports <= linked
-    for name in sorted(linked - not_reports):
-        report = json.loads((REPO / name).read_text())
-        assert fields <= set(report.get("provenance", {})), name
-
-
 def test_a_provenance_line_says_which_fields_nothing_recorded():
     """The line under a generated table: known fields as recorded, an "unknown" one said to be unrecorded (it read
     "on unknown, ... unknown s" before)."""
