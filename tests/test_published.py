@@ -193,11 +193,12 @@ def test_the_ruler_families_split_the_eleven_tasks_and_average_to_the_verdicts_f
         assert match and abs(means["mean"] - match[0]) < 1e-9, label
         assert all(0.0 <= v <= 1.0 for v in means.values())
     # a row over several fine-tuning seeds: each seed's mean is its report's, and the row's the seeds' mean
-    from lex_plugin.experiments.reproduce.verdict import _ruler_mean, ruler_reports
+    from lex_plugin.evaluation.figures import ruler_mean
+    from lex_plugin.experiments.reproduce.verdict import ruler_reports
 
     seeds = [json.loads(p.read_text()) for p in ruler_reports(REPO / "examples/lex_lm/designs_1000/runs/alibi")]
     per_seed = [family_means(report, 2048, "full")["mean"] for report in seeds]
-    assert per_seed == [pytest.approx(_ruler_mean(report, 2048, "full")) for report in seeds]
+    assert per_seed == [pytest.approx(ruler_mean(report, 2048, "full")) for report in seeds]
     assert sum(per_seed) / len(per_seed) == pytest.approx(verdict["ALiBi, full attention (reference)"])
     assert family_means(seeds[0], 2048, "no_such_mode") is None
 
@@ -207,7 +208,7 @@ def test_the_first_runs_table_sets_each_gpu_run_beside_the_verdicts_run():
     on the GPU machine (provenance unknown), and the verdict's, measured on a CPU with its commit and wall time known,
     whose ratio is ppl(16l) / ppl(l) under full attention worked out here from its raw length report."""
     from lex_plugin.experiments.published import FIRST_RUNS, VERDICT_1000, first_runs_table
-    from lex_plugin.experiments.reproduce.verdict import mode_rows
+    from lex_plugin.evaluation.figures import mode_rows
 
     kept = {p.name for p in (REPO / FIRST_RUNS / "runs").iterdir()}
     names = [n for n in VERDICT_1000.runs if n in kept]  # the verdict's order

@@ -13,8 +13,9 @@ from conftest import REPO
 
 from lex_plugin.experiments.definitions import FAR_CONTEXT, FLAT, RULER
 from lex_plugin.rounding import written
+from lex_plugin.evaluation.figures import ruler_mean
 from lex_plugin.experiments.reproduce.verdict import (
-    GOALS, Figures, Goal, _ruler_mean, closest, design_figures, figure_meets, markdown_verdict, plot_verdict,
+    GOALS, Figures, Goal, closest, design_figures, figure_meets, markdown_verdict, plot_verdict,
     provenance_cell, reference_figures, shortfall)
 from test_plots import _overlaps, figures  # noqa: F401  (the fixture keeps the figures open)
 
@@ -164,7 +165,7 @@ def test_a_runs_figures_come_from_its_reports(tmp_path):
     # another fine-tuning seed's report: the mean of the two, their range
     shutil.copy(REPO / "examples/lex_lm/ruler/ruler_rope.json", run / "ruler_answers_seed2.json")
     two = design_figures(tmp_path, "rnope_swa", 256, 300)
-    rope = _ruler_mean(json.loads((run / "ruler_answers_seed2.json").read_text()), 2048)
+    rope = ruler_mean(json.loads((run / "ruler_answers_seed2.json").read_text()), 2048)
     assert rope is not None and abs(rope - 0.3203) > 0.01
     assert two.ruler_8l == pytest.approx((0.3203 + rope) / 2, abs=1e-4)
     assert two.spread["ruler_8l"] == (pytest.approx(min(rope, 0.3203), abs=1e-4), pytest.approx(max(rope, 0.3203), abs=1e-4), 2)
@@ -410,7 +411,7 @@ def test_the_committed_1000_update_reports_give_the_results_row():
 
     for name, written in {"rope_drope": [0.19, 0.21, 0.16], "xpos_moba": [0.24, 0.20, 0.26],
                           "xpos_bca_nope_landmark": [0.19, 0.17, 0.16], "xpos_bca_nope_moba": [0.21, 0.18, 0.21]}.items():
-        seeds = [_ruler_mean(json.loads(p.read_text()), 2048) for p in ruler_reports(work / "runs" / name)]
+        seeds = [ruler_mean(json.loads(p.read_text()), 2048) for p in ruler_reports(work / "runs" / name)]
         assert [round(v, 2) for v in seeds] == written, name
     # learned sinks, DroPE, the sink token, the gate on RoPE, differential attention and MoBA in every layer over three
     # fine-tuning seeds: no key written at 16l under any

@@ -23,9 +23,10 @@ from typing import Callable, List, Sequence, Tuple
 from .benchmark import markdown_table
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FAR_CONTEXT
+from ..evaluation.figures import mode_rows
 from .reproduce.plots import plot_schemes
 from .reproduce.tables import _num, markdown_claims, markdown_ppl, markdown_resolution, ppl_table
-from .reproduce.verdict import (GOALS, Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict, mode_rows,
+from .reproduce.verdict import (GOALS, Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict,
                                 passkey_seeds, reference_figures, shown)
 from .ruler_families import ruler_families_table
 

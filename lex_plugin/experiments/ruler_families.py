@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .reproduce.catalogue import LABELS
-from .reproduce.verdict import mode_rows, ruler_reports
+from ..evaluation.figures import mode_rows
+from .reproduce.verdict import ruler_reports
 
 __all__ = ["FAMILIES", "family_means", "ruler_families_table"]
 

@@ -3,11 +3,12 @@ LongPPL, BABILong-lite and the far-context verdict, each from the probes' report
 
 from typing import Dict, List, Optional, Sequence
 
+from ...evaluation.figures import attention_mode, babilong_greedy
 from ...rounding import half_up, written
 from ..definitions import (BABILONG_KEPT, BABILONG_RETRIEVES, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT,
                            RETRIEVES_RANKED)
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
-from .tables import LEGACY_MODES, _fixed, _num
+from .tables import _fixed, _num
 
 __all__ = ["answers_far", "far_context", "flat_and_retrieving",
            "flat_and_retrieving_row", "markdown_babilong", "markdown_far_context", "markdown_flat_and_retrieving",
@@ -19,18 +20,8 @@ __all__ = ["answers_far", "far_context", "flat_and_retrieving",
 RATIO_AT, SCORE_AT = 3, 2
 
 
-def _passkey_mode(result: dict) -> str:
-    """The mode of a passkey row: its structured ``attention`` field (log-n marked), or for a report written
-    before that field, its label's."""
-    if "attention" in result and result["attention"]:
-        a = result["attention"]
-        mode = a["rope_scaling"] if a.get("rope_scaling") else a["mode"]  # a scaling is filed under its method
-        return mode + "_logn" if a.get("logn") else mode
-    return LEGACY_MODES.get(result["window"].split("(")[0], result["window"].split("(")[0])
-
-
 def _probed_as(method: str) -> Optional[str]:
-    """The passkey mode (:func:`_passkey_mode`) that probes the window or method ``method``: a window itself;
+    """The passkey mode (:func:`attention_mode`) that probes the window or method ``method``: a window itself;
     a method its window or RoPE scaling, ``_logn`` added with log-n; None for a method the probe does not run
     (sinks)."""
     if method not in METHODS:
@@ -70,7 +61,7 @@ def flat_and_retrieving(ppl, passkey: Dict[str, dict], runs: Sequence[str], l: i
         accuracy: Dict[str, List[int]] = {}
         for r in (passkey.get(name) or {}).get("results", []):
             if r["length"] == 8 * l:
-                hit = accuracy.setdefault(_passkey_mode(r), [0, 0])
+                hit = accuracy.setdefault(attention_mode(r), [0, 0])
                 hit[0] += r["retrieved"]
                 hit[1] += r["trials"]
         for method, series in ppl.get(name, {}).items():
@@ -144,21 +135,11 @@ def markdown_ruler(ruler: Dict[str, dict], runs: Sequence[str], l: int) -> str:
 
 
 def _rows_by_mode(report: dict) -> Dict[str, Dict[int, dict]]:
-    """{mode: {length: row}} of a report's rows (a length report, or a probe's), the mode as :func:`_passkey_mode`."""
+    """{mode: {length: row}} of a report's rows (a length report, or a probe's), the mode as :func:`attention_mode`."""
     out: Dict[str, Dict[int, dict]] = {}
     for r in report["results"]:
-        out.setdefault(_passkey_mode(r), {})[int(r["length"])] = r
+        out.setdefault(attention_mode(r), {})[int(r["length"])] = r
     return out
-
-
-def _babilong_greedy(report: dict) -> Dict[str, Dict[int, float]]:
-    """{mode: {length: greedy accuracy}} of a ``lex babilong`` report: each cell's accuracy averaged over the tasks
-    that fitted the length (a cell with no trial is left out)."""
-    cells: Dict[str, Dict[int, List[float]]] = {}
-    for r in report["results"]:
-        if r["trials"]:
-            cells.setdefault(_passkey_mode(r), {}).setdefault(int(r["length"]), []).append(r["greedy"] / r["trials"])
-    return {m: {L: sum(v) / len(v) for L, v in by.items()} for m, by in cells.items()}
 
 
 def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> str:
@@ -192,7 +173,7 @@ def markdown_longppl(longppl: Dict[str, dict], runs: Sequence[str], l: int) -> s
 def markdown_babilong(babilong: Dict[str, dict], runs: Sequence[str], l: int) -> str:
     """Rows run x window of the ``lex babilong`` reports ({run: report}): greedy exact match at each length, the
     mean over the tasks that fitted it."""
-    greedy = {n: _babilong_greedy(babilong[n]) for n in runs if n in babilong}
+    greedy = {n: babilong_greedy(babilong[n]) for n in runs if n in babilong}
     lengths = sorted({L for g in greedy.values() for by in g.values() for L in by})
     lines = ["| model | window / method | " + " | ".join(f"{L} ({L // l}l)" for L in lengths) + " |",
              "|---|---|" + "---:|" * len(lengths)]
@@ -230,7 +211,7 @@ def far_context(longppl: Dict[str, dict], babilong: Dict[str, dict], l: int) -> 
     """
     out = []
     for name, report in longppl.items():
-        greedy = _babilong_greedy(babilong[name]) if name in babilong else {}
+        greedy = babilong_greedy(babilong[name]) if name in babilong else {}
         modes = _rows_by_mode(report)
         for mode, by in modes.items():
             lengths = sorted(by)

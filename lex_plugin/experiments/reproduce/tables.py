@@ -4,11 +4,9 @@ accuracy, attention resolution, and the paper's claims checked against the numbe
 import math
 from typing import Dict, List, Optional, Sequence
 
+from ...evaluation.figures import LEGACY_MODES
 from ...rounding import half_up, written
 from .catalogue import LABELS, METHODS, WINDOW_LABEL
-
-# modes renamed since a report may have been written: LM-Infinite was "lambda" before it had one name
-LEGACY_MODES = {"lambda": "lm_infinite"}
 
 __all__ = ["MAGNITUDE_TARGETS", "PAPER_RATIOS", "check_claims", "check_magnitudes", "markdown_budgets", "markdown_claims",
            "markdown_magnitudes", "markdown_methods", "markdown_passkey", "markdown_ppl", "markdown_recalibration",

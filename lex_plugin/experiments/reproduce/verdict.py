@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ...evaluation.figures import mode_rows, passkey_rates, ruler_mean
 from ...rounding import written
 from ..definitions import (CHEAP_TO_EVALUATE, FAR_CONTEXT, FAR_CONTEXT_BASELINE, FLAT, RETRIEVES, RULER, SMALL_CACHE,
                            Definition)
@@ -26,7 +27,7 @@ from .catalogue import (LABELS, LONGPPL_COMMON_REPORT, LONGPPL_REPORT, RECALIBRA
                         run_arguments)
 
 __all__ = ["GOALS", "Figures", "Goal", "closest", "design_figures", "far_context_ratio", "figure_meets",
-           "markdown_verdict", "mode_rows", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures",
+           "markdown_verdict", "passkey_seeds", "plot_verdict", "provenance_cell", "reference_figures",
            "ruler_reports", "shortfall", "shown"]
 
 
@@ -307,7 +308,7 @@ def reference_figures(path: Path) -> List[Figures]:
       (LongPPL's ratio on the checkpoint's own key tokens);
     - ``"longppl_common"``: an eval-lm report with ``--longppl --key-tokens`` (the common evaluator's key tokens) gives
       ``longppl_ratio``, over its rows under the sliding window of l (``definitions.FAR_CONTEXT_BASELINE``);
-    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`_ruler_mean`);
+    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`~lex_plugin.evaluation.figures.ruler_mean`);
       or ``{"run": DIR, "mode": MODE}``, the reproduction's run folder, its ``ruler_answers.json`` and one report more
       for each other fine-tuning seed (``ruler_answers_seedN.json``), the seeds' mean and range (:func:`_ruler_seeds`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
@@ -415,7 +416,7 @@ def _report_figures(report: dict, key: str, mode: str, source: str) -> dict:
     """
     l = int(report["training_length"])
     if key == "ruler":
-        return {"ruler_8l": _ruler_mean(report, 8 * l, mode)}
+        return {"ruler_8l": ruler_mean(report, 8 * l, mode)}
     if key == "longppl_common":
         return {"longppl_ratio": far_context_ratio(report, l, mode, source)}
     by = mode_rows(report, mode)
@@ -444,40 +445,6 @@ def _report(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def mode_rows(report: Optional[dict], mode: str = "full") -> Dict[int, List[dict]]:
-    """{length: rows} of a report's rows under attention ``mode`` (default full attention) without log-n or a RoPE
-    scaling (a length report's, or a probe's), the mode read as every table of the reproduction reads it
-    (``tables._passkey_mode``); with or without an attention temperature (its beta, ``logit_scale``), but one setting
-    per length.
-
-    Raises:
-        ValueError: rows of one length under different temperatures (the verdict would add them up).
-    """
-    from .probe_tables import _passkey_mode
-
-    out: Dict[int, List[dict]] = {}
-    for r in (report or {}).get("results", []):
-        if _passkey_mode(r) == mode:
-            out.setdefault(int(r["length"]), []).append(r)
-    for length, rows in out.items():
-        scales = {(r.get("attention") or {}).get("logit_scale") for r in rows}
-        if len(scales) > 1:
-            raise ValueError(f"the {mode} rows at length {length} hold {len(scales)} attention temperatures "
-                             f"(beta {', '.join(str(b) for b in sorted(scales, key=lambda b: b or 0))}): the verdict "
-                             "reads one setting; write each into its own report.")
-    return out
-
-
-def _passkey(reports: Sequence[Optional[dict]], length: int, mode: str = "full") -> tuple:
-    """(ranked accuracy, greedy fraction) of the prompts at ``length`` under attention ``mode`` (default full
-    attention) in the passkey reports, or (None, None) where none was probed there."""
-    rows = [r for report in reports for r in mode_rows(report, mode).get(length, [])]
-    trials = sum(r["trials"] for r in rows)
-    if not trials:
-        return None, None
-    return sum(r["retrieved"] for r in rows) / trials, sum(r["greedy"] for r in rows) / trials
-
-
 def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     """(ranked at 8l, greedy at 8l, greedy at 16l, spread) of a run's passkey reports after fine-tuning under attention
     ``mode`` (default full attention): the run's seed (``passkey_finetuned.json``, ``passkey_finetuned_16l.json``) and
@@ -495,8 +462,8 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
         reports = [_report(run / f"passkey_finetuned{sfx}.json"), _report(run / f"passkey_finetuned_16l{sfx}.json")]
         if reports == [None, None]:
             continue
-        ranked_8l, greedy_8l = _passkey(reports, 8 * l, mode)
-        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": _passkey(reports, 16 * l, mode)[1],
+        ranked_8l, greedy_8l = passkey_rates(reports, 8 * l, mode)
+        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": passkey_rates(reports, 16 * l, mode)[1],
                          "seed": "the run's seed" if n is None else f"seed {n}"})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
@@ -563,26 +530,9 @@ def _ruler_seeds(run: Path, l: int, mode: str = "full") -> tuple:
     Raises:
         ValueError: a seed's report lacks ``mode`` at 8l where another seed's has it (the mean would leave it out).
     """
-    found = {p.name: _ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run) if p.is_file()}
+    found = {p.name: ruler_mean(_report(p), 8 * l, mode) for p in ruler_reports(run) if p.is_file()}
     mean, range_ = _over_seeds(run, found, f"RULER-lite under {mode} at 8l")
     return mean, ({"ruler_8l": range_} if range_ else {})
-
-
-def _ruler_mean(report: Optional[dict], length: int, mode: str = "full") -> Optional[float]:
-    """RULER-lite's mean over its tasks (each the mean over its depths, ranking) under attention ``mode`` (default full
-    attention) at ``length``, as ``lex ruler`` and the RESULTS tables average it (``ruler.effective_length``); None
-    without a report, that mode or that length."""
-    if report is None:
-        return None
-    from ...evaluation.ruler import RulerResult
-    from ...evaluation.ruler.probe import effective_length
-
-    # the mode's rows, one setting per length (mode_rows); a probe under an attention temperature labels them
-    # "full+beta(...)", so they are read under one label
-    rows = [RulerResult.from_dict(dict(r, window=mode)) for by in mode_rows(report, mode).values() for r in by]
-    if not rows:
-        return None
-    return effective_length(rows, mode, "ranking")["averages"].get(length)
 
 
 def _costs_row(costs: Sequence[Path], name: str, training_length: int, context: int) -> Optional[dict]:
