@@ -715,10 +715,13 @@ def test_export_files_config_and_card(exports, scheme_checkpoints, data_bin, tmp
 
     meta = yaml.safe_load(card.split("---\n")[1])
     [result] = meta["model-index"][0]["results"]
-    assert result["dataset"]["split"] == "test" and result["task"]["type"] == "text-generation"
+    assert meta["model-index"][0]["name"] == "hf"  # the export directory's name
+    assert result["dataset"]["split"] == "test" and result["dataset"]["config"] == "stream"
+    assert result["task"]["type"] == "text-generation"
     assert [(m["type"], m["value"], m["name"]) for m in result["metrics"]] == [
-        ("perplexity", 50.0, f"perplexity at {L} tokens (1l), full"), ("perplexity", 80.5, f"perplexity at {4 * L} tokens (4l), full"),
-        ("perplexity", 48.25, f"perplexity at {4 * L} tokens (4l), bca")]
+        ("perplexity", 50.0, f"test perplexity at {L} tokens (1l), full"),
+        ("perplexity", 80.5, f"test perplexity at {4 * L} tokens (4l), full"),
+        ("perplexity", 48.25, f"test perplexity at {4 * L} tokens (4l), bca")]
     with pytest.raises(ValueError, match="max-position-embeddings"):
         export_hf(scheme_checkpoints["learned"], data_bin, tmp_path / "learned", max_position_embeddings=L + 1)
 
@@ -857,4 +860,39 @@ def test_lex_export_hf_takes_the_data_bin_first_and_the_old_form_with_a_warning(
                           ([str(data_bin), str(tmp_path / "x"), "--data", str(data_bin)], "is not a file")]:
         result = CliRunner().invoke(main, ["export-hf", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
+    assert not (tmp_path / "x").exists()
+
+
+def test_lex_export_hf_carries_a_probe_report_of_the_exported_checkpoint(scheme_checkpoints, data_bin, tmp_path):
+    """As a user runs it: lex passkey --json on a checkpoint, then lex export-hf --probe-report: the card's passkey
+    table, its model-index (read back with huggingface_hub) and its definitions table hold the report's figures, worked
+    out here from its raw rows; the report names the exported checkpoint, and its provenance (this commit) follows the
+    table. A probe's report given as --length-report is refused before anything is written."""
+    from click.testing import CliRunner
+    from huggingface_hub import ModelCard
+
+    from lex_plugin.cli import main
+
+    ckpt, report, out = scheme_checkpoints["rope"], tmp_path / "passkey.json", tmp_path / "hf"
+    probe = CliRunner().invoke(main, ["passkey", str(data_bin), "--path", str(ckpt), "--lengths", f"{2 * L},{16 * L}",
+                                      "--depths", "0.5", "--trials", "3", "--json", str(report)])
+    assert probe.exit_code == 0, probe.output
+    exported = CliRunner().invoke(main, ["export-hf", str(data_bin), str(out), "--path", str(ckpt),
+                                         "--probe-report", str(report)])
+    assert exported.exit_code == 0, exported.output + exported.stderr
+    card = (out / "README.md").read_text()
+    raw = json.loads(report.read_text())
+    results = {r.metric_name: r.metric_value for r in ModelCard(card).data.eval_results}
+    for n in (2 * L, 16 * L):  # a prompt needs 104 tokens or more
+        [row] = [r for r in raw["results"] if r["length"] == n and r["attention"]["mode"] == "full"]
+        at = f"(3 prompts) at {n} tokens ({n // L}l), full"
+        assert results[f"passkey ranked first among 10 {at}"] == round(row["retrieved"] / 3, 4)
+        assert results[f"greedy passkey written whole {at}"] == round(row["greedy"] / 3, 4)
+    greedy = next(r for r in raw["results"] if r["length"] == 16 * L and r["attention"]["mode"] == "full")["greedy"] / 3
+    assert f"| retrieves | greedy passkey at 16l >= 0.90 | {greedy:.4f} |" in card
+    assert "The report names the exported checkpoint." in card and "(another checkpoint)" not in card
+    assert f"commit {raw['provenance']['commit'][:10]}" in card and "`lex passkey" not in card.split("## Use")[0]
+    refused = CliRunner().invoke(main, ["export-hf", str(data_bin), str(tmp_path / "x"), "--path", str(ckpt),
+                                        "--length-report", str(report)])
+    assert refused.exit_code == 1 and "give it as --probe-report" in refused.output
     assert not (tmp_path / "x").exists()

@@ -44,3 +44,4 @@ def test_a_provenance_line_says_which_fields_nothing_recorded():
     unknown = dict(known, **{k: UNKNOWN for k in ("device", "torch", "commit", "dirty", "wall_s", "command")})
     assert provenance_line(unknown) == ("Measured 2026-12-01 on an unrecorded device, torch unrecorded, commit "
                                         "unrecorded, wall time unrecorded: command unrecorded.")
+    assert provenance_line(dict(unknown, date=UNKNOWN)).startswith("Measured at an unrecorded date on an unrecorded device")

@@ -23,12 +23,18 @@ from .group import main
                    "learned table's size); not a limit of the model")
 @click.option("--length-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="an --eval-lengths JSON (fairseq-eval-lm --report-json) whose perplexity table the model card shows")
+@click.option("--probe-report", "probe_reports", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="a far-context probe's JSON whose figures the model card shows, with its provenance and in the "
+                   "Hub's model-index: lex passkey, ruler or babilong --json, or fairseq-eval-lm --longppl "
+                   "--report-json (its LongPPL); repeat for each report")
 @click.option("--force", is_flag=True, help="replace the files of an existing OUT")
-def export_hf_cmd(data, out, checkpoint, data_option, force, max_position_embeddings, length_report, **window):
+def export_hf_cmd(data, out, checkpoint, data_option, force, max_position_embeddings, length_report, probe_reports,
+                  **window):
     """Write the checkpoint --path as a self-contained Hugging Face model directory OUT, DATA the data-bin it was
     trained on (dict.txt, spm.model, lex_prepare.json), as every lex command takes them: config.json (model, position
     scheme, training length, the attention spec of the flags as its default), model.safetensors, the tokenizer
-    (as lex prepare encodes), a model card and the remote code, generated from this package's sources, that
+    (as lex prepare encodes), a model card (the figures of --length-report and each --probe-report, each with its
+    provenance, in the Hub's model-index too) and the remote code, generated from this package's sources, that
     AutoModelForCausalLM / AutoModel / AutoTokenizer load with trust_remote_code=True where only torch,
     transformers, safetensors, sentencepiece and sacremoses are installed."""
     if checkpoint is not None and data_option is not None:
@@ -52,7 +58,8 @@ def export_hf_cmd(data, out, checkpoint, data_option, force, max_position_embedd
                                    f"pip install -e '.[hf]'): {err}") from None
     try:
         model = export_hf(checkpoint, data, out, AttentionOptions.from_flags(window), force,
-                          max_position_embeddings=max_position_embeddings, length_report=length_report)
+                          max_position_embeddings=max_position_embeddings, length_report=length_report,
+                          probe_reports=probe_reports)
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         raise click.ClickException(str(err)) from None
     c = model.config

@@ -1,7 +1,7 @@
 """The figures a report gives, read one way by every reader: the reproduction's tables, the verdict, the published
 documents and the model card of an export.
 
-A report (``fairseq-eval-lm --report-json``, ``lex passkey | ruler | babilong --json-out``) holds one row per
+A report (``fairseq-eval-lm --report-json``, ``lex passkey | ruler | babilong --json``) holds one row per
 attention setting and length; :func:`attention_mode` names a row's setting as every table files it (a RoPE scaling
 under its method, log-n marked), :func:`mode_rows` groups a report's rows by length under one setting, and the probe
 figures are:
@@ -103,7 +103,7 @@ _KINDS = (("ruler", {"task", "score", "trials"}), ("babilong", {"task", "greedy"
 
 def report_kind(report: dict) -> str:
     """Which report ``report`` is: ``"length"`` (``fairseq-eval-lm --eval-lengths ... --report-json``), ``"passkey"``,
-    ``"ruler"`` or ``"babilong"`` (``lex passkey | ruler | babilong --json-out``), by the fields of its rows.
+    ``"ruler"`` or ``"babilong"`` (``lex passkey | ruler | babilong --json``), by the fields of its rows.
 
     Raises:
         ValueError: a report without ``results`` rows, or whose rows are none of these.
@@ -111,10 +111,10 @@ def report_kind(report: dict) -> str:
     rows = report.get("results") if isinstance(report, dict) else None
     if not rows or not isinstance(rows, list):
         raise ValueError("the report has no 'results' rows: give the JSON of fairseq-eval-lm --report-json or of lex "
-                         "passkey, ruler or babilong --json-out.")
+                         "passkey, ruler or babilong --json.")
     for kind, keys in _KINDS:
         if all(keys <= set(r) for r in rows):
             return kind
     raise ValueError(f"the report's rows (fields {', '.join(sorted(rows[0]))}) are none of a length report's, passkey's, "
                      "RULER-lite's or BABILong-lite's: give the JSON of fairseq-eval-lm --report-json or of lex "
-                     "passkey, ruler or babilong --json-out.")
+                     "passkey, ruler or babilong --json.")

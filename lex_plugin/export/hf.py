@@ -16,14 +16,14 @@ import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from ..data.text import BPE_MODEL, META_FILE
 from ..hf.configuration import LexConfig
 from ..hf.modeling import LexForCausalLM
 from ..hf.tokenization import LexTokenizer
 from ..modules.attention.spec import AttentionOptions
-from .model_card import model_card
+from .model_card import CardReport, model_card
 from .remote_code import remote_code
 
 __all__ = ["AUTO_MAP", "MAX_POSITIONS_PER_L", "export_hf", "from_fairseq", "hf_config", "save_model"]
@@ -111,7 +111,7 @@ def from_fairseq(model, config: LexConfig) -> LexForCausalLM:
 
 def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[AttentionOptions] = None,
               force: bool = False, max_position_embeddings: Optional[int] = None,
-              length_report: Optional[Path] = None) -> LexForCausalLM:
+              length_report: Optional[Path] = None, probe_reports: Sequence[Path] = ()) -> LexForCausalLM:
     """Write the Hugging Face directory of ``checkpoint`` (module docstring).
 
     Args:
@@ -125,17 +125,21 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
         max_position_embeddings: as :func:`hf_config`.
         length_report: an ``--eval-lengths`` JSON (``fairseq-eval-lm ... --report-json``) whose perplexity table
             the model card shows; None: the card says how to measure it.
+        probe_reports: reports of the far-context probes whose figures the card shows (``lex passkey``, ``ruler``,
+            ``babilong --json``; ``fairseq-eval-lm --longppl --report-json`` for its LongPPL), each with its
+            provenance, in the Hub's ``model-index`` too (``model_card.eval_results``).
 
     Returns:
         The exported model (fp32, eval mode), its weights equal to the checkpoint's.
 
     Raises:
-        FileNotFoundError: no checkpoint, data-bin or length report; a data-bin without ``lex_prepare.json`` (its
+        FileNotFoundError: no checkpoint, data-bin, length or probe report; a data-bin without ``lex_prepare.json`` (its
             tokenization is unknown: the hub would take text as already tokenized, the export's tokenizer could not
             match it). FileExistsError: ``out`` is not empty and
-            not ``force``. ValueError: as :func:`hf_config`; a checkpoint that is not a lex_lm; a length report
-            without results. ``remote_code.RemoteCodeError``: the package's inference modules import something an
-            export cannot carry.
+            not ``force``. ValueError: as :func:`hf_config`; a checkpoint that is not a lex_lm; a report of
+            another kind than its option takes, of another training length than the model's, or giving a figure
+            another gives (``model_card.CardReport.read``, ``model_card.model_card``).
+            ``remote_code.RemoteCodeError``: the package's inference modules import something an export cannot carry.
     """
     from ..hub_interface import from_pretrained
 
@@ -143,8 +147,8 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     options = options or AttentionOptions()
     if out.exists() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --force.")
-    if length_report is not None and not Path(length_report).is_file():
-        raise FileNotFoundError(f"no length report {length_report}: give the JSON of fairseq-eval-lm --report-json.")
+    reports = ([CardReport.read(length_report, probe=False)] if length_report is not None else []) + [
+        CardReport.read(path, probe=True) for path in probe_reports]  # before anything is written
     if not (data / META_FILE).is_file():
         raise FileNotFoundError(f"{data} has no {META_FILE}, so how its text was tokenized is unknown and the export's "
                                 "tokenizer could not match the model's; give the data-bin lex prepare wrote (or one "
@@ -159,7 +163,7 @@ def export_hf(checkpoint: Path, data: Path, out: Path, options: Optional[Attenti
     config = hf_config(hub.cfg.model, hub.tgt_dict, hub.training_length, options, max_position_embeddings,
                        positions_dropped=hub.models[0].decoder.positions_dropped)
     model = from_fairseq(hub.models[0], config)
-    card = model_card(config, str(model.spec), checkpoint, length_report, bpe=meta.get("bpe"))
+    card = model_card(config, str(model.spec), checkpoint, reports, bpe=meta.get("bpe"), name=out.resolve().name)
     scaling_file = options.rope_scaling_file
     if scaling_file:  # carried inside the export, named relative to it
         model.config.attention["rope_scaling_file"] = "rope_scaling.json"

@@ -1,11 +1,205 @@
 """The model card (``README.md``) of a Hugging Face export: the metadata block the Hub reads, what the model is,
-the attention it runs and how to change it, and its perplexity by length where a report was measured."""
+the attention it runs and how to change it, and the figures of the reports given, each with the record of how it
+was measured.
+
+The figures are read from the reports as every table of the project reads them (:mod:`lex_plugin.evaluation.figures`):
+
+======================  ==========================================================================================
+report                  figures (one per attention setting and length)
+======================  ==========================================================================================
+length (eval-lm)        test perplexity of the stream protocol; LongPPL where the report has it (``--longppl``)
+passkey                 the fraction of prompts whose key ranks first; the fraction whose key greedy decoding writes
+RULER-lite              the mean over its tasks (ranking)
+BABILong-lite           the greedy accuracy, averaged over the tasks that fitted the length
+======================  ==========================================================================================
+
+The card shows them as tables, each followed by its report's provenance (command, commit, device, wall time), writes
+the same figures into the Hub's machine-readable ``model-index`` metadata (``huggingface_hub.EvalResult``; one
+result per report kind, the probe named as the dataset's configuration) and judges them against the project's
+definitions (:mod:`lex_plugin.experiments.definitions`).
+"""
 
 import json
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["model_card", "model_index", "perplexity_table"]
+from ..evaluation.figures import babilong_greedy, mode_rows, passkey_rates, report_kind, ruler_mean
+from ..experiments.benchmark_tables import provenance_line
+from ..experiments.definitions import FAR_CONTEXT, FLAT, RETRIEVES, RETRIEVES_RANKED, RULER
+
+__all__ = ["CardReport", "Figure", "eval_results", "figures", "model_card", "perplexity_table"]
+
+# what each kind of report is called in the card, and the task its results are filed under in model-index
+TITLES = {"length": "Perplexity by length", "longppl": "LongPPL by length", "passkey": "Passkey retrieval",
+          "ruler": "RULER-lite", "babilong": "BABILong-lite"}
+PROBE_KINDS = ("longppl", "passkey", "ruler", "babilong")  # what --probe-report takes
+
+
+@dataclass(frozen=True)
+class CardReport:
+    """A report the card reads: ``path``, its JSON ``data`` and its ``kind`` (``"length"``: its perplexity and, where
+    it has them, its LongPPL figures; ``"longppl"``: an eval-lm ``--longppl`` report read for its LongPPL alone;
+    ``"passkey"``, ``"ruler"``, ``"babilong"``: a ``lex`` probe's ``--json``)."""
+
+    path: Path
+    kind: str
+    data: dict
+
+    @classmethod
+    def read(cls, path: Path, probe: bool) -> "CardReport":
+        """The report at ``path``, given as ``--length-report`` (``probe`` False) or ``--probe-report`` (True).
+
+        Raises:
+            FileNotFoundError: no file at ``path``. ValueError: not JSON; a report of no known kind
+            (:func:`~lex_plugin.evaluation.figures.report_kind`); a probe's report given as the length report; a length
+            report without LongPPL given as a probe's.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no report {path}: give the JSON of fairseq-eval-lm --report-json or of lex "
+                                    "passkey, ruler or babilong --json.")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not JSON ({err}): give a report's JSON.") from None
+        try:
+            kind = report_kind(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        if not probe and kind != "length":
+            raise ValueError(f"{path} is a {TITLES[kind]} report, not an --eval-lengths one: give it as --probe-report.")
+        if probe and kind == "length":
+            if not any(r.get("longppl") for r in data["results"]):
+                raise ValueError(f"{path} is a perplexity report without LongPPL: give it as --length-report (a "
+                                 "--probe-report is a passkey, RULER-lite, BABILong-lite or --longppl report).")
+            kind = "longppl"
+        if kind == "length":
+            perplexity_table(data)  # raises ValueError on a report without stream rows
+        return cls(path, kind, data)
+
+    @property
+    def training_length(self) -> Optional[int]:
+        """The l the report was measured at (None where it does not say)."""
+        l = self.data.get("training_length")
+        return int(l) if l else None
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a report: ``value`` (a perplexity, or a fraction of prompts in [0, 1]) of ``metric`` (the
+    model-index metric type: ``perplexity``, ``longppl`` or ``accuracy``; ``what`` says which, in words) under the
+    attention setting ``window`` at ``length`` tokens."""
+
+    kind: str
+    metric: str
+    what: str
+    window: str
+    length: int
+    value: float
+
+
+def _lengths_and_modes(data: dict) -> Tuple[List[int], List[str]]:
+    """The lengths (ascending) and attention settings (in report order) of a probe report's rows."""
+    from ..evaluation.figures import attention_mode
+
+    rows = data["results"]
+    return sorted({int(r["length"]) for r in rows}), list(dict.fromkeys(attention_mode(r) for r in rows))
+
+
+def figures(report: CardReport) -> List[Figure]:
+    """The figures of ``report`` (:class:`Figure`), read as every table of the project reads them
+    (:mod:`lex_plugin.evaluation.figures`), by window then length."""
+    data, out = report.data, []
+    if report.kind in ("length", "longppl"):
+        rows = [r for r in data["results"] if r.get("protocol", "stream") == "stream"]
+        evaluator = (data.get("longppl") or {}).get("evaluator", "an unrecorded evaluator")
+        for r in rows:
+            if report.kind == "length":
+                out.append(Figure("length", "perplexity", "test perplexity", r["window"], int(r["length"]), float(r["ppl"])))
+        for r in rows:
+            if r.get("longppl"):
+                out.append(Figure("longppl", "longppl", f"LongPPL on the key tokens of {evaluator}", r["window"],
+                                  int(r["length"]), float(r["longppl"])))
+        return out
+    lengths, modes = _lengths_and_modes(data)
+    for mode in modes:
+        for n in lengths:
+            if report.kind == "passkey":
+                ranked, greedy = passkey_rates([data], n, mode)
+                if ranked is not None:
+                    trials = sum(r["trials"] for r in mode_rows(data, mode)[n])
+                    among = {r.get("distractors", 9) + 1 for r in mode_rows(data, mode)[n]}
+                    out.append(Figure("passkey", "accuracy", f"passkey ranked first among {'/'.join(map(str, sorted(among)))}"
+                                      f" ({trials} prompts)", mode, n, ranked))
+                    out.append(Figure("passkey", "accuracy", f"greedy passkey written whole ({trials} prompts)", mode, n,
+                                      greedy))
+            elif report.kind == "ruler":
+                value = ruler_mean(data, n, mode)
+                if value is not None:
+                    out.append(Figure("ruler", "accuracy", "RULER-lite mean of the tasks scored at every length from "
+                                      "l (ranking)", mode, n, value))
+            else:
+                value = babilong_greedy(data).get(mode, {}).get(n)
+                if value is not None:
+                    out.append(Figure("babilong", "accuracy", "BABILong-lite greedy accuracy (mean over the tasks that "
+                                      "fit)", mode, n, value))
+    return out
+
+
+def _at(n: int, l: Optional[int]) -> str:
+    return f"{n} tokens ({n / l:g}l)" if l else f"{n} tokens"
+
+
+def _check_distinct(reports: Sequence[CardReport]) -> Dict[str, List[Figure]]:
+    """{report path: its figures}, none given twice.
+
+    Raises:
+        ValueError: two reports give the same figure (which one would the card show?).
+    """
+    seen: Dict[tuple, Path] = {}
+    out = {}
+    for report in reports:
+        found = figures(report)
+        for f in found:
+            key = (f.kind, f.what.split(" (")[0], f.window, f.length)
+            if key in seen:
+                raise ValueError(f"{seen[key]} and {report.path} both give {f.what.split(' (')[0]} under {f.window} at "
+                                 f"{f.length} tokens: give one report per figure.")
+            seen[key] = report.path
+        out[str(report.path)] = found
+    return out
+
+
+def eval_results(name: str, reports: Sequence[CardReport]) -> list:
+    """The Hub's machine-readable evaluation results (``huggingface_hub.EvalResult``, the card's ``model-index``) of
+    ``reports``: one metric per :class:`Figure` (its value rounded to 4 decimals), on the report's split of its
+    data-bin, the probe named as the dataset's configuration (``stream``: perplexity and LongPPL by length;
+    ``passkey``, ``ruler-lite``, ``babilong-lite``: prompts built from that split).
+
+    Raises:
+        ValueError: as :func:`_check_distinct`.
+    """
+    from huggingface_hub import EvalResult
+
+    config = {"length": "stream", "longppl": "stream", "passkey": "passkey", "ruler": "ruler-lite",
+              "babilong": "babilong-lite"}
+    task = {"length": "Language modeling by evaluation length", "longppl": "Language modeling by evaluation length",
+            "passkey": "Passkey retrieval", "ruler": "RULER-lite", "babilong": "BABILong-lite"}
+    by_path = _check_distinct(reports)
+    out = []
+    for report in reports:
+        data, l = report.data, report.training_length
+        bin_name = Path(str(data.get("data", "data-bin"))).name or "data-bin"
+        split = data.get("split", "test")
+        tokens = f", {data['split_tokens']} tokens" if data.get("split_tokens") else ""
+        for f in by_path[str(report.path)]:
+            out.append(EvalResult(task_type="text-generation", task_name=task[f.kind], dataset_type=bin_name,
+                                  dataset_name=f"{bin_name} ({split} split{tokens})", dataset_config=config[f.kind],
+                                  dataset_split=split, metric_type=f.metric, metric_value=round(f.value, 4),
+                                  metric_name=f"{f.what} at {_at(f.length, l)}, {f.window}", verified=False))
+    return out
 
 
 def perplexity_table(report: dict) -> str:
@@ -24,70 +218,163 @@ def perplexity_table(report: dict) -> str:
     if not rows:
         raise ValueError("the length report has no stream rows (only --fixed-target-tokens ones): the card's table is "
                          "the stream protocol's perplexity.")
-    lengths = sorted({r["length"] for r in rows})
-    windows = list(dict.fromkeys(r["window"] for r in rows))
-    cell = {(r["window"], r["length"]): r["ppl"] for r in rows}
-    l = report.get("training_length")
+    return _table([Figure("length", "perplexity", "", r["window"], int(r["length"]), float(r["ppl"])) for r in rows],
+                  report.get("training_length"), "{:.2f}")
+
+
+def _table(found: Sequence[Figure], l: Optional[int], fmt: str) -> str:
+    """Rows window, columns length, ``fmt`` of each figure's value ("-" where none)."""
+    lengths = sorted({f.length for f in found})
+    windows = list(dict.fromkeys(f.window for f in found))
+    cell = {(f.window, f.length): fmt.format(f.value) for f in found}
     heads = [f"{n} ({n / l:g}l)" if l else str(n) for n in lengths]
     lines = ["| window | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(lengths)]
     for w in windows:
-        lines.append(f"| {w} | " + " | ".join(f"{cell[w, n]:.2f}" if (w, n) in cell else "-" for n in lengths) + " |")
+        lines.append(f"| {w} | " + " | ".join(cell.get((w, n), "-") for n in lengths) + " |")
     return "\n".join(lines)
 
 
-def _stream_rows(report: dict) -> list:
-    """The report's stream-protocol rows (window, length, ppl), checked as :func:`perplexity_table` checks them."""
-    perplexity_table(report)  # raises ValueError on a report without stream rows
-    return [r for r in report["results"] if r.get("protocol", "stream") == "stream"]
+def _named_checkpoint(report: CardReport) -> Optional[str]:
+    """The checkpoint ``report`` measured: its ``checkpoint`` field (a probe's), else the ``--path`` of the command
+    its provenance records (an eval-lm report's); None where neither says."""
+    if report.data.get("checkpoint"):
+        return str(report.data["checkpoint"])
+    command = str((report.data.get("provenance") or {}).get("command", ""))
+    try:
+        words = shlex.split(command)
+    except ValueError:  # a command that is not shell-quoted: nothing to read
+        return None
+    for i, word in enumerate(words):
+        if word == "--path" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--path="):
+            return word[len("--path="):]
+    return None
 
 
-def model_index(name: str, report: dict) -> List[str]:
-    """The Hub's machine-readable evaluation results (the card's ``model-index`` metadata, YAML lines) of an
-    ``--eval-lengths`` report: one perplexity metric per window and length of its stream rows, the same figures as
-    :func:`perplexity_table`, on the report's split of its data-bin.
+def _other_checkpoint(report: CardReport, checkpoint: Path) -> Optional[str]:
+    """The checkpoint ``report`` names (:func:`_named_checkpoint`) where it is not the exported one (paths compared
+    resolved), else None."""
+    named = _named_checkpoint(report)
+    return None if named is None or Path(named).resolve() == Path(checkpoint).resolve() else named
+
+
+def _measured(report: CardReport, checkpoint: Path) -> str:
+    """Which checkpoint ``report`` measured (where it records one) and its provenance line."""
+    prov = report.data.get("provenance")
+    line = provenance_line(prov) if prov else "Its provenance is unrecorded (a report written before reports carried one)."
+    other = _other_checkpoint(report, checkpoint)
+    if _named_checkpoint(report) is None:
+        where = ""
+    elif other is None:
+        where = " The report names the exported checkpoint."
+    else:
+        where = f" The report names the checkpoint `{other}`; this export is of `{checkpoint}`."
+    return f"From `{report.path.name}`.{where} {line}"
+
+
+def _section(report: CardReport, found: Sequence[Figure], checkpoint: Path) -> str:
+    """A report's table(s) of its figures and where they come from."""
+    l, data = report.training_length, report.data
+    parts = []
+    if report.kind == "length":
+        parts.append(f"Test perplexity by evaluation length ({data.get('split', 'test')} split, "
+                     f"{data.get('split_tokens', '?')} tokens, measured with fairseq-eval-lm --eval-lengths):\n\n"
+                     + _table([f for f in found if f.kind == "length"], l, "{:.2f}"))
+    longppl = [f for f in found if f.kind == "longppl"]
+    if longppl:
+        parts.append(f"{longppl[0].what} (perplexity on the tokens that need the far context):\n\n"
+                     + _table(longppl, l, "{:.2f}"))
+    for what in dict.fromkeys(f.what for f in found if f.kind not in ("length", "longppl")):
+        parts.append(f"{what[0].upper()}{what[1:]}, by length:\n\n"
+                     + _table([f for f in found if f.what == what], l, "{:.2f}"))
+    return "\n\n".join(parts) + "\n\n" + _measured(report, checkpoint)
+
+
+def _definitions(reports: Sequence[CardReport], l: int, checkpoint: Path) -> str:
+    """The project's definitions the reports' figures meet or miss (full attention's figures), as a table naming the
+    report(s) each figure comes from (and where one names another checkpoint than the exported one); "" where no
+    report gives a figure a definition reads."""
+    from ..experiments.reproduce.verdict import far_context_ratio
+
+    rows = []
+    by_kind: Dict[str, List[CardReport]] = {}
+    for r in reports:
+        by_kind.setdefault(r.kind, []).append(r)
+    for r in by_kind.get("length", []):
+        full = {n: rs[0]["ppl"] for n, rs in mode_rows(r.data).items() if rs[0].get("protocol", "stream") == "stream"}
+        if l in full and 16 * l in full:
+            rows.append((FLAT, full[16 * l] / full[l], [r]))
+    for r in by_kind.get("length", []) + by_kind.get("longppl", []):
+        evaluator = (r.data.get("longppl") or {}).get("evaluator")
+        if evaluator and evaluator != "the evaluated checkpoint":
+            ratio = far_context_ratio(r.data, l, "full", str(r.path))
+            if ratio is not None:
+                rows.append((FAR_CONTEXT, ratio, [r]))
+    passkey = by_kind.get("passkey", [])
+    for definition, length, which in ((RETRIEVES, 16 * l, 1), (RETRIEVES_RANKED, 8 * l, 0)):
+        value = passkey_rates([r.data for r in passkey], length)[which]
+        if value is not None:
+            rows.append((definition, value, [r for r in passkey if passkey_rates([r.data], length)[which] is not None]))
+    for r in by_kind.get("ruler", []):
+        value = ruler_mean(r.data, 8 * l)
+        if value is not None:
+            rows.append((RULER, value, [r]))
+    if not rows:
+        return ""
+    lines = ["| definition | rule | figure | met | from |", "|---|---|---:|---|---|"]
+    for d, value, sources in rows:
+        named = ", ".join(f"`{r.path.name}`" + (" (another checkpoint)" if _other_checkpoint(r, checkpoint) else "")
+                          for r in sources)
+        lines.append(f"| {d.name} | {d.rule} | {value:.4f} | {'yes' if d.meets(value, written_at=4) else 'no'} | {named} |")
+    return "\n".join(lines)
+
+
+def model_card(config, spec: str, checkpoint: Path, reports: Sequence[CardReport] = (),
+               bpe: Optional[str] = "sentencepiece", name: str = "lex_lm") -> str:
+    """The text of ``README.md`` for an export ``name`` (the model's name on the Hub: the export directory's) of
+    ``config`` (a ``LexConfig``) running ``spec`` by default, from ``checkpoint``; ``reports``: the reports whose figures the card shows (:class:`CardReport`; at most one of
+    kind ``length``); ``bpe``: the data-bin's ``lex_prepare.json`` ``bpe`` (``"sentencepiece"``, or None for Moses
+    words alone).
 
     Raises:
-        ValueError: as :func:`perplexity_table`.
+        ValueError: two length reports; a report measured at another training length than the model's; two reports
+            giving one figure (:func:`eval_results`).
     """
-    rows = _stream_rows(report)
-    l = report.get("training_length")
-    data = Path(str(report.get("data", "data-bin"))).name or "data-bin"
-    split, tokens = report.get("split", "test"), report.get("split_tokens", "?")
-    dataset = f"{data} ({split} split, {tokens} tokens)"
-    lines = ["model-index:", f"- name: {json.dumps(name)}", "  results:", "  - task:", "      type: text-generation",
-             "      name: Language modeling by evaluation length", "    dataset:", f"      type: {json.dumps(data)}",
-             f"      name: {json.dumps(dataset)}", f"      split: {json.dumps(split)}", "    metrics:"]
-    for r in rows:
-        at = f"{r['length']} tokens ({r['length'] / l:g}l)" if l else f"{r['length']} tokens"
-        metric = f"perplexity at {at}, {r['window']}"
-        lines += ["    - type: perplexity", f"      value: {round(float(r['ppl']), 4)}", f"      name: {json.dumps(metric)}",
-                  "      verified: false"]
-    return lines
+    from huggingface_hub import ModelCardData
 
-
-def model_card(config, spec: str, checkpoint: Path, report: Optional[Path], bpe: Optional[str] = "sentencepiece") -> str:
-    """The text of ``README.md`` for an export of ``config`` (a ``LexConfig``) running ``spec`` by default,
-    from ``checkpoint``; ``report``: an ``--eval-lengths`` JSON whose table the card shows, or None; ``bpe``: the
-    data-bin's ``lex_prepare.json`` ``bpe`` (``"sentencepiece"``, or None for Moses words alone).
-
-    Raises:
-        ValueError: as :func:`perplexity_table`. FileNotFoundError: no ``report`` there.
-    """
     l = config.training_length
+    if sum(r.kind == "length" for r in reports) > 1:
+        raise ValueError("give one --length-report (the card's perplexity table).")
+    for r in reports:
+        if r.training_length is not None and r.training_length != l:
+            raise ValueError(f"{r.path} was measured at training length {r.training_length}; the model's is {l}: "
+                             "give reports of this model (their lengths are read as multiples of its l).")
     options = ", ".join(f"{k} = {v}" for k, v in sorted(config.position_options.items())) or "none"
     tags = ["lex_plugin", "fairseq", "length-extrapolation", config.pos_emb, "custom_code", "text-generation"]
-    data = json.loads(Path(report).read_text(encoding="utf-8")) if report is not None else None
-    name = Path(checkpoint).parent.name or "lex_lm"
-    meta = "\n".join(["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:",
-                      *[f"- {t}" for t in dict.fromkeys(tags)], *(model_index(name, data) if data else []), "---"])
-    if data is not None:
-        measured = (f"Test perplexity by evaluation length ({data.get('split', 'test')} split, "
-                    f"{data.get('split_tokens', '?')} tokens, measured with fairseq-eval-lm --eval-lengths):\n\n"
-                    + perplexity_table(data))
+    results = eval_results(name, reports)
+    meta = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=list(dict.fromkeys(tags)),
+                         model_name=name if results else None, eval_results=results or None).to_yaml()
+    by_path = _check_distinct(reports)
+    length = [r for r in reports if r.kind == "length"]
+    if length:
+        measured = _section(length[0], by_path[str(length[0].path)], checkpoint)
     else:
         measured = ("Not measured for this export. Measure it with the plugin: `fairseq-eval-lm DATA --path CHECKPOINT "
                     "--user-dir lex_plugin --task lex_language_modeling --eval-lengths 256,1024,4096 --eval-windows "
                     "full,bca --report-json report.json`, then re-export with `--length-report report.json`.")
+    probes = [r for r in reports if r.kind != "length"]
+    if probes:
+        probed = "\n\n".join(f"### {TITLES[r.kind]} (`{r.path.name}`)\n\n" + _section(r, by_path[str(r.path)], checkpoint) for r in probes)
+    else:
+        probed = ("None given. Probe the model with the plugin (`lex passkey`, `lex ruler`, `lex babilong` with "
+                  "`--json`, or `fairseq-eval-lm ... --longppl --report-json`), then re-export with one "
+                  "`--probe-report` per report.")
+    judged = _definitions(reports, l, checkpoint)
+    judged = (judged + "\n\nEach figure is its report's (one model; one fine-tuning run for a probe), and the last column "
+              "says where a report names another checkpoint than this export's; the project's verdict reads the mean "
+              "over three fine-tuning seeds and counts a definition met only when every seed meets it.") if judged else "No report given reads a definition's figure."
+    meta = "---\n" + meta + "\n---"
     return f"""{meta}
 
 # {name}: a length-extrapolating language model (lex_plugin)
@@ -145,4 +432,14 @@ rolling window); set it (or lm-eval's `max_length`) to the length you want to ev
 ## Perplexity by length
 
 {measured}
+
+## Far-context probes
+
+{probed}
+
+## Against the project's definitions
+
+The definitions of lex_plugin's results (full attention's figures; a figure is judged as written, at 4 decimals):
+
+{judged}
 """
