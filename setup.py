@@ -47,7 +47,7 @@ setup(
         # scalings are tested against transformers' own functions. pyarrow (datasets, under lm-eval) is held
         # below 22, whose wheels need numpy 2 (fairseq 0.12 needs numpy < 2); accelerate is lm-eval's hf model's;
         # longppl, the LongPPL authors' package, is what scripts/crosscheck_longppl.py compares against.
-        "hf": ["transformers>=4.56,<5", "safetensors", "lm-eval[ruler]>=0.4.5,<0.5", "accelerate", "pyarrow>=15,<22",
+        "hf": ["transformers>=4.56,<5", "huggingface_hub", "safetensors", "lm-eval[ruler]>=0.4.5,<0.5", "accelerate", "pyarrow>=15,<22",
                "longppl==0.3.0"],
     },
     entry_points={"console_scripts": ["lex=lex_plugin.cli:main"]},

@@ -236,3 +236,14 @@ def test_the_walkthroughs_length_table_reads_the_demos_report_and_refuses_other_
     (tmp_path / "report.json").write_text(json.dumps(report))
     with pytest.raises(ValueError, match="expected the modes full and bca"):
         demo_length_table(tmp_path, "report.json")
+
+
+def test_results_opens_with_the_definitions_and_the_decision_table_within_the_line_budgets():
+    """A reader answers "what should I use" from the first screen of RESULTS: its definitions' table, then the decision
+    table, both starting within its first 40 lines, before any other table; RESULTS stays under 700 lines and BENCHMARKS
+    under 400."""
+    results = (REPO / "examples/lex_lm/RESULTS.md").read_text().splitlines()
+    starts = [i for i, line in enumerate(results) if line.startswith("<!-- generated: ")]
+    assert [results[i].split()[2] for i in starts[:2]] == ["definitions", "decision"] and starts[1] < 40
+    assert len(results) < 700
+    assert len((REPO / "examples/lex_lm/BENCHMARKS.md").read_text().splitlines()) < 400
