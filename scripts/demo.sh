@@ -2,7 +2,8 @@
 # The main job: prepare a real corpus, train lex_lm_tiny with fairseq-train on the CPU for a bounded
 # budget, then one fairseq-eval-lm run that prints the length table on the test split (l .. 16l, full
 # causal attention and BCA), writes it as JSON, and reports fairseq's own test perplexity at l; finally
-# `lex plot` draws perplexity against length (PNG).
+# `lex plot` draws perplexity against length (PNG); the step times, validation perplexity and fairseq's own test
+# perplexity go to WORK/demo_report.json with their provenance.
 #
 #   bash scripts/demo.sh [CORPUS_DIR]        (default: ../shared/data/pg, the 49 public-domain books)
 #
@@ -36,6 +37,7 @@ if [ ! -f "$DATA/lex_prepare.json" ]; then
 else
   echo "data-bin already prepared: $DATA"
 fi
+prepared=$(date +%s)
 
 # the project's fairseq-train recipe (lex_plugin/experiments/recipe.py); lex train prints the whole command first
 run lex train "$DATA" "$CKPT" --arch "$ARCH" --tokens-per-sample "$L" --batch-size "$BSZ" --lr "$LR" \
@@ -56,6 +58,11 @@ run fairseq-eval-lm "$DATA" \
 run lex plot "$WORK/length_report.json" -o "$WORK/ppl_vs_length.png" --title "$ARCH, l = $L: test perplexity vs length"
 
 end=$(date +%s)
+# what was measured besides the length table (step times, validation perplexity, fairseq's test perplexity), with
+# its provenance: the walkthrough's "Measured" tables read the committed copy (scripts/results.py)
+run python scripts/demo_report.py "$WORK/train.log" --step prepare=$((prepared - start)) \
+  --step train=$((trained - prepared)) --step evaluate=$((end - trained)) --eval-log test="$WORK/eval_test.log" \
+  -o "$WORK/demo_report.json"
 echo
 echo "demo finished in $(( (end - start) / 60 )) min $(( (end - start) % 60 )) s (training + preparation: $(( (trained - start) / 60 )) min)"
 echo "length table (first $EVAL_TOKENS test tokens): $WORK/length_report.json, plot: $WORK/ppl_vs_length.png"

@@ -51,7 +51,8 @@ def test_lex_train_refuses_a_warm_up_longer_than_the_run(data_bin, tmp_path):
 def test_lex_train_runs_the_recipe(data_bin, tmp_path):
     proc = run_cli([sys.executable, "-m", "lex_plugin.cli", "train", str(data_bin), str(tmp_path / "ckpt"),
                     "--tokens-per-sample", "32", "--batch-size", "4", "--max-update", "3", "--save-interval-updates", "3",
-                    "--decoder-layers", "1", "--log-format", "json", "--log-interval", "1", "--log-file", str(tmp_path / "train.log")])
+                    "--decoder-layers", "1", "--log-format", "json", "--log-interval", "1", "--log-file", str(tmp_path / "train.log"),
+                    "--validate-interval-updates", "2"])
     assert re.search(r"^\+ \S*fairseq-train .*--lr-scheduler polynomial_decay", proc.stderr, re.M)  # printed first
     losses = [json.loads(m)["loss"] for m in re.findall(r"train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
     assert len(losses) == 3
@@ -61,5 +62,12 @@ def test_lex_train_runs_the_recipe(data_bin, tmp_path):
     logged = read_train_log(proc.stdout + proc.stderr)
     assert read_train_log(tmp_path / "train.log") == logged and sorted(logged) == [1, 2, 3]
     assert [logged[u]["loss"] for u in (1, 2, 3)] == [float(x) for x in losses]
+    # the demo report's reader: each validation's loss and ppl, as fairseq printed them (every 2 updates, and at the end)
+    from lex_plugin.experiments.train_log import read_valid_log
+
+    printed = {int(d["valid_num_updates"]): (float(d["valid_loss"]), float(d["valid_ppl"])) for d in
+               map(json.loads, re.findall(r"\| valid \| (\{.*\})", proc.stdout + proc.stderr))}
+    valid = read_valid_log(tmp_path / "train.log")
+    assert printed and {u: (v["loss"], v["ppl"]) for u, v in valid.items()} == printed
     state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["decoder_layers"] == 1 and state["cfg"]["task"]["tokens_per_sample"] == 32

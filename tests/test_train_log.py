@@ -84,3 +84,18 @@ def test_cli_table_json_plot_and_tolerance(tmp_path):
     assert (tmp_path / "gap.png").stat().st_size > 10_000
     beyond = subprocess.run([*cmd, "--tolerance", "0.005"], capture_output=True, text=True, cwd=REPO)
     assert beyond.returncode == 1 and "beyond the tolerance 0.5%" in beyond.stderr
+
+
+def test_the_validation_lines_read_alike_in_both_formats_and_other_subsets_are_left_out():
+    """fairseq's line after validating: on stdout (after "| valid |"), bare in --log-file, and in the json format; a
+    line of another --valid-subset is not the one asked for."""
+    from lex_plugin.experiments.train_log import read_valid_log
+
+    stdout = read_valid_log(log([SIMPLE.format(u=25)]))
+    assert stdout == {300: {"loss": 7.1, "ppl": 137.0}}
+    assert read_valid_log(NOISE[1].split(" | valid | ", 1)[1]) == stdout
+    assert read_valid_log(SUMMARIES[2]) == {300: {"loss": 7.2, "ppl": 147.0}}
+    other = NOISE[1].replace("'valid' subset", "'valid1' subset")
+    assert read_valid_log(other, subset="valid1") == stdout
+    with pytest.raises(ValueError, match="no validation line of subset 'valid'"):
+        read_valid_log("\n".join([other, SIMPLE.format(u=25), SUMMARIES[0]]))

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Sequence, Union
 
-__all__ = ["compare_curves", "markdown_curves", "plot_curves", "read_train_log"]
+__all__ = ["compare_curves", "markdown_curves", "plot_curves", "read_train_log", "read_valid_log"]
 
 # an interval line, with fairseq's "date | INFO | train_inner | " before it on stdout and bare in --log-file (a
 # plain FileHandler): simple "epoch 001:  25 / 1922 k=v, ..."; json an object with a bare "num_updates" (the
@@ -21,6 +21,8 @@ __all__ = ["compare_curves", "markdown_curves", "plot_curves", "read_train_log"]
 _JSON = re.compile(r"(\{.*\})\s*$")
 _SIMPLE = re.compile(r"(?:^|\| )epoch \d+:\s+\d+ / \d+ (.*)$")
 _PAIR = re.compile(r"(\w+)=([^,\s]+)")
+# a validation line: simple "epoch 001 | valid on 'valid' subset | loss 7.77 | ppl 218.2 | ... | num_updates 300"
+_VALID = re.compile(r"valid on '([^']+)' subset \| (.*)$")
 
 
 def read_train_log(text: Union[str, Path]) -> Dict[int, Dict[str, float]]:
@@ -129,3 +131,49 @@ def plot_curves(result: dict, labels: Sequence[str], out: Path, title: str, key:
             ax.axvline(result["after"], color="grey", linestyle=":", linewidth=1)
             ax.grid(alpha=0.3)
         fig.suptitle(title)
+
+
+def read_valid_log(text: Union[str, Path], subset: str = "valid") -> Dict[int, Dict[str, float]]:
+    """The validation statistics of a fairseq-train log, by update: each line fairseq writes after validating
+    ``subset`` (``--validate-interval-updates``, the end of an epoch).
+
+    Args:
+        text: the log's text, or a path to it (as :func:`read_train_log`: ``simple`` or ``json`` ``--log-format``).
+        subset: the validation split (fairseq's ``--valid-subset``).
+
+    Returns:
+        {num_updates: {statistic: value}}, e.g. ``loss`` (bits per token), ``ppl``; numbers only; the later line of an
+        update given twice (a resumed run).
+
+    Raises:
+        ValueError: no validation line of ``subset``.
+    """
+    if isinstance(text, Path):
+        text = text.read_text(errors="replace")
+    out: Dict[int, Dict[str, float]] = {}
+    prefix = f"{subset}_"
+    for line in text.splitlines():
+        if m := _VALID.search(line):
+            if m.group(1) != subset:
+                continue
+            pairs = [part.strip().split(" ", 1) for part in m.group(2).split(" | ")]
+            pairs = [(p[0], p[1]) for p in pairs if len(p) == 2]
+        elif (m := _JSON.search(line)) and f'"{prefix}num_updates"' in line:
+            try:
+                pairs = [(k[len(prefix):], v) for k, v in json.loads(m.group(1)).items() if k.startswith(prefix)]
+            except json.JSONDecodeError:
+                continue
+        else:
+            continue
+        stats = {}
+        for key, value in pairs:
+            try:
+                stats[key] = float(value)
+            except (TypeError, ValueError):
+                continue
+        if "num_updates" in stats:
+            out[int(stats.pop("num_updates"))] = stats
+    if not out:
+        raise ValueError(f"no validation line of subset {subset!r} found: give fairseq-train's output or --log-file "
+                         "(--log-format simple or json) of a run that validated.")
+    return out
