@@ -25,6 +25,19 @@ _PAIR = re.compile(r"(\w+)=([^,\s]+)")
 _VALID = re.compile(r"valid on '([^']+)' subset \| (.*)$")
 
 
+def _add_stats(out: Dict[int, Dict[str, float]], pairs) -> None:
+    """Put one logged line's (key, value) pairs into ``out`` under its ``num_updates``, numbers only (a later line of
+    the same update replaces the earlier); a line without ``num_updates`` is left out."""
+    stats = {}
+    for key, value in pairs:
+        try:
+            stats[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    if "num_updates" in stats:
+        out[int(stats.pop("num_updates"))] = stats
+
+
 def read_train_log(text: Union[str, Path]) -> Dict[int, Dict[str, float]]:
     """The ``train_inner`` statistics of a fairseq-train log, by update.
 
@@ -56,14 +69,7 @@ def read_train_log(text: Union[str, Path]) -> Dict[int, Dict[str, float]]:
             pairs = _PAIR.findall(m.group(1))
         else:
             continue
-        stats = {}
-        for key, value in pairs:
-            try:
-                stats[key] = float(value)
-            except (TypeError, ValueError):
-                continue
-        if "num_updates" in stats:
-            out[int(stats.pop("num_updates"))] = stats
+        _add_stats(out, pairs)
     if not out:
         raise ValueError("no train_inner line found: give fairseq-train's output or --log-file written with "
                          "--log-format simple or json (tqdm and none print no per-interval lines to a file).")
@@ -165,14 +171,7 @@ def read_valid_log(text: Union[str, Path], subset: str = "valid") -> Dict[int, D
                 continue
         else:
             continue
-        stats = {}
-        for key, value in pairs:
-            try:
-                stats[key] = float(value)
-            except (TypeError, ValueError):
-                continue
-        if "num_updates" in stats:
-            out[int(stats.pop("num_updates"))] = stats
+        _add_stats(out, pairs)
     if not out:
         raise ValueError(f"no validation line of subset {subset!r} found: give fairseq-train's output or --log-file "
                          "(--log-format simple or json) of a run that validated.")
