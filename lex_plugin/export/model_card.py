@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..evaluation.figures import babilong_greedy, mode_rows, passkey_rates, report_kind, ruler_mean
+from ..evaluation.figures import attention_mode, babilong_greedy, mode_rows, passkey_rates, report_kind, ruler_mean
 from ..experiments.benchmark_tables import provenance_line
 from ..experiments.definitions import FAR_CONTEXT, FLAT, RETRIEVES, RETRIEVES_RANKED, RULER
 
-__all__ = ["CardReport", "Figure", "eval_results", "figures", "model_card", "perplexity_table"]
+__all__ = ["CardReport", "Figure", "eval_results", "figures", "measured", "model_card", "perplexity_table"]
 
 # what each kind of report is called in the card, and the task its results are filed under in model-index
 TITLES = {"length": "Perplexity by length", "longppl": "LongPPL by length", "passkey": "Passkey retrieval",
@@ -89,8 +89,8 @@ class CardReport:
 @dataclass(frozen=True)
 class Figure:
     """One figure of a report: ``value`` (a perplexity, or a fraction of prompts in [0, 1]) of ``metric`` (the
-    model-index metric type: ``perplexity``, ``longppl`` or ``accuracy``; ``what`` says which, in words) under the
-    attention setting ``window`` at ``length`` tokens."""
+    model-index metric type: ``perplexity``, ``longppl`` or ``accuracy``; ``what`` says which, in words, ``detail``
+    how many prompts it counts) under the attention setting ``window`` at ``length`` tokens."""
 
     kind: str
     metric: str
@@ -98,12 +98,16 @@ class Figure:
     window: str
     length: int
     value: float
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        """``what`` with its ``detail`` in parentheses: how the card names the figure."""
+        return f"{self.what} ({self.detail})" if self.detail else self.what
 
 
 def _lengths_and_modes(data: dict) -> Tuple[List[int], List[str]]:
     """The lengths (ascending) and attention settings (in report order) of a probe report's rows."""
-    from ..evaluation.figures import attention_mode
-
     rows = data["results"]
     return sorted({int(r["length"]) for r in rows}), list(dict.fromkeys(attention_mode(r) for r in rows))
 
@@ -115,14 +119,11 @@ def figures(report: CardReport) -> List[Figure]:
     if report.kind in ("length", "longppl"):
         rows = [r for r in data["results"] if r.get("protocol", "stream") == "stream"]
         evaluator = (data.get("longppl") or {}).get("evaluator", "an unrecorded evaluator")
-        for r in rows:
-            if report.kind == "length":
-                out.append(Figure("length", "perplexity", "test perplexity", r["window"], int(r["length"]), float(r["ppl"])))
-        for r in rows:
-            if r.get("longppl"):
-                out.append(Figure("longppl", "longppl", f"LongPPL on the key tokens of {evaluator}", r["window"],
-                                  int(r["length"]), float(r["longppl"])))
-        return out
+        if report.kind == "length":
+            out += [Figure("length", "perplexity", "test perplexity", r["window"], int(r["length"]), float(r["ppl"]))
+                    for r in rows]
+        return out + [Figure("longppl", "longppl", f"LongPPL on the key tokens of {evaluator}", r["window"],
+                             int(r["length"]), float(r["longppl"])) for r in rows if r.get("longppl")]
     lengths, modes = _lengths_and_modes(data)
     for mode in modes:
         for n in lengths:
@@ -131,10 +132,10 @@ def figures(report: CardReport) -> List[Figure]:
                 if ranked is not None:
                     trials = sum(r["trials"] for r in mode_rows(data, mode)[n])
                     among = {r.get("distractors", 9) + 1 for r in mode_rows(data, mode)[n]}
-                    out.append(Figure("passkey", "accuracy", f"passkey ranked first among {'/'.join(map(str, sorted(among)))}"
-                                      f" ({trials} prompts)", mode, n, ranked))
-                    out.append(Figure("passkey", "accuracy", f"greedy passkey written whole ({trials} prompts)", mode, n,
-                                      greedy))
+                    out.append(Figure("passkey", "accuracy", f"passkey ranked first among {'/'.join(map(str, sorted(among)))}",
+                                      mode, n, ranked, f"{trials} prompts"))
+                    out.append(Figure("passkey", "accuracy", "greedy passkey written whole", mode, n, greedy,
+                                      f"{trials} prompts"))
             elif report.kind == "ruler":
                 value = ruler_mean(data, n, mode)
                 if value is not None:
@@ -152,34 +153,32 @@ def _at(n: int, l: Optional[int]) -> str:
     return f"{n} tokens ({n / l:g}l)" if l else f"{n} tokens"
 
 
-def _check_distinct(reports: Sequence[CardReport]) -> Dict[str, List[Figure]]:
-    """{report path: its figures}, none given twice.
+def measured(reports: Sequence[CardReport]) -> List[Tuple[CardReport, List[Figure]]]:
+    """Each report with its figures (:func:`figures`), no figure given by two reports.
 
     Raises:
-        ValueError: two reports give the same figure (which one would the card show?).
+        ValueError: two reports give the same figure under the same window at the same length (which one would the
+            card show?).
     """
     seen: Dict[tuple, Path] = {}
-    out = {}
+    out = []
     for report in reports:
         found = figures(report)
         for f in found:
-            key = (f.kind, f.what.split(" (")[0], f.window, f.length)
+            key = (f.what, f.window, f.length)
             if key in seen:
-                raise ValueError(f"{seen[key]} and {report.path} both give {f.what.split(' (')[0]} under {f.window} at "
-                                 f"{f.length} tokens: give one report per figure.")
+                raise ValueError(f"{seen[key]} and {report.path} both give {f.what} under {f.window} at {f.length} "
+                                 "tokens: give one report per figure.")
             seen[key] = report.path
-        out[str(report.path)] = found
+        out.append((report, found))
     return out
 
 
-def eval_results(name: str, reports: Sequence[CardReport]) -> list:
+def eval_results(found: Sequence[Tuple[CardReport, List[Figure]]]) -> list:
     """The Hub's machine-readable evaluation results (``huggingface_hub.EvalResult``, the card's ``model-index``) of
-    ``reports``: one metric per :class:`Figure` (its value rounded to 4 decimals), on the report's split of its
+    the reports' figures (:func:`measured`): one metric per :class:`Figure` (its value rounded to 4 decimals), on the report's split of its
     data-bin, the probe named as the dataset's configuration (``stream``: perplexity and LongPPL by length;
     ``passkey``, ``ruler-lite``, ``babilong-lite``: prompts built from that split).
-
-    Raises:
-        ValueError: as :func:`_check_distinct`.
     """
     from huggingface_hub import EvalResult
 
@@ -187,18 +186,17 @@ def eval_results(name: str, reports: Sequence[CardReport]) -> list:
               "babilong": "babilong-lite"}
     task = {"length": "Language modeling by evaluation length", "longppl": "Language modeling by evaluation length",
             "passkey": "Passkey retrieval", "ruler": "RULER-lite", "babilong": "BABILong-lite"}
-    by_path = _check_distinct(reports)
     out = []
-    for report in reports:
+    for report, figures_ in found:
         data, l = report.data, report.training_length
         bin_name = Path(str(data.get("data", "data-bin"))).name or "data-bin"
         split = data.get("split", "test")
         tokens = f", {data['split_tokens']} tokens" if data.get("split_tokens") else ""
-        for f in by_path[str(report.path)]:
+        for f in figures_:
             out.append(EvalResult(task_type="text-generation", task_name=task[f.kind], dataset_type=bin_name,
                                   dataset_name=f"{bin_name} ({split} split{tokens})", dataset_config=config[f.kind],
                                   dataset_split=split, metric_type=f.metric, metric_value=round(f.value, 4),
-                                  metric_name=f"{f.what} at {_at(f.length, l)}, {f.window}", verified=False))
+                                  metric_name=f"{f.label} at {_at(f.length, l)}, {f.window}", verified=False))
     return out
 
 
@@ -286,8 +284,10 @@ def _section(report: CardReport, found: Sequence[Figure], checkpoint: Path) -> s
         parts.append(f"{longppl[0].what} (perplexity on the tokens that need the far context):\n\n"
                      + _table(longppl, l, "{:.2f}"))
     for what in dict.fromkeys(f.what for f in found if f.kind not in ("length", "longppl")):
-        parts.append(f"{what[0].upper()}{what[1:]}, by length:\n\n"
-                     + _table([f for f in found if f.what == what], l, "{:.2f}"))
+        cells = [f for f in found if f.what == what]
+        details = {f.detail for f in cells}
+        detail = f" ({details.pop()} per cell)" if len(details) == 1 and "" not in details else ""
+        parts.append(f"{what[0].upper()}{what[1:]}{detail}, by length:\n\n" + _table(cells, l, "{:.2f}"))
     return "\n\n".join(parts) + "\n\n" + _measured(report, checkpoint)
 
 
@@ -352,20 +352,20 @@ def model_card(config, spec: str, checkpoint: Path, reports: Sequence[CardReport
                              "give reports of this model (their lengths are read as multiples of its l).")
     options = ", ".join(f"{k} = {v}" for k, v in sorted(config.position_options.items())) or "none"
     tags = ["lex_plugin", "fairseq", "length-extrapolation", config.pos_emb, "custom_code", "text-generation"]
-    results = eval_results(name, reports)
+    found = measured(reports)
+    results = eval_results(found)
     meta = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=list(dict.fromkeys(tags)),
                          model_name=name if results else None, eval_results=results or None).to_yaml()
-    by_path = _check_distinct(reports)
-    length = [r for r in reports if r.kind == "length"]
+    length = [(r, f) for r, f in found if r.kind == "length"]
     if length:
-        measured = _section(length[0], by_path[str(length[0].path)], checkpoint)
+        perplexity = _section(*length[0], checkpoint)
     else:
-        measured = ("Not measured for this export. Measure it with the plugin: `fairseq-eval-lm DATA --path CHECKPOINT "
+        perplexity = ("Not measured for this export. Measure it with the plugin: `fairseq-eval-lm DATA --path CHECKPOINT "
                     "--user-dir lex_plugin --task lex_language_modeling --eval-lengths 256,1024,4096 --eval-windows "
                     "full,bca --report-json report.json`, then re-export with `--length-report report.json`.")
-    probes = [r for r in reports if r.kind != "length"]
+    probes = [(r, f) for r, f in found if r.kind != "length"]
     if probes:
-        probed = "\n\n".join(f"### {TITLES[r.kind]} (`{r.path.name}`)\n\n" + _section(r, by_path[str(r.path)], checkpoint) for r in probes)
+        probed = "\n\n".join(f"### {TITLES[r.kind]} (`{r.path.name}`)\n\n" + _section(r, f, checkpoint) for r, f in probes)
     else:
         probed = ("None given. Probe the model with the plugin (`lex passkey`, `lex ruler`, `lex babilong` with "
                   "`--json`, or `fairseq-eval-lm ... --longppl --report-json`), then re-export with one "
@@ -431,7 +431,7 @@ rolling window); set it (or lm-eval's `max_length`) to the length you want to ev
 
 ## Perplexity by length
 
-{measured}
+{perplexity}
 
 ## Far-context probes
 
