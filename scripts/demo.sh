@@ -8,7 +8,7 @@
 #   bash scripts/demo.sh [CORPUS_DIR]        (default: ../shared/data/pg, the 49 public-domain books)
 #
 # Knobs (environment): WORK (output dir, default work/demo), ARCH (lex_lm_tiny), L (tokens per sample,
-# 256), MAX_UPDATE (600: ~13 minutes on 2 cores at ~3.2k tokens/s), BSZ (16 samples per update),
+# 256), MAX_UPDATE (600: ~14 minutes on 2 cores at ~3.0k tokens/s), BSZ (16 samples per update),
 # LR (1.5e-3), EVAL_TOKENS (first 100000 test tokens for the length table; 0 = all),
 # EXTRA_TRAIN_ARGS (appended to the fairseq-train command of lex train). Re-running resumes from
 # WORK/checkpoints/checkpoint_last.pt and reuses the prepared data-bin.

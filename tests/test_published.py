@@ -34,7 +34,7 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
     for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
-                 "longppl_rope.json", "longppl_alibi.json", "limits.json", "length_report.json"):
+                 "longppl_rope.json", "longppl_alibi.json", "limits.json", "length_report.json", "demo_report.json"):
         shutil.copy(REPO / "examples/lex_lm" / name, root / "examples/lex_lm" / name)
     results = root / "examples/lex_lm/RESULTS.md"
     text = results.read_text()
@@ -230,9 +230,10 @@ def test_the_walkthroughs_length_table_reads_the_demos_report_and_refuses_other_
 
     table = demo_length_table(REPO)
     assert "| 256 | 1 | 114.31 | 114.31 |" in table and "| 4096 | 16 | 119.78 | 112.78 |" in table
-    assert "BCA (blocks of 128) ppl" in table and "--report-json work/demo/length_report.json" in table
+    assert "BCA (blocks of 128) ppl" in table and "/length_report.json`." in table and "--eval-windows full,bca" in table
     report = json.loads((REPO / "examples/lex_lm/length_report.json").read_text())
-    report["results"] = [dict(r, window="sliding(256)") if r["window"].startswith("bca") else r for r in report["results"]]
+    report["results"] = [dict(r, window="sliding(256)", attention=dict(r["attention"], mode="sliding"))
+                         if r["window"].startswith("bca") else r for r in report["results"]]
     (tmp_path / "report.json").write_text(json.dumps(report))
     with pytest.raises(ValueError, match="expected the modes full and bca"):
         demo_length_table(tmp_path, "report.json")
@@ -247,3 +248,33 @@ def test_results_opens_with_the_definitions_and_the_decision_table_within_the_li
     assert [results[i].split()[2] for i in starts[:2]] == ["definitions", "decision"] and starts[1] < 40
     assert len(results) < 700
     assert len((REPO / "examples/lex_lm/BENCHMARKS.md").read_text().splitlines()) < 400
+
+
+def test_the_walkthroughs_measured_block_reads_the_demos_report():
+    """The walkthrough's "Measured" block: each step's wall time and their sum, validation perplexity by update and
+    fairseq-eval-lm's own figures with the command that printed them, each as the committed demo report holds it,
+    then its provenance line (this machine's CPU, a commit, the wall time)."""
+    from lex_plugin.experiments.published import demo_measured
+
+    report = json.loads((REPO / "examples/lex_lm/demo_report.json").read_text())
+    block = demo_measured(REPO)
+    total = sum(report["steps"].values())
+    assert f"| **make demo** | **{int(total // 60)} min {int(round(total % 60))} s** |" in block
+    for update, valid in report["valid"].items():
+        assert f"| {update} " in block.split("| valid ppl")[0] and f"{valid['ppl']:.2f}" in block
+    for run in report["eval_lm"].values():
+        assert f"| `{run['command']}` | {run['tokens']:,} | {run['loss_bits']:.4f} |" in block
+    assert "fairseq-eval-lm" in block.splitlines()[-1] or "demo_report.py" in block.splitlines()[-1]
+    assert "unrecorded" not in block.splitlines()[-1]
+
+
+def test_the_walkthroughs_prose_reads_as_its_report_does():
+    """The walkthrough's reading of the demo's length table, checked against the report: BCA does not rise from l to
+    16l, full attention holds to 2l and then rises, and at L = 16l its two worst position buckets are 256-511 and
+    512-1023, right past the training length."""
+    report = json.loads((REPO / "examples/lex_lm/length_report.json").read_text())
+    rows = {(r["window"].split("(")[0], r["length"]): r for r in report["results"]}
+    assert rows["bca", 4096]["ppl"] <= rows["bca", 256]["ppl"]
+    assert rows["full", 512]["ppl"] <= rows["full", 256]["ppl"] < rows["full", 1024]["ppl"] < rows["full", 4096]["ppl"]
+    buckets = sorted(rows["full", 4096]["buckets"], key=lambda b: -b["ppl"])
+    assert [(b["start"], b["end"]) for b in buckets[:2]] == [(512, 1024), (256, 512)]

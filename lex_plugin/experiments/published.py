@@ -23,7 +23,7 @@ from typing import Callable, List, Sequence, Tuple
 from .benchmark import markdown_table
 from .benchmark_tables import design_costs_markdown, limits_markdown, provenance_line
 from .definitions import DEFINITIONS, FAR_CONTEXT
-from ..evaluation.figures import mode_rows
+from ..evaluation.figures import attention_mode, mode_rows
 from .reproduce.plots import plot_schemes
 from .reproduce.tables import _num, markdown_claims, markdown_ppl, markdown_resolution, ppl_table
 from .reproduce.verdict import (GOALS, Figures, design_figures, far_context_ratio, figure_meets, markdown_verdict,
@@ -372,11 +372,27 @@ def demo_length_table(root: Path, path: str = "examples/lex_lm/length_report.jso
     ppl = ppl_table({"demo": report}).get("demo", {})
     if set(ppl) != {"full", "bca"} or ppl["full"].keys() != ppl["bca"].keys():
         raise ValueError(f"{path}: expected the modes full and bca at the same lengths, found {sorted(ppl)}")
-    block = next(r["window"] for r in report["results"] if r["window"].startswith("bca"))[len("bca("):-1]
+    block = next(r["window"] for r in report["results"] if attention_mode(r) == "bca")[len("bca("):-1]
     l = report["training_length"]
     rows = [[str(n), str(n // l), _num(ppl["full"][n]), _num(ppl["bca"][n])] for n in sorted(ppl["full"])]
     return "\n".join([markdown_table(["length", "x l", "full attention ppl", f"BCA (blocks of {block}) ppl"], rows), "",
                       provenance_line(report["provenance"])])
+
+
+def demo_measured(root: Path, path: str = "examples/lex_lm/demo_report.json") -> str:
+    """The walkthrough's "Measured" block from ``make demo``'s report (``experiments.demo_report``): the wall time of
+    each step, the training throughput, validation perplexity by update and fairseq-eval-lm's own figures (each run's
+    command, tokens scored, loss and perplexity), then the report's provenance line."""
+    from .demo_report import demo_steps_table, demo_valid_table
+
+    report = _bench_report(root, path)
+    runs = markdown_table(["fairseq-eval-lm", "tokens scored", "loss (bits)", "ppl"],
+                          [[f"`{r['command']}`", f"{r['tokens']:,}", f"{r['loss_bits']:.4f}", _num(r["ppl"])]
+                           for r in report["eval_lm"].values()])
+    return "\n\n".join([demo_steps_table(report), "Validation perplexity during training (the first 10 batches of "
+                         "`valid`, at each checkpoint):", demo_valid_table(report),
+                         "fairseq-eval-lm's own pass over the whole test split (every token scored):", runs,
+                         provenance_line(report["provenance"])])
 
 
 def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
@@ -425,6 +441,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(BENCHMARKS, "limits", lambda root: limits_markdown(_bench_report(root, "examples/lex_lm/limits.json"))),
     Block(README, "decision", lambda root: decision_table(verdict_1000_rows(root))),
     Block(README, "schemes_1000", schemes_1000),
+    Block(WALKTHROUGH, "demo_measured", demo_measured),
     Block(WALKTHROUGH, "demo_length", demo_length_table),
 )
 
