@@ -31,7 +31,8 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
     for block in BLOCKS:
         (root / block.document).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / block.document, root / block.document)
-    for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval"):
+    for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval",
+                   "examples/lex_lm/analysis"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
                  "longppl_rope.json", "longppl_alibi.json", "limits.json", "length_report.json", "demo_report.json"):
@@ -278,3 +279,25 @@ def test_the_walkthroughs_prose_reads_as_its_report_does():
     assert rows["full", 512]["ppl"] <= rows["full", 256]["ppl"] < rows["full", 1024]["ppl"] < rows["full", 4096]["ppl"]
     buckets = sorted(rows["full", 4096]["buckets"], key=lambda b: -b["ppl"])
     assert [(b["start"], b["end"]) for b in buckets[:2]] == [(512, 1024), (256, 512)]
+
+
+def test_the_walkthroughs_analysis_reads_as_its_reports_do():
+    """Section 5 of the walkthrough, checked against its reports: R(s) is the same under both at l, falls by more than
+    half under full attention at 2l and stays within 10% under BCA; layers 1 and 3 are near 0; full attention's
+    receptive field nears its bound while each window's stays within 1.5 l, under half of its bound; xPos's g[n] falls
+    from 512 to 2048 where RoPE's rises and changes sign. The tables are the reports' (generated)."""
+    from lex_plugin.experiments.published import ANALYSIS, analysis_resolution
+
+    def read(name):
+        return json.loads((REPO / ANALYSIS / name).read_text())
+
+    full, bca = read("resolution_full.json")["lengths"], read("resolution_bca.json")["lengths"]
+    assert full["256"]["R"] == bca["256"]["R"] and full["512"]["R"] < full["256"]["R"] / 2
+    assert abs(bca["512"]["R"] - bca["256"]["R"]) < 0.1 * bca["256"]["R"]
+    assert all(r[i]["R_layers"][layer] < 1e-3 for r in (full, bca) for i in ("256", "512") for layer in (0, 2))
+    rf = {name: read(f"rf_{name}.json") for name in ("full", "sliding", "bca")}
+    assert rf["full"]["erf"] > 0.9 * rf["full"]["theoretical"]
+    assert all(rf[w]["erf"] < 1.5 * 256 and rf[w]["erf"] < rf[w]["theoretical"] / 2 for w in ("sliding", "bca"))
+    g = read("decay_curve.json")["g"]
+    assert g["xpos"][512] > g["xpos"][1024] > g["xpos"][2048] > 0 and g["rope"][1024] > g["rope"][512] > 0 > g["rope"][2048]
+    assert "| 512 (2l) | 0.0064 | 0.0160 |" in analysis_resolution(REPO)

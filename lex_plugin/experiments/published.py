@@ -395,6 +395,52 @@ def demo_measured(root: Path, path: str = "examples/lex_lm/demo_report.json") ->
                          provenance_line(report["provenance"])])
 
 
+ANALYSIS = "examples/lex_lm/analysis"  # the walkthrough's analysis reports (lex resolution, receptive-field, decay-curve)
+
+
+def _provenance_lines(root: Path, names: Sequence[str]) -> str:
+    """One line per report of :data:`ANALYSIS`: its name and its provenance line."""
+    return "\n".join(f"- `{name}`: {provenance_line(_bench_report(root, f'{ANALYSIS}/{name}')['provenance'])}"
+                     for name in names)
+
+
+def analysis_resolution(root: Path) -> str:
+    """The walkthrough's attention resolution table: R(s), mean over layers, at each length under full attention and
+    BCA (``lex resolution --json``), each written at 4 decimals, then the reports' provenance."""
+    names = ("resolution_full.json", "resolution_bca.json")
+    full, bca = (_bench_report(root, f"{ANALYSIS}/{name}") for name in names)
+    if full["lengths"].keys() != bca["lengths"].keys():
+        raise ValueError(f"{ANALYSIS}: the resolution reports hold other lengths ({sorted(full['lengths'])} and "
+                         f"{sorted(bca['lengths'])}): measure both at the same --lengths.")
+    l = int(min(full["lengths"], key=int))
+    rows = [[f"{n} ({int(n) // l}l)", f"{full['lengths'][n]['R']:.4f}", f"{bca['lengths'][n]['R']:.4f}",
+             ", ".join(f"{r:.4f}" for r in full["lengths"][n]["R_layers"]),
+             ", ".join(f"{r:.4f}" for r in bca["lengths"][n]["R_layers"])] for n in sorted(full["lengths"], key=int)]
+    return "\n\n".join([markdown_table(["length", "full attention", f"BCA (blocks of {bca['attention']['stride']})",
+                                         "full, per layer", "BCA, per layer"], rows), _provenance_lines(root, names)])
+
+
+def analysis_receptive_field(root: Path) -> str:
+    """The walkthrough's receptive-field table (``lex receptive-field --json``): each window's ERF, its bound and the
+    cumulative gradient c at 64, 256 and 1024 tokens back, then the reports' provenance."""
+    names = ("rf_full.json", "rf_sliding.json", "rf_bca.json")
+    rows = []
+    for name in names:
+        r = _bench_report(root, f"{ANALYSIS}/{name}")
+        rows.append([r["window"], f"{r['erf']:,}", f"{r['theoretical']:,}", *(f"{r['c'][n]:.3f}" for n in (64, 256, 1024))])
+    return "\n\n".join([markdown_table(["window", "ERF", "theoretical bound", "c[64]", "c[256]", "c[1024]"], rows),
+                         _provenance_lines(root, names)])
+
+
+def analysis_decay(root: Path) -> str:
+    """The walkthrough's decay-curve table (``lex decay-curve --json``, Eq. 10): R(g) and g[n] at 512, 1024 and 2048
+    for each scheme, then the report's provenance."""
+    r = _bench_report(root, f"{ANALYSIS}/decay_curve.json")
+    rows = [[scheme, f"{r['R'][scheme]:.4f}", *(f"{r['g'][scheme][n]:.2f}" for n in (512, 1024, 2048))] for scheme in r["R"]]
+    return "\n\n".join([markdown_table(["scheme", "R(g)", "g[512]", "g[1024]", "g[2048]"], rows),
+                         _provenance_lines(root, ["decay_curve.json"])])
+
+
 def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
     """Cost reports of ``scripts/bench_design_costs.py`` (paths from the repository's root), each its link, its table
     and its provenance line."""
@@ -443,6 +489,9 @@ BLOCKS: Tuple[Block, ...] = (
     Block(README, "schemes_1000", schemes_1000),
     Block(WALKTHROUGH, "demo_measured", demo_measured),
     Block(WALKTHROUGH, "demo_length", demo_length_table),
+    Block(WALKTHROUGH, "analysis_resolution", analysis_resolution),
+    Block(WALKTHROUGH, "analysis_receptive_field", analysis_receptive_field),
+    Block(WALKTHROUGH, "analysis_decay", analysis_decay),
 )
 
 

@@ -69,7 +69,8 @@ class CardReport:
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
         if not probe and kind != "length":
-            raise ValueError(f"{path} is a {TITLES[kind]} report, not an --eval-lengths one: give it as --probe-report.")
+            raise ValueError(f"{path} is a {TITLES[kind]} report, not an --eval-lengths one: give it as "
+                             "--probe-report.")
         if probe and kind == "length":
             if not any(r.get("longppl") for r in data["results"]):
                 raise ValueError(f"{path} is a perplexity report without LongPPL: give it as --length-report (a "
@@ -132,8 +133,9 @@ def figures(report: CardReport) -> List[Figure]:
                 if ranked is not None:
                     trials = sum(r["trials"] for r in mode_rows(data, mode)[n])
                     among = {r.get("distractors", 9) + 1 for r in mode_rows(data, mode)[n]}
-                    out.append(Figure("passkey", "accuracy", f"passkey ranked first among {'/'.join(map(str, sorted(among)))}",
-                                      mode, n, ranked, f"{trials} prompts"))
+                    among = "/".join(map(str, sorted(among)))
+                    out.append(Figure("passkey", "accuracy", f"passkey ranked first among {among}", mode, n, ranked,
+                                      f"{trials} prompts"))
                     out.append(Figure("passkey", "accuracy", "greedy passkey written whole", mode, n, greedy,
                                       f"{trials} prompts"))
             elif report.kind == "ruler":
@@ -176,9 +178,9 @@ def measured(reports: Sequence[CardReport]) -> List[Tuple[CardReport, List[Figur
 
 def eval_results(found: Sequence[Tuple[CardReport, List[Figure]]]) -> list:
     """The Hub's machine-readable evaluation results (``huggingface_hub.EvalResult``, the card's ``model-index``) of
-    the reports' figures (:func:`measured`): one metric per :class:`Figure` (its value rounded to 4 decimals), on the report's split of its
-    data-bin, the probe named as the dataset's configuration (``stream``: perplexity and LongPPL by length;
-    ``passkey``, ``ruler-lite``, ``babilong-lite``: prompts built from that split).
+    the reports' figures (:func:`measured`): one metric per :class:`Figure` (its value rounded to 4 decimals), on the
+    report's split of its data-bin, the probe named as the dataset's configuration (``stream``: perplexity and LongPPL
+    by length; ``passkey``, ``ruler-lite``, ``babilong-lite``: prompts built from that split).
     """
     from huggingface_hub import EvalResult
 
@@ -260,7 +262,8 @@ def _other_checkpoint(report: CardReport, checkpoint: Path) -> Optional[str]:
 def _measured(report: CardReport, checkpoint: Path) -> str:
     """Which checkpoint ``report`` measured (where it records one) and its provenance line."""
     prov = report.data.get("provenance")
-    line = provenance_line(prov) if prov else "Its provenance is unrecorded (a report written before reports carried one)."
+    line = (provenance_line(prov) if prov
+            else "Its provenance is unrecorded (a report written before reports carried one).")
     other = _other_checkpoint(report, checkpoint)
     if _named_checkpoint(report) is None:
         where = ""
@@ -326,7 +329,8 @@ def _definitions(reports: Sequence[CardReport], l: int, checkpoint: Path) -> str
     for d, value, sources in rows:
         named = ", ".join(f"`{r.path.name}`" + (" (another checkpoint)" if _other_checkpoint(r, checkpoint) else "")
                           for r in sources)
-        lines.append(f"| {d.name} | {d.rule} | {value:.4f} | {'yes' if d.meets(value, written_at=4) else 'no'} | {named} |")
+        met = "yes" if d.meets(value, written_at=4) else "no"
+        lines.append(f"| {d.name} | {d.rule} | {value:.4f} | {met} | {named} |")
     return "\n".join(lines)
 
 
@@ -365,7 +369,8 @@ def model_card(config, spec: str, checkpoint: Path, reports: Sequence[CardReport
                     "full,bca --report-json report.json`, then re-export with `--length-report report.json`.")
     probes = [(r, f) for r, f in found if r.kind != "length"]
     if probes:
-        probed = "\n\n".join(f"### {TITLES[r.kind]} (`{r.path.name}`)\n\n" + _section(r, f, checkpoint) for r, f in probes)
+        probed = "\n\n".join(f"### {TITLES[r.kind]} (`{r.path.name}`)\n\n" + _section(r, f, checkpoint)
+                               for r, f in probes)
     else:
         probed = ("None given. Probe the model with the plugin (`lex passkey`, `lex ruler`, `lex babilong` with "
                   "`--json`, or `fairseq-eval-lm ... --longppl --report-json`), then re-export with one "
