@@ -3,12 +3,11 @@ command that printed them read from its output, validation perplexity and throug
 step times and the provenance; and the walkthrough's "Measured" block generated from the committed report."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import _script
 from lex_plugin.experiments.demo_report import demo_report, read_eval_lm_log
 
 # fairseq-eval-lm 0.12's own lines (fairseq_cli/eval_lm.py's format strings), after the command scripts/demo.sh prints
@@ -28,7 +27,7 @@ def test_fairseqs_figures_and_the_command_are_read_from_its_output():
         read_eval_lm_log(EVAL[0] + "\n" + EVAL[1])
 
 
-def test_the_report_holds_the_steps_the_curve_and_fairseqs_figures(tmp_path):
+def test_the_report_holds_the_steps_the_curve_and_fairseqs_figures(tmp_path, monkeypatch, capsys):
     (tmp_path / "train.log").write_text("\n".join(TRAIN) + "\n")
     (tmp_path / "eval.log").write_text("\n".join(EVAL) + "\n")
     report = demo_report(tmp_path / "train.log", {"prepare": 61, "train": 905.2, "evaluate": 290},
@@ -39,14 +38,16 @@ def test_the_report_holds_the_steps_the_curve_and_fairseqs_figures(tmp_path):
     assert report["provenance"]["wall_s"] == 1256.2 and report["provenance"]["command"] == "scripts/demo_report.py"
     with pytest.raises(ValueError, match="give seconds >= 0"):
         demo_report(tmp_path / "train.log", {"train": -1}, {})
-    # the script, as scripts/demo.sh runs it
+    # the script, as scripts/demo.sh runs it (its main() in this process: the fast tier starts no process)
+    main = _script("demo_report.py").main
     out = tmp_path / "demo_report.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/demo_report.py"), str(tmp_path / "train.log"), "--step",
-                           "prepare=61", "--step", "train=905", "--eval-log", f"test={tmp_path / 'eval.log'}", "-o", str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setattr(sys, "argv", ["demo_report.py", str(tmp_path / "train.log"), "--step", "prepare=61", "--step",
+                                      "train=905", "--eval-log", f"test={tmp_path / 'eval.log'}", "-o", str(out)])
+    main()
+    printed = capsys.readouterr().out
     assert json.loads(out.read_text())["steps"] == {"prepare": 61.0, "train": 905.0}
-    assert "| **make demo** | **16 min 6 s** |" in proc.stdout and "perplexity 126.78" in proc.stdout
-    bad = subprocess.run([sys.executable, str(REPO / "scripts/demo_report.py"), str(tmp_path / "train.log"), "--step",
-                          "train", "-o", str(out)], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "give NAME=VALUE" in bad.stderr
+    assert "| **make demo** | **16 min 6 s** |" in printed and "perplexity 126.78" in printed
+    monkeypatch.setattr(sys, "argv", ["demo_report.py", str(tmp_path / "train.log"), "--step", "train", "-o", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2 and "give NAME=VALUE" in capsys.readouterr().err
