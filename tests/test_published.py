@@ -32,7 +32,7 @@ def test_the_check_fails_on_a_changed_figure_and_the_writer_puts_it_back(tmp_pat
         (root / block.document).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / block.document, root / block.document)
     for folder in ("examples/lex_lm/designs_1000", "examples/lex_lm/ruler", "examples/lex_lm/retrieval",
-                   "examples/lex_lm/analysis"):
+                   "examples/lex_lm/analysis", "examples/lex_lm/lm_eval_crosscheck"):
         shutil.copytree(REPO / folder, root / folder, dirs_exist_ok=True)
     for name in ("verdict_reference.json", "reproduce_results.json", "reproduce_long_results.json", "longppl_xpos.json",
                  "longppl_rope.json", "longppl_alibi.json", "limits.json", "length_report.json", "demo_report.json"):
@@ -301,3 +301,22 @@ def test_the_walkthroughs_analysis_reads_as_its_reports_do():
     g = read("decay_curve.json")["g"]
     assert g["xpos"][512] > g["xpos"][1024] > g["xpos"][2048] > 0 and g["rope"][1024] > g["rope"][512] > 0 > g["rope"][2048]
     assert "| 512 (2l) | 0.0064 | 0.0160 |" in analysis_resolution(REPO)
+
+
+def test_lm_eval_and_lex_score_agree_where_lm_eval_sees_each_article_whole():
+    """The walkthrough's lm-eval check, from the runs' own records: with max_length above the longest article lm-eval's
+    total log-likelihood on the export equals lex score's on the checkpoint to 1e-6; with a max_length below it the
+    longest articles are cut into windows and the totals part by more than 1e-5."""
+    import math
+
+    folder = REPO / "examples/lex_lm/lm_eval_crosscheck"
+    score = json.loads((folder / "lex_score.json").read_text())
+    ours = -sum(d["loss"] * d["tokens"] * math.log(2) for d in score["documents"])
+    longest = max(d["tokens"] for d in score["documents"])
+    for path in folder.glob("lm_eval_results*.json"):
+        lm = json.loads(path.read_text())
+        gap = abs(lm["results"]["lex_wikitext2"]["loglikelihood,none"] - ours) / abs(ours)
+        whole = lm["config"]["model_args"]["max_length"] >= longest
+        assert (gap < 1e-6) if whole else (gap > 1e-5), (path.name, gap)
+    assert {json.loads(p.read_text())["config"]["model_args"]["max_length"] >= longest
+            for p in folder.glob("lm_eval_results*.json")} == {True, False}

@@ -441,6 +441,45 @@ def analysis_decay(root: Path) -> str:
                          _provenance_lines(root, ["decay_curve.json"])])
 
 
+LM_EVAL_CROSSCHECK = "examples/lex_lm/lm_eval_crosscheck"  # lm-eval's results and lex score's report, one checkpoint
+
+
+def lm_eval_crosscheck(root: Path) -> str:
+    """The walkthrough's lm-evaluation-harness check: the total log-likelihood of WikiText-2's test articles under
+    ``lex score`` on the fairseq checkpoint (its ``--json``) and under lm-eval's rolling log-likelihood on the export
+    (``lm_eval ... --tasks lex_wikitext2``: each ``lm_eval_results*.json``, one per ``max_length``), each run's
+    relative difference from ``lex score`` and its time; the tokens and per-token perplexity ``lex score`` reports,
+    lm-eval's word perplexity and the longest article; then where each was measured.
+
+    Raises:
+        ValueError: a run scored another number of articles than ``lex score``.
+    """
+    import math
+
+    score = _bench_report(root, f"{LM_EVAL_CROSSCHECK}/lex_score.json")
+    ours = -sum(d["loss"] * d["tokens"] * math.log(2) for d in score["documents"])  # bits per token -> nats
+    rows = [[f"lex score on the checkpoint ({score['window']} attention)", str(len(score["documents"])), f"{ours:,.3f}",
+             "-", f"{score['provenance']['wall_s']:.0f} s"]]
+    notes = [f"- `lex_score.json`: {provenance_line(score['provenance'])}"]
+    for path in sorted((root / LM_EVAL_CROSSCHECK).glob("lm_eval_results*.json")):
+        lm = json.loads(path.read_text())
+        task, args = lm["results"]["lex_wikitext2"], lm["config"]["model_args"]
+        if task["sample_len"] != len(score["documents"]):
+            raise ValueError(f"{path}: lm-eval scored {task['sample_len']} articles, lex score {len(score['documents'])}: "
+                             "score the same articles.")
+        theirs = task["loglikelihood,none"]
+        rows.append([f"lm-eval, rolling, on the export, max_length {args['max_length']:,}", str(task["sample_len"]),
+                     f"{theirs:,.3f}", f"{abs(theirs - ours) / abs(ours):.1e}",
+                     f"{float(lm['total_evaluation_time_seconds']):.0f} s"])
+        notes.append(f"- `{path.name}`: lm-eval {lm['lm_eval_version']}, transformers {lm['transformers_version']}, "
+                     f"model_args {json.dumps(args)}, {lm['config']['device']} (its own record: no command line; word "
+                     f"perplexity {task['word_perplexity,none']:,.0f}).")
+    table = markdown_table(["run", "articles", "log-likelihood (nats)", "relative difference", "time"], rows)
+    summary = (f"{score['tokens']:,} tokens, perplexity {_num(score['ppl'])} per token; the longest article is "
+               f"{max(d['tokens'] for d in score['documents']):,} tokens.")
+    return "\n\n".join([table, summary, "\n".join(notes)])
+
+
 def cost_report_tables(root: Path, paths: Sequence[str]) -> str:
     """Cost reports of ``scripts/bench_design_costs.py`` (paths from the repository's root), each its link, its table
     and its provenance line."""
@@ -492,6 +531,7 @@ BLOCKS: Tuple[Block, ...] = (
     Block(WALKTHROUGH, "analysis_resolution", analysis_resolution),
     Block(WALKTHROUGH, "analysis_receptive_field", analysis_receptive_field),
     Block(WALKTHROUGH, "analysis_decay", analysis_decay),
+    Block(WALKTHROUGH, "lm_eval_crosscheck", lm_eval_crosscheck),
 )
 
 
