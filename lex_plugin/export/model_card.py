@@ -14,8 +14,8 @@ BABILong-lite           the greedy accuracy, averaged over the tasks that fitted
 ======================  ==========================================================================================
 
 The card shows them as tables, each followed by its report's provenance (command, commit, device, wall time), writes
-the same figures into the Hub's machine-readable ``model-index`` metadata (``huggingface_hub.EvalResult``; one
-result per report kind, the probe named as the dataset's configuration) and judges them against the project's
+the same figures into the Hub's machine-readable ``model-index`` metadata (``huggingface_hub.EvalResult``, the probe
+named as the dataset's configuration) and judges them against the project's
 definitions (:mod:`lex_plugin.experiments.definitions`).
 """
 
@@ -34,7 +34,6 @@ __all__ = ["CardReport", "Figure", "eval_results", "figures", "measured", "model
 # what each kind of report is called in the card, and the task its results are filed under in model-index
 TITLES = {"length": "Perplexity by length", "longppl": "LongPPL by length", "passkey": "Passkey retrieval",
           "ruler": "RULER-lite", "babilong": "BABILong-lite"}
-PROBE_KINDS = ("longppl", "passkey", "ruler", "babilong")  # what --probe-report takes
 
 
 @dataclass(frozen=True)
@@ -305,7 +304,7 @@ def _definitions(reports: Sequence[CardReport], l: int, checkpoint: Path) -> str
     for r in reports:
         by_kind.setdefault(r.kind, []).append(r)
     for r in by_kind.get("length", []):
-        full = {n: rs[0]["ppl"] for n, rs in mode_rows(r.data).items() if rs[0].get("protocol", "stream") == "stream"}
+        full = {n: x["ppl"] for n, rs in mode_rows(r.data).items() for x in rs if x.get("protocol", "stream") == "stream"}
         if l in full and 16 * l in full:
             rows.append((FLAT, full[16 * l] / full[l], [r]))
     for r in by_kind.get("length", []) + by_kind.get("longppl", []):
@@ -337,13 +336,13 @@ def _definitions(reports: Sequence[CardReport], l: int, checkpoint: Path) -> str
 def model_card(config, spec: str, checkpoint: Path, reports: Sequence[CardReport] = (),
                bpe: Optional[str] = "sentencepiece", name: str = "lex_lm") -> str:
     """The text of ``README.md`` for an export ``name`` (the model's name on the Hub: the export directory's) of
-    ``config`` (a ``LexConfig``) running ``spec`` by default, from ``checkpoint``; ``reports``: the reports whose figures the card shows (:class:`CardReport`; at most one of
-    kind ``length``); ``bpe``: the data-bin's ``lex_prepare.json`` ``bpe`` (``"sentencepiece"``, or None for Moses
-    words alone).
+    ``config`` (a ``LexConfig``) running ``spec`` by default, from ``checkpoint``; ``reports``: the reports whose
+    figures the card shows (:class:`CardReport`; at most one of kind ``length``); ``bpe``: the data-bin's
+    ``lex_prepare.json`` ``bpe`` (``"sentencepiece"``, or None for Moses words alone).
 
     Raises:
         ValueError: two length reports; a report measured at another training length than the model's; two reports
-            giving one figure (:func:`eval_results`).
+            giving one figure (:func:`measured`).
     """
     from huggingface_hub import ModelCardData
 
