@@ -150,6 +150,11 @@ def test_the_card_refuses_reports_it_cannot_read_as_given(tmp_path):
     other.write_text(json.dumps(dict(_raw("passkey_finetuned.json"), training_length=512)))
     with pytest.raises(ValueError, match="measured at training length 512; the model's is 256"):
         _card([CardReport.read(other, probe=True)])
+    fixed = tmp_path / "fixed_only.json"
+    fixed.write_text(json.dumps(dict(_raw("length_report.json"), results=[
+        dict(r, protocol="fixed_target") for r in _raw("length_report.json")["results"]])))
+    with pytest.raises(ValueError, match="no stream rows"):
+        CardReport.read(fixed, probe=False)
     with pytest.raises(ValueError, match="one --length-report"):
         _card([_read("length_report.json", probe=False), _read("length_report.json", probe=False)])
 
@@ -169,3 +174,20 @@ def test_a_babilong_report_gives_its_greedy_accuracy_by_length():
                  if r["length"] == n and r["attention"]["mode"] == "full" and r["trials"]]
         [metric] = [r for r in results if r.metric_name.endswith(f"at {n} tokens ({n / l:g}l), full")]
         assert metric.metric_value == round(sum(cells) / len(cells), 4)
+
+
+def test_only_the_common_evaluators_longppl_is_judged_and_the_checkpoint_is_read_from_either_path_form(tmp_path):
+    """LongPPL on the checkpoint's own key tokens is shown but judged by nothing ("reads the far context" reads the
+    common evaluator's alone); an eval-lm report names its checkpoint by its command's --path, written `--path X` or
+    `--path=X`."""
+    own = _card([_read("longppl.json")])
+    assert "LongPPL on the key tokens of the evaluated checkpoint" in own
+    assert "| reads the far context |" not in own and "| reads the far context |" in _card([_read("longppl_common.json")])
+    report = _raw("length_report.json")
+    command = report["provenance"]["command"].replace("--path ", "--path=")
+    assert "--path=" in command
+    path = tmp_path / "length_report.json"
+    path.write_text(json.dumps(dict(report, provenance=dict(report["provenance"], command=command))))
+    assert "The report names the exported checkpoint." in _card([CardReport.read(path, probe=False)])
+    moved = model_card(CONFIG, "full", Path("/elsewhere/checkpoint_last.pt"), [CardReport.read(path, probe=False)])
+    assert f"The report names the checkpoint `{CHECKPOINT}`" in moved

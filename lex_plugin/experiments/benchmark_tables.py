@@ -18,7 +18,8 @@ def provenance_line(prov: dict) -> str:
         return unrecorded if prov[key] == UNKNOWN else text
 
     dirty = " (uncommitted changes)" if prov.get("dirty") is True else ""
-    return (f"Measured {known('date', prov['date'], 'at an unrecorded date')} on {known('device', prov['device'], 'an unrecorded device')}, "
+    return (f"Measured {known('date', prov['date'], 'at an unrecorded date')} "
+            f"on {known('device', prov['device'], 'an unrecorded device')}, "
             f"{known('torch', 'torch ' + str(prov['torch']), 'torch unrecorded')}, "
             f"{known('commit', 'commit ' + str(prov['commit'])[:10] + dirty, 'commit unrecorded')}, "
             f"{known('wall_s', str(prov['wall_s']) + ' s', 'wall time unrecorded')}: "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence, Union
 
 from ..provenance import UNKNOWN, provenance
+from .benchmark import markdown_table
 from .train_log import read_train_log, read_valid_log
 
 __all__ = ["demo_report", "demo_steps_table", "demo_valid_table", "read_eval_lm_log"]
@@ -83,17 +84,15 @@ def _minutes(seconds: float) -> str:
 def demo_steps_table(report: dict) -> str:
     """The wall time of each step and of the whole demo, and the training throughput, as a markdown table."""
     steps = report["steps"]
-    lines = ["| step | wall time |", "|---|---:|"]
-    lines += [f"| {step} | {_minutes(seconds)} |" for step, seconds in steps.items()]
-    lines.append(f"| **make demo** | **{_minutes(sum(steps.values()))}** |")
-    if report.get("train_tokens_per_s"):
-        lines.append(f"\nTraining: {report['updates']} updates at {report['train_tokens_per_s']:,.0f} tokens/s (fairseq's "
-                     "wps, mean over the logged intervals).")
-    return "\n".join(lines)
+    table = markdown_table(["step", "wall time"], [[step, _minutes(seconds)] for step, seconds in steps.items()]
+                           + [["**make demo**", f"**{_minutes(sum(steps.values()))}**"]])
+    if not report.get("train_tokens_per_s"):
+        return table
+    return (f"{table}\n\nTraining: {report['updates']} updates at {report['train_tokens_per_s']:,.0f} tokens/s (fairseq's "
+            "wps, mean over the logged intervals).")
 
 
 def demo_valid_table(report: dict) -> str:
     """Validation perplexity by update, one column per validation, as a markdown table."""
     updates = list(report["valid"])
-    return "\n".join(["| updates | " + " | ".join(updates) + " |", "|---|" + "---:|" * len(updates),
-                      "| valid ppl | " + " | ".join(f"{report['valid'][u]['ppl']:.2f}" for u in updates) + " |"])
+    return markdown_table(["updates", *updates], [["valid ppl", *(f"{report['valid'][u]['ppl']:.2f}" for u in updates)]])

@@ -398,9 +398,9 @@ def demo_measured(root: Path, path: str = "examples/lex_lm/demo_report.json") ->
 ANALYSIS = "examples/lex_lm/analysis"  # the walkthrough's analysis reports (lex resolution, receptive-field, decay-curve)
 
 
-def _provenance_lines(root: Path, names: Sequence[str]) -> str:
-    """One line per report of :data:`ANALYSIS`: its name and its provenance line."""
-    return "\n".join(f"- `{name}`: {provenance_line(_bench_report(root, f'{ANALYSIS}/{name}')['provenance'])}"
+def _provenance_lines(root: Path, names: Sequence[str], folder: str = ANALYSIS) -> str:
+    """One line per report ``folder/NAME``: its name and its provenance line."""
+    return "\n".join(f"- `{name}`: {provenance_line(_bench_report(root, f'{folder}/{name}')['provenance'])}"
                      for name in names)
 
 
@@ -427,7 +427,8 @@ def analysis_receptive_field(root: Path) -> str:
     rows = []
     for name in names:
         r = _bench_report(root, f"{ANALYSIS}/{name}")
-        rows.append([r["window"], f"{r['erf']:,}", f"{r['theoretical']:,}", *(f"{r['c'][n]:.3f}" for n in (64, 256, 1024))])
+        rows.append([r["window"], f"{r['erf']:,}", f"{r['theoretical']:,}",
+                     *(f"{r['c'][n]:.3f}" for n in (64, 256, 1024))])
     return "\n\n".join([markdown_table(["window", "ERF", "theoretical bound", "c[64]", "c[256]", "c[1024]"], rows),
                          _provenance_lines(root, names)])
 
@@ -436,7 +437,8 @@ def analysis_decay(root: Path) -> str:
     """The walkthrough's decay-curve table (``lex decay-curve --json``, Eq. 10): R(g) and g[n] at 512, 1024 and 2048
     for each scheme, then the report's provenance."""
     r = _bench_report(root, f"{ANALYSIS}/decay_curve.json")
-    rows = [[scheme, f"{r['R'][scheme]:.4f}", *(f"{r['g'][scheme][n]:.2f}" for n in (512, 1024, 2048))] for scheme in r["R"]]
+    rows = [[scheme, f"{r['R'][scheme]:.4f}", *(f"{r['g'][scheme][n]:.2f}" for n in (512, 1024, 2048))]
+            for scheme in r["R"]]
     return "\n\n".join([markdown_table(["scheme", "R(g)", "g[512]", "g[1024]", "g[2048]"], rows),
                          _provenance_lines(root, ["decay_curve.json"])])
 
@@ -460,7 +462,7 @@ def lm_eval_crosscheck(root: Path) -> str:
     ours = -sum(d["loss"] * d["tokens"] * math.log(2) for d in score["documents"])  # bits per token -> nats
     rows = [[f"lex score on the checkpoint ({score['window']} attention)", str(len(score["documents"])), f"{ours:,.3f}",
              "-", f"{score['provenance']['wall_s']:.0f} s"]]
-    notes = [f"- `lex_score.json`: {provenance_line(score['provenance'])}"]
+    notes = [_provenance_lines(root, ["lex_score.json"], LM_EVAL_CROSSCHECK)]
     for path in sorted((root / LM_EVAL_CROSSCHECK).glob("lm_eval_results*.json")):
         lm = json.loads(path.read_text())
         task, args = lm["results"]["lex_wikitext2"], lm["config"]["model_args"]

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..evaluation.figures import attention_mode, babilong_greedy, mode_rows, passkey_rates, report_kind, ruler_mean
+from ..experiments.benchmark import markdown_table
 from ..experiments.benchmark_tables import provenance_line
 from ..experiments.definitions import FAR_CONTEXT, FLAT, RETRIEVES, RETRIEVES_RANKED, RULER
 
-__all__ = ["CardReport", "Figure", "eval_results", "figures", "measured", "model_card", "perplexity_table"]
+__all__ = ["CardReport", "Figure", "eval_results", "figures", "measured", "model_card"]
 
 # what each kind of report is called in the card, and the task its results are filed under in model-index
 TITLES = {"length": "Perplexity by length", "longppl": "LongPPL by length", "passkey": "Passkey retrieval",
@@ -53,7 +54,8 @@ class CardReport:
         Raises:
             FileNotFoundError: no file at ``path``. ValueError: not JSON; a report of no known kind
             (:func:`~lex_plugin.evaluation.figures.report_kind`); a probe's report given as the length report; a length
-            report without LongPPL given as a probe's.
+            report without LongPPL given as a probe's; a length report without stream rows (``--fixed-target-tokens``
+            alone).
         """
         path = Path(path)
         if not path.is_file():
@@ -75,8 +77,9 @@ class CardReport:
                 raise ValueError(f"{path} is a perplexity report without LongPPL: give it as --length-report (a "
                                  "--probe-report is a passkey, RULER-lite, BABILong-lite or --longppl report).")
             kind = "longppl"
-        if kind == "length":
-            perplexity_table(data)  # raises ValueError on a report without stream rows
+        if kind == "length" and not any(r.get("protocol", "stream") == "stream" for r in data["results"]):
+            raise ValueError(f"{path} has no stream rows (only --fixed-target-tokens ones): the card's table is the "
+                             "stream protocol's perplexity; measure it without --fixed-target-tokens.")
         return cls(path, kind, data)
 
     @property
@@ -201,36 +204,12 @@ def eval_results(found: Sequence[Tuple[CardReport, List[Figure]]]) -> list:
     return out
 
 
-def perplexity_table(report: dict) -> str:
-    """A markdown table of an ``--eval-lengths`` report (``fairseq-eval-lm ... --report-json``): one row per
-    window, one column per length, test perplexity in each cell (the stream protocol's rows; a report written with
-    ``--fixed-target-tokens`` also holds that protocol's, which are left out).
-
-    Raises:
-        ValueError: a report without ``results`` rows of window, length and ppl.
-    """
-    rows = report.get("results")
-    if not rows or not all({"window", "length", "ppl"} <= set(r) for r in rows):
-        raise ValueError("the length report has no 'results' rows with window, length and ppl: give the JSON that "
-                         "fairseq-eval-lm --eval-lengths ... --report-json writes.")
-    rows = [r for r in rows if r.get("protocol", "stream") == "stream"]  # not --fixed-target-tokens' rows
-    if not rows:
-        raise ValueError("the length report has no stream rows (only --fixed-target-tokens ones): the card's table is "
-                         "the stream protocol's perplexity.")
-    return _table([Figure("length", "perplexity", "", r["window"], int(r["length"]), float(r["ppl"])) for r in rows],
-                  report.get("training_length"), "{:.2f}")
-
-
-def _table(found: Sequence[Figure], l: Optional[int], fmt: str) -> str:
-    """Rows window, columns length, ``fmt`` of each figure's value ("-" where none)."""
+def _table(found: Sequence[Figure], l: Optional[int]) -> str:
+    """Rows window, columns length (``N (Kl)``), each figure's value at 2 decimals ("-" where none)."""
     lengths = sorted({f.length for f in found})
-    windows = list(dict.fromkeys(f.window for f in found))
-    cell = {(f.window, f.length): fmt.format(f.value) for f in found}
-    heads = [f"{n} ({n / l:g}l)" if l else str(n) for n in lengths]
-    lines = ["| window | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(lengths)]
-    for w in windows:
-        lines.append(f"| {w} | " + " | ".join(cell.get((w, n), "-") for n in lengths) + " |")
-    return "\n".join(lines)
+    cell = {(f.window, f.length): f"{f.value:.2f}" for f in found}
+    return markdown_table(["window", *(f"{n} ({n / l:g}l)" if l else str(n) for n in lengths)],
+                          [[w, *(cell.get((w, n), "-") for n in lengths)] for w in dict.fromkeys(f.window for f in found)])
 
 
 def _named_checkpoint(report: CardReport) -> Optional[str]:
@@ -263,13 +242,13 @@ def _measured(report: CardReport, checkpoint: Path) -> str:
     prov = report.data.get("provenance")
     line = (provenance_line(prov) if prov
             else "Its provenance is unrecorded (a report written before reports carried one).")
-    other = _other_checkpoint(report, checkpoint)
-    if _named_checkpoint(report) is None:
+    named = _named_checkpoint(report)
+    if named is None:
         where = ""
-    elif other is None:
+    elif _other_checkpoint(report, checkpoint) is None:
         where = " The report names the exported checkpoint."
     else:
-        where = f" The report names the checkpoint `{other}`; this export is of `{checkpoint}`."
+        where = f" The report names the checkpoint `{named}`; this export is of `{checkpoint}`."
     return f"From `{report.path.name}`.{where} {line}"
 
 
@@ -280,16 +259,16 @@ def _section(report: CardReport, found: Sequence[Figure], checkpoint: Path) -> s
     if report.kind == "length":
         parts.append(f"Test perplexity by evaluation length ({data.get('split', 'test')} split, "
                      f"{data.get('split_tokens', '?')} tokens, measured with fairseq-eval-lm --eval-lengths):\n\n"
-                     + _table([f for f in found if f.kind == "length"], l, "{:.2f}"))
+                     + _table([f for f in found if f.kind == "length"], l))
     longppl = [f for f in found if f.kind == "longppl"]
     if longppl:
         parts.append(f"{longppl[0].what} (perplexity on the tokens that need the far context):\n\n"
-                     + _table(longppl, l, "{:.2f}"))
+                     + _table(longppl, l))
     for what in dict.fromkeys(f.what for f in found if f.kind not in ("length", "longppl")):
         cells = [f for f in found if f.what == what]
         details = {f.detail for f in cells}
         detail = f" ({details.pop()} per cell)" if len(details) == 1 and "" not in details else ""
-        parts.append(f"{what[0].upper()}{what[1:]}{detail}, by length:\n\n" + _table(cells, l, "{:.2f}"))
+        parts.append(f"{what[0].upper()}{what[1:]}{detail}, by length:\n\n" + _table(cells, l))
     return "\n\n".join(parts) + "\n\n" + _measured(report, checkpoint)
 
 

@@ -308,7 +308,8 @@ def reference_figures(path: Path) -> List[Figures]:
       (LongPPL's ratio on the checkpoint's own key tokens);
     - ``"longppl_common"``: an eval-lm report with ``--longppl --key-tokens`` (the common evaluator's key tokens) gives
       ``longppl_ratio``, over its rows under the sliding window of l (``definitions.FAR_CONTEXT_BASELINE``);
-    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l (:func:`~lex_plugin.evaluation.figures.ruler_mean`);
+    - ``"ruler"``: a ``lex ruler`` report gives ``ruler_8l``, the mean over its tasks at 8l
+      (:func:`~lex_plugin.evaluation.figures.ruler_mean`);
       or ``{"run": DIR, "mode": MODE}``, the reproduction's run folder, its ``ruler_answers.json`` and one report more
       for each other fine-tuning seed (``ruler_answers_seedN.json``), the seeds' mean and range (:func:`_ruler_seeds`);
     - ``"costs"``: a ``scripts/bench_design_costs.py`` report (``{"report": PATH}``, no mode) gives ``eval_time``,
@@ -463,7 +464,8 @@ def passkey_seeds(run: Path, l: int, mode: str = "full") -> tuple:
         if reports == [None, None]:
             continue
         ranked_8l, greedy_8l = passkey_rates(reports, 8 * l, mode)
-        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l, "greedy_16l": passkey_rates(reports, 16 * l, mode)[1],
+        per_seed.append({"passkey_8l": ranked_8l, "greedy_8l": greedy_8l,
+                         "greedy_16l": passkey_rates(reports, 16 * l, mode)[1],
                          "seed": "the run's seed" if n is None else f"seed {n}"})
     means, spread = {}, {}
     for key in ("passkey_8l", "greedy_8l", "greedy_16l"):
